@@ -1,0 +1,123 @@
+"""Sampling parameters of one request, in SGLang's native `sampling_params` shape.
+
+Validation lives here so that the offline Engine and the HTTP server reject bad input with the
+same message (a ValueError naming the field; the server turns it into HTTP 400).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# top_k = -1 means "no top-k filtering" (SGLang's convention); we normalise it to the vocab size
+# lazily in the sampler, so the stored value keeps the user's meaning.
+TOP_K_ALL = -1
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    sampling_seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # Structured outputs (filled by the structured-output issue); at most one may be set.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+        """Build from a request dict; unknown keys are ignored (as SGLang does), `None` means default."""
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known and v is not None}
+        if "seed" in d and d["seed"] is not None and "sampling_seed" not in kwargs:
+            kwargs["sampling_seed"] = d["seed"]
+        if isinstance(kwargs.get("stop"), str):
+            kwargs["stop"] = [kwargs["stop"]]
+        if "stop_token_ids" in kwargs:
+            kwargs["stop_token_ids"] = list(kwargs["stop_token_ids"])
+        if "logit_bias" in kwargs:
+            try:
+                kwargs["logit_bias"] = {int(k): float(v) for k, v in dict(kwargs["logit_bias"]).items()}
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"logit_bias must map token ids to numbers: {e}") from None
+        try:
+            params = cls(**kwargs)
+        except TypeError as e:  # pragma: no cover - defensive, kwargs are filtered above
+            raise ValueError(str(e)) from None
+        return params
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the offending field."""
+        _check_type("max_new_tokens", self.max_new_tokens, int)
+        _check_type("min_new_tokens", self.min_new_tokens, int)
+        _check_type("top_k", self.top_k, int)
+        _check_type("n", self.n, int)
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            _check_type(name, getattr(self, name), (int, float))
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
+                             f"({self.max_new_tokens})")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < TOP_K_ALL:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not (0.0 < self.repetition_penalty <= 2.0):
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if self.sampling_seed is not None:
+            _check_type("sampling_seed", self.sampling_seed, int)
+        for tid in self.stop_token_ids:
+            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0 or (
+                    vocab_size is not None and tid >= vocab_size):
+                raise ValueError(f"stop_token_ids contains an unknown token id: {tid!r}")
+        for tid in self.logit_bias:
+            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+                raise ValueError(f"logit_bias names an unknown token id: {tid}")
+        constraints = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"only one of json_schema, regex, ebnf may be set, got {constraints}")
+
+
+def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"{name} must be a number of type {getattr(types, '__name__', types)}, "
+                         f"got {value!r}")
