@@ -1,0 +1,142 @@
+"""ServerArgs: every user-facing setting and its default, in one frozen dataclass.
+
+CLI flag names follow SGLang (`--model-path`, `--chunked-prefill-size`, ...): the flag for field
+`foo_bar` is `--foo-bar`. Engine(**kwargs) takes the same names as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # Model
+    model_path: str | None = None          # None: the bundled SmolLM2-135M-Instruct GGUF
+    tokenizer_path: str | None = None
+    load_format: str = "auto"
+    dtype: str = "auto"
+    context_length: int | None = None
+    served_model_name: str | None = None
+    device: str | None = None              # None: cuda when available, else cpu
+    random_seed: int = 0
+
+    # Memory
+    mem_fraction_static: float = 0.85      # GPU: fraction of total memory for weights + KV
+    max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 32768)
+    max_running_requests: int | None = None
+    page_size: int = 1
+    disable_radix_cache: bool = False
+
+    # Scheduling
+    chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+
+    # Kernels (the GPU issue fills these in)
+    attention_backend: str | None = None   # None: torch_native on CPU
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    disable_overlap_schedule: bool = False
+    grammar_backend: str = "xgrammar"
+
+    # Server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    tp_size: int = 1
+    dp_size: int = 1
+    log_level: str = "info"
+    log_requests: bool = False
+    enable_metrics: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(flag: str, msg: str) -> ValueError:
+            return ValueError(f"--{flag}: {msg}")
+
+        if self.load_format not in LOAD_FORMATS:
+            raise bad("load-format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
+                                         f"got {self.schedule_policy!r}")
+        if self.page_size < 1:
+            raise bad("page-size", f"must be >= 1, got {self.page_size}")
+        if not (0.0 < self.mem_fraction_static < 1.0):
+            raise bad("mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
+            raise bad("max-total-tokens", f"must be >= {2 * self.page_size}, "
+                                          f"got {self.max_total_tokens}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise bad("max-running-requests", f"must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size is not None and (
+                self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1):
+            raise bad("chunked-prefill-size", f"must be -1 (off) or >= 1, "
+                                              f"got {self.chunked_prefill_size}")
+        if self.max_prefill_tokens < 1:
+            raise bad("max-prefill-tokens", f"must be >= 1, got {self.max_prefill_tokens}")
+        if self.schedule_conservativeness <= 0:
+            raise bad("schedule-conservativeness", f"must be > 0, "
+                                                   f"got {self.schedule_conservativeness}")
+        if self.context_length is not None and self.context_length < 1:
+            raise bad("context-length", f"must be >= 1, got {self.context_length}")
+        if self.tp_size != 1:
+            raise bad("tp-size", "tensor parallelism is not implemented yet; use 1")
+        if self.dp_size != 1:
+            raise bad("dp-size", "data parallelism is not implemented yet; use 1 "
+                                 "(run several servers behind `radixlm router`)")
+        if not (0 < self.port < 65536):
+            raise bad("port", f"must be in 1..65535, got {self.port}")
+
+    # ------------------------------------------------------------------ CLI
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            typ = hints[f.name]
+            if typ is bool:
+                parser.add_argument(flag, action="store_true", default=f.default)
+                continue
+            base = _base_type(typ)
+            kwargs: dict[str, Any] = {"type": base, "default": f.default}
+            if f.name == "schedule_policy":
+                kwargs["choices"] = SCHEDULE_POLICIES
+            elif f.name == "load_format":
+                kwargs["choices"] = LOAD_FORMATS
+            parser.add_argument(flag, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+
+def _base_type(typ: Any) -> type:
+    """int | None -> int, etc."""
+    args = getattr(typ, "__args__", None)
+    if args:
+        non_none = [a for a in args if a is not type(None)]
+        return non_none[0]
+    return typ

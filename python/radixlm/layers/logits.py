@@ -1,0 +1,52 @@
+"""From final hidden states to what the sampler and the logprob outputs need.
+
+Only the rows that matter get projected to the vocabulary: the last token of each request (next-
+token logits), plus, for requests that asked for prompt logprobs, the positions in range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.managers.messages import TokenLogprob, TopLogprobs
+from radixlm.model_executor.forward_batch import ForwardBatch
+
+
+@dataclass
+class InputLogprobs:
+    token_logprobs: list[TokenLogprob]     # one per requested row, for its target token
+    top_logprobs: list[TopLogprobs]        # one per requested row (empty lists when k == 0)
+
+
+def last_token_rows(fb: ForwardBatch) -> torch.Tensor:
+    if fb.forward_mode.is_decode:
+        return torch.arange(fb.batch_size, device=fb.input_ids.device)
+    ends, acc = [], 0
+    for n in fb.extend_seq_lens_cpu:
+        acc += n
+        ends.append(acc - 1)
+    return torch.tensor(ends, dtype=torch.int64, device=fb.input_ids.device)
+
+
+def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,
+                           targets: list[list[int]], top_k: list[int]) -> list[InputLogprobs]:
+    """For request i, rows fb.input_logprob_rows[i] (relative to its new tokens) predict token
+    targets[i][j]; return the logprob of each target and the top_k[i] best alternatives."""
+    out = []
+    starts = fb.extend_start_loc_cpu
+    for i, rows in enumerate(fb.input_logprob_rows):
+        if not rows:
+            out.append(InputLogprobs([], []))
+            continue
+        idx = torch.tensor([starts[i] + r for r in rows], device=hidden.device)
+        logprobs = torch.log_softmax(model.compute_logits(hidden[idx]), dim=-1)
+        tgt = torch.tensor(targets[i], device=hidden.device)
+        chosen = logprobs.gather(1, tgt[:, None]).squeeze(1).tolist()
+        tops: list[TopLogprobs] = [[] for _ in rows]
+        if top_k[i] > 0:
+            vals, ids = logprobs.topk(top_k[i], dim=-1)
+            tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
+        out.append(InputLogprobs(list(zip(chosen, targets[i])), tops))
+    return out

@@ -1,0 +1,26 @@
+"""RMSNorm, with the residual add folded in (the fused form the GPU issue will turn into a kernel)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Compute in float32 like the reference implementations, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x), or with a residual: (norm(x + residual), x + residual)."""
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

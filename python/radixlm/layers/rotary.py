@@ -1,0 +1,55 @@
+"""Rotary position embedding (the HF "rotate half" layout), with Llama-3 and linear scaling."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        # Low frequencies are divided by `factor`, high ones kept, a smooth blend in between.
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        out = torch.where(wavelen > old_ctx / low, inv / factor, blended)
+        return torch.where(wavelen < old_ctx / high, inv, out)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_position: int, base: float,
+                 scaling: dict[str, Any] | None = None):
+        super().__init__()
+        self.head_dim = head_dim
+        inv = _inv_freq(head_dim, base, scaling)
+        t = torch.arange(max_position, dtype=torch.float64)
+        freqs = torch.outer(t, inv)
+        # [max_position, head_dim]: cos and sin of each rotation, duplicated for both halves.
+        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], -1).float(), persistent=False)
+        self.register_buffer("sin", torch.cat([freqs.sin(), freqs.sin()], -1).float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [T, Hq, D], k: [T, Hk, D]; returns rotated copies in the input dtype."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)

@@ -1,0 +1,256 @@
+"""The sampler: logits of one batch -> next token ids and their logprobs.
+
+Sampling is separate from the forward pass: the model runner hands over raw logits, the scheduler
+builds a `SamplingBatchInfo` (device tensors, once per step) from its requests, and `Sampler` turns
+the two into a `SampleOutput`.
+
+Order of operations, per row (all rows at once, as whole-batch tensor ops):
+
+1. raw logits -> float32 (kept for logprobs: reported logprobs are log_softmax of these);
+2. + logit_bias, repetition / frequency / presence penalties, min_new_tokens bans
+   (`penalties.LogitAdjustments`);
+3. greedy rows (temperature < 1e-6 or top_k == 1): argmax;
+4. other rows: / temperature, then top-k, then top-p (on the distribution renormalised after
+   top-k), then min-p, then a Gumbel-max draw with counter-based noise (`sampling_noise`).
+
+Filters are applied as a per-row logit threshold (keep tokens whose scaled logit >= threshold), so
+ties at a cut-off are all kept and the result does not depend on how a sort orders equal values
+(which differs between CPU and CUDA). Which filters run is decided on the host when the info is
+built, so the hot path has no device->host syncs and no per-row Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from radixlm.layers.penalties import LogitAdjustments
+from radixlm.layers.sampling_noise import gumbel_argmax, row_key, token_keys
+from radixlm.scheduler.sampling_params import SamplingParams
+
+# Temperatures below this are treated as greedy (dividing by them would overflow float32).
+SAMPLING_EPS = 1e-6
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < SAMPLING_EPS or params.top_k == 1
+
+
+@dataclass
+class SamplingRequest:
+    """What the sampler needs to know of one request; built by the scheduler each step."""
+
+    params: SamplingParams
+    seed: int  # the scheduler draws a random one when params.sampling_seed is None
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]  # tokens generated so far; the sampled one is number len(output_ids)
+    eos_token_ids: Sequence[int] = ()  # model EOS ids (only used by min_new_tokens)
+
+
+@dataclass
+class SamplingBatchInfo:
+    """Device tensors (and host-side flags) describing how to sample one batch."""
+
+    vocab_size: int
+    temperatures: torch.Tensor  # [B, 1] float32; 1.0 for greedy rows
+    top_ks: torch.Tensor  # [B] int64 in [1, V]; V where top-k is off
+    top_p_limits: torch.Tensor  # [B] float32; +inf where top-p is off (so rounding drops nothing)
+    log_min_ps: torch.Tensor  # [B] float32 log(min_p); -inf where min-p is off
+    greedy_mask: torch.Tensor  # [B] bool
+    row_keys: torch.Tensor  # [B] int64 in [0, 2**32): hash of (seed, len(output_ids))
+    adjustments: LogitAdjustments
+    # Host-side flags: which stages any row needs. Deciding here keeps `Sampler` free of syncs.
+    all_greedy: bool = False
+    any_greedy: bool = False
+    need_top_k: bool = False
+    need_top_p: bool = False
+    need_min_p: bool = False
+    max_top_k: int = 0  # largest top_k among sampled rows that use top-k (0 if none)
+    top_p_needs_full_sort: bool = False  # some row uses top-p without top-k
+
+    @property
+    def batch_size(self) -> int:
+        return self.greedy_mask.shape[0]
+
+    @classmethod
+    def build(cls, reqs: list[SamplingRequest], vocab_size: int,
+              device: torch.device) -> "SamplingBatchInfo":
+        n = len(reqs)
+        temps: list[float] = []
+        top_ks: list[int] = []
+        top_ps: list[float] = []
+        log_min_ps: list[float] = []
+        greedy: list[bool] = []
+        keys: list[int] = []
+        need_top_k = need_top_p = need_min_p = full_sort = False
+        max_top_k = 0
+        for r in reqs:
+            p = r.params
+            g = is_greedy(p)
+            greedy.append(g)
+            keys.append(row_key(r.seed, len(r.output_ids)))
+            # Greedy rows get neutral filter values: they take argmax and must not widen the
+            # batch-level decisions below (e.g. force a sort that no sampled row needs).
+            k = vocab_size if (g or p.top_k < 0) else min(p.top_k, vocab_size)
+            tp = math.inf if (g or p.top_p >= 1.0) else float(p.top_p)
+            mp = 0.0 if g else float(p.min_p)
+            temps.append(1.0 if g else float(p.temperature))
+            top_ks.append(k)
+            top_ps.append(tp)
+            log_min_ps.append(math.log(mp) if mp > 0.0 else -math.inf)
+            if k < vocab_size:
+                need_top_k = True
+                max_top_k = max(max_top_k, k)
+            need_top_p |= tp < 1.0
+            full_sort |= tp < 1.0 and k == vocab_size
+            need_min_p |= mp > 0.0
+
+        # Two host->device copies instead of one per field.
+        floats = torch.tensor([temps, top_ps, log_min_ps], dtype=torch.float32).to(device)
+        ints = torch.tensor([top_ks, keys, [int(x) for x in greedy]],
+                            dtype=torch.int64).to(device)
+        return cls(
+            vocab_size=vocab_size,
+            temperatures=floats[0].unsqueeze(1),
+            top_p_limits=floats[1],
+            log_min_ps=floats[2],
+            top_ks=ints[0],
+            row_keys=ints[1],
+            greedy_mask=ints[2].bool(),
+            adjustments=LogitAdjustments.build(reqs, vocab_size, device),
+            all_greedy=n > 0 and all(greedy),
+            any_greedy=any(greedy),
+            need_top_k=need_top_k,
+            need_top_p=need_top_p,
+            need_min_p=need_min_p,
+            max_top_k=max_top_k,
+            top_p_needs_full_sort=full_sort,
+        )
+
+
+@dataclass
+class SampleOutput:
+    next_token_ids: torch.Tensor  # [B] int64
+    # [B] float32: log_softmax of the RAW logits (before any adjustment) at the chosen token.
+    next_token_logprobs: torch.Tensor
+    # Per row (logprobs, token ids), sorted by logprob descending; empty lists for rows that did
+    # not ask; None when no row asked.
+    top_logprobs: list[tuple[list[float], list[int]]] | None = None
+
+
+class Sampler:
+    """All per-request state comes in through `SamplingBatchInfo`; the only thing kept is a cache
+    of the per-token half of the noise hash, which depends on nothing but (vocab, device)."""
+
+    def __init__(self) -> None:
+        self._token_keys: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _get_token_keys(self, vocab_size: int, device: torch.device) -> torch.Tensor:
+        key = (vocab_size, device)
+        if key not in self._token_keys:
+            self._token_keys[key] = token_keys(vocab_size, device)
+        return self._token_keys[key]
+
+    def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo,
+                 top_logprobs_nums: list[int] | None = None) -> SampleOutput:
+        if logits.dim() != 2 or logits.shape[1] != info.vocab_size:
+            raise ValueError(f"logits of shape {tuple(logits.shape)} do not match vocab size "
+                             f"{info.vocab_size}")
+        raw = logits.float()
+        x = self.process_logits(raw, info)
+        if info.all_greedy:
+            next_ids = torch.argmax(x, dim=-1)
+        else:
+            next_ids = self._sample(x, info)
+
+        # log_softmax at one index = logit - logsumexp; avoids materialising a [B, V] result.
+        lse = torch.logsumexp(raw, dim=-1)
+        chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1) - lse
+        top = self._top_logprobs(raw, lse, top_logprobs_nums)
+        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top)
+
+    @staticmethod
+    def process_logits(raw: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """float32 logits after logit_bias, penalties and min_new_tokens (before temperature).
+
+        Returns `raw` itself when nothing applies; otherwise a fresh tensor (raw is never touched,
+        it is needed for logprobs and may be the caller's buffer).
+        """
+        if info.adjustments.is_noop:
+            return raw
+        return info.adjustments.apply_(raw.clone(memory_format=torch.contiguous_format))
+
+    @staticmethod
+    def filter_logits(x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """Temperature-scaled logits with tokens outside top-k / top-p / min-p set to -inf."""
+        scaled = x / info.temperatures
+        if not (info.need_top_k or info.need_top_p or info.need_min_p):
+            return scaled
+        if info.need_top_k or info.need_top_p:
+            threshold = _top_k_top_p_threshold(scaled, info)
+        else:
+            threshold = scaled.new_full((scaled.shape[0],), float("-inf"))
+        if info.need_min_p:
+            # prob_i < min_p * prob_max  <=>  scaled_i < scaled_max + log(min_p)
+            row_max = scaled.amax(dim=-1)
+            threshold = torch.maximum(threshold, row_max + info.log_min_ps)
+        return scaled.masked_fill(scaled < threshold.unsqueeze(1), float("-inf"))
+
+    def _sample(self, x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        filtered = self.filter_logits(x, info)
+        tok_keys = self._get_token_keys(info.vocab_size, x.device)
+        sampled = gumbel_argmax(filtered, info.row_keys, tok_keys)
+        if info.any_greedy:
+            # Greedy rows have temperature 1 and no filters, so argmax(x) is their answer.
+            sampled = torch.where(info.greedy_mask, torch.argmax(x, dim=-1), sampled)
+        return sampled
+
+    @staticmethod
+    def _top_logprobs(raw: torch.Tensor, lse: torch.Tensor,
+                      nums: list[int] | None) -> list[tuple[list[float], list[int]]] | None:
+        if not nums or max(nums) <= 0:
+            return None
+        if len(nums) != raw.shape[0]:
+            raise ValueError(f"top_logprobs_nums has {len(nums)} entries for {raw.shape[0]} rows")
+        k = min(max(nums), raw.shape[1])
+        values, ids = torch.topk(raw, k, dim=-1)  # one topk for the batch, sliced per row below
+        values = (values - lse.unsqueeze(1)).tolist()
+        ids = ids.tolist()
+        return [(values[i][:n], ids[i][:n]) if n > 0 else ([], []) for i, n in enumerate(nums)]
+
+
+def _top_k_top_p_threshold(scaled: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Per-row smallest kept scaled logit after top-k then top-p (-inf for rows using neither).
+
+    Only the descending prefix of each row matters. When every top-p row also has a top-k, that
+    prefix is one batched topk of width max_top_k; otherwise one full sort of the batch.
+    """
+    vocab = info.vocab_size
+    if info.top_p_needs_full_sort:
+        vals = torch.sort(scaled, dim=-1, descending=True).values
+    else:
+        vals = torch.topk(scaled, info.max_top_k, dim=-1).values  # sorted, descending
+    width = vals.shape[1]
+    n_keep = info.top_ks.clamp(max=width)
+    if info.need_top_p:
+        if info.need_top_k:
+            # Top-p works on the distribution renormalised over the top-k survivors (HF, vLLM).
+            positions = torch.arange(width, device=scaled.device)
+            vals_k = vals.masked_fill(positions >= info.top_ks.unsqueeze(1), float("-inf"))
+        else:
+            vals_k = vals
+        probs = torch.softmax(vals_k, dim=-1)
+        # Mass strictly before each position; shifting the cumsum (instead of cumsum - p) keeps
+        # it monotone in floating point, so the kept set is a prefix and a count describes it.
+        cum = torch.cumsum(probs, dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
+        # The smallest prefix whose mass reaches top_p: a token stays while the mass before it is
+        # still short of top_p. Position 0 always stays (mass 0 < top_p, as top_p > 0).
+        n_top_p = (mass_before < info.top_p_limits.unsqueeze(1)).sum(dim=-1)
+        n_keep = torch.minimum(n_keep, n_top_p)
+    kth = vals.gather(1, (n_keep.clamp(min=1) - 1).unsqueeze(1)).squeeze(1)
+    active = (info.top_ks < vocab) | (info.top_p_limits < 1.0)
+    return torch.where(active, kth, torch.full_like(kth, float("-inf")))

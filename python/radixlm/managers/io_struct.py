@@ -1,0 +1,112 @@
+"""GenerateReqInput: SGLang's native /generate request, single or batch, and its normalisation
+into one entry per sequence to generate (prompts x n)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.scheduler.sampling_params import SamplingParams
+
+
+@dataclass
+class SingleGenerate:
+    """One sequence to generate, after expanding batches and n."""
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    sampling_params: SamplingParams
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    index: int                      # position in the flattened response list
+
+
+@dataclass
+class GenerateReqInput:
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GenerateReqInput":
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        if "prompt" in d and "text" not in d:  # a common alias
+            d = {**d, "text": d["prompt"]}
+        return cls(**{k: v for k, v in d.items() if k in known},
+                   extra={k: v for k, v in d.items() if k not in known})
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+    def expand(self) -> list[list[SingleGenerate]]:
+        """One group per prompt; each group holds its n sequences. Raises ValueError."""
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of `text` and `input_ids` must be given")
+        if self.text is not None:
+            texts = self.text if isinstance(self.text, list) else [self.text]
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("`text` must be a string or a list of strings")
+            prompts: list[tuple[str | None, list[int] | None]] = [(t, None) for t in texts]
+        else:
+            ids = self.input_ids
+            if not isinstance(ids, list):
+                raise ValueError("`input_ids` must be a list of token ids or a list of lists")
+            batch = ids if ids and isinstance(ids[0], list) else [ids]
+            for one in batch:
+                if not isinstance(one, list) or not all(
+                        isinstance(t, int) and not isinstance(t, bool) for t in one):
+                    raise ValueError("`input_ids` must contain integer token ids")
+            prompts = [(None, list(one)) for one in batch]
+        n_prompts = len(prompts)
+        if n_prompts == 0:
+            raise ValueError("the batch is empty")
+        params = _per_prompt(self.sampling_params, n_prompts, "sampling_params", None)
+        want_lp = _per_prompt(self.return_logprob, n_prompts, "return_logprob", False)
+        starts = _per_prompt(self.logprob_start_len, n_prompts, "logprob_start_len", -1)
+        tops = _per_prompt(self.top_logprobs_num, n_prompts, "top_logprobs_num", 0)
+        rids = _per_prompt(self.rid, n_prompts, "rid", None) if isinstance(self.rid, list) \
+            else [self.rid if n_prompts == 1 else None] * n_prompts
+        groups, index = [], 0
+        for i, (text, ids) in enumerate(prompts):
+            if not isinstance(params[i], (dict, type(None))):
+                raise ValueError("`sampling_params` must be an object")
+            sp = SamplingParams.from_dict(params[i])
+            sp.validate()
+            if not isinstance(starts[i], int) or starts[i] < -1:
+                raise ValueError(f"logprob_start_len must be an integer >= -1, got {starts[i]!r}")
+            if not isinstance(tops[i], int) or tops[i] < 0:
+                raise ValueError(f"top_logprobs_num must be an integer >= 0, got {tops[i]!r}")
+            base = rids[i] or uuid.uuid4().hex
+            group = []
+            for k in range(sp.n):
+                child = sp
+                if sp.n > 1:
+                    child = SamplingParams.from_dict({**sp.__dict__, "n": 1})
+                    if sp.sampling_seed is not None:  # distinct but reproducible samples
+                        child.sampling_seed = sp.sampling_seed + k
+                rid = base if sp.n == 1 else f"{base}-{k}"
+                group.append(SingleGenerate(rid, text, ids, child, bool(want_lp[i]), starts[i],
+                                            tops[i], index))
+                index += 1
+            groups.append(group)
+        return groups
+
+
+def _per_prompt(value: Any, n: int, name: str, default: Any) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"`{name}` has {len(value)} entries for {n} prompts")
+        return value
+    return [default if value is None else value] * n

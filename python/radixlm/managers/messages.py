@@ -1,0 +1,119 @@
+"""Typed messages between the tokenizer manager and the scheduler.
+
+Today the scheduler runs in a background thread and these travel over in-process queues; the
+server issue moves the scheduler and detokenizer into their own processes and sends the same
+dataclasses over ZMQ (they are plain, picklable data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.scheduler.sampling_params import SamplingParams
+
+# (logprob, token_id); logprob is None for the first prompt token, which has no context.
+TokenLogprob = tuple[float | None, int]
+# the top alternatives at one position: [(logprob, token_id), ...], best first
+TopLogprobs = list[tuple[float, int]]
+
+
+@dataclass
+class TokenizedGenerateReq:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1      # -1: only the last prompt token (as SGLang)
+    top_logprobs_num: int = 0
+    stream: bool = False
+    input_text: str | None = None
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class FlushCacheResult:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class GetLoadReq:
+    """Ask the scheduler for its runtime figures (for /get_server_info and tests)."""
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    max_total_num_tokens: int
+    available_kv_tokens: int         # free in the allocator
+    evictable_kv_tokens: int         # held by the radix cache, unlocked
+    protected_kv_tokens: int         # held by the radix cache, locked by running requests
+    token_usage: float               # fraction of the KV pool in use by running requests
+    cache_hit_rate: float            # cached prompt tokens / prompt tokens, since start
+    num_retractions: int
+    new_token_ratio: float
+
+
+@dataclass
+class ShutdownReq:
+    pass
+
+
+@dataclass
+class SchedulerReady:
+    """First message from the scheduler: what the tokenizer side needs to know of the model."""
+    max_total_num_tokens: int
+    max_running_requests: int
+    context_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    device: str
+    dtype: str
+    model_path: str
+    tokenizer_path: str
+    error: str | None = None         # set when start-up failed
+
+
+@dataclass
+class FinishReason:
+    type: str                        # "stop" | "length" | "abort"
+    matched: int | str | None = None
+    message: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+@dataclass
+class ReqOutput:
+    """What happened to one request during one scheduler step (deltas, not totals)."""
+    rid: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    # Sent once, with the first output of the request (prompt logprobs are complete by then).
+    input_token_logprobs: list[TokenLogprob] | None = None
+    input_top_logprobs: list[TopLogprobs | None] | None = None
+
+
+@dataclass
+class BatchReqOutput:
+    outputs: list[ReqOutput]

@@ -1,0 +1,262 @@
+"""TokenizerManager: the asyncio front of the engine.
+
+It validates and tokenizes requests, sends them to the scheduler, turns the scheduler's token
+deltas into text (incremental detokenization) and SGLang-shaped response dicts, and aborts
+requests whose caller went away. It runs on one event loop; scheduler outputs arrive through
+`handle_output`, which must be called on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from radixlm.managers.detokenizer import IncrementalDetokenizer
+from radixlm.managers.io_struct import GenerateReqInput, SingleGenerate
+from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
+                                       FlushCacheResult, GetLoadReq, ReqOutput, SchedulerReady,
+                                       SchedulerStats, TokenizedGenerateReq)
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+@dataclass
+class ReqState:
+    single: SingleGenerate
+    prompt_ids: list[int]
+    detok: IncrementalDetokenizer
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    input_token_logprobs: list = field(default_factory=list)
+    input_top_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    updated: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class TokenizerManager:
+    def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None]):
+        self.tokenizer = tokenizer
+        self.ready = ready
+        self.send = send
+        self.states: dict[str, ReqState] = {}
+        self._pending: dict[type, list[asyncio.Future]] = {FlushCacheResult: [],
+                                                           SchedulerStats: []}
+        self.dead_reason: str | None = None
+
+    @property
+    def context_len(self) -> int:
+        return self.ready.context_len
+
+    # ------------------------------------------------------------------ requests
+
+    def tokenize(self, single: SingleGenerate) -> list[int]:
+        if single.input_ids is not None:
+            ids = single.input_ids
+        else:
+            ids = self.tokenizer(single.text).input_ids
+        if not ids:
+            raise ValueError("the prompt is empty (`text` / `input_ids` must not be empty)")
+        vocab = self.ready.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"input_ids contains token ids outside the vocabulary: {bad[:5]}")
+        if len(ids) >= self.context_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
+                             f"length of {self.context_len} tokens")
+        single.sampling_params.validate(vocab)
+        return ids
+
+    async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
+        """Yields, for a single sequence, response dicts (each a snapshot; one when not
+        streaming); for a batch, either the final list, or per-sequence snapshots with an
+        `index` field when streaming. Raises ValueError for bad input."""
+        self._check_alive()
+        groups = obj.expand()
+        prompts = [self.tokenize(g[0]) for g in groups]
+        for g in groups:
+            for s in g[1:]:
+                s.sampling_params.validate(self.ready.vocab_size)
+        for g, ids in zip(groups, prompts):
+            for s in g:
+                if s.rid in self.states:
+                    raise ValueError(f"a request with rid {s.rid!r} is already running")
+        states = [self._new_state(s, ids, obj.return_text_in_logprobs)
+                  for g, ids in zip(groups, prompts) for s in g]
+        try:
+            await self._submit(groups, prompts, obj.stream)
+            if obj.stream:
+                async for out in self._stream(states, batch=obj.is_batch or len(states) > 1):
+                    yield out
+            else:
+                for st in states:
+                    await self._wait_finished(st)
+                outs = [self.response(st) for st in states]
+                yield outs if (obj.is_batch or len(outs) > 1) else outs[0]
+        finally:
+            for st in states:
+                if not st.finished:
+                    self.send(AbortReq(st.single.rid))
+                self.states.pop(st.single.rid, None)
+
+    def _new_state(self, single: SingleGenerate, ids: list[int], text_in_lp: bool) -> ReqState:
+        p = single.sampling_params
+        detok = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
+                                       p.spaces_between_special_tokens, p.stop, p.no_stop_trim)
+        st = ReqState(single, ids, detok, text_in_lp)
+        self.states[single.rid] = st
+        return st
+
+    async def _submit(self, groups: list[list[SingleGenerate]], prompts: list[list[int]],
+                      stream: bool) -> None:
+        # n > 1: prefill the shared prompt once (max_new_tokens 0), then the n samples all find
+        # it in the radix cache instead of computing it n times in one batch.
+        warm = [(g, ids) for g, ids in zip(groups, prompts) if len(g) > 1]
+        if warm:
+            await asyncio.gather(*(self._prefill_only(ids, g[0].rid) for g, ids in warm))
+        for g, ids in zip(groups, prompts):
+            for s in g:
+                self.send(TokenizedGenerateReq(
+                    rid=s.rid, input_ids=ids, sampling_params=s.sampling_params,
+                    return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
+                    top_logprobs_num=s.top_logprobs_num, stream=stream, input_text=s.text))
+
+    async def _prefill_only(self, ids: list[int], rid: str) -> None:
+        obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
+                               rid=f"{rid}-prefix")
+        async for _ in self.generate(obj):
+            pass
+
+    async def _wait_finished(self, st: ReqState) -> None:
+        while not st.finished:
+            await st.updated.wait()
+            st.updated.clear()
+            self._check_alive()
+
+    async def _stream(self, states: list[ReqState], batch: bool) -> AsyncIterator[dict]:
+        pending = list(states)
+        sent_len = {id(st): -1 for st in states}
+        while pending:
+            waiters = [asyncio.ensure_future(st.updated.wait()) for st in pending]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            self._check_alive()
+            for st in list(pending):
+                if not st.updated.is_set():
+                    continue
+                st.updated.clear()
+                if len(st.output_ids) != sent_len[id(st)] or st.finished:
+                    sent_len[id(st)] = len(st.output_ids)
+                    out = self.response(st)
+                    if batch:
+                        out["index"] = st.single.index
+                    yield out
+                if st.finished:
+                    pending.remove(st)
+
+    # ------------------------------------------------------------------ scheduler outputs
+
+    def handle_output(self, msg: Any) -> None:
+        if isinstance(msg, BatchReqOutput):
+            for out in msg.outputs:
+                st = self.states.get(out.rid)
+                if st is not None:
+                    self._apply(st, out)
+        elif type(msg) in self._pending and self._pending[type(msg)]:
+            fut = self._pending[type(msg)].pop(0)
+            if not fut.done():
+                fut.set_result(msg)
+
+    def _apply(self, st: ReqState, out: ReqOutput) -> None:
+        finished = out.finish_reason is not None
+        st.output_ids.extend(out.new_token_ids)
+        st.detok.push(out.new_token_ids, finished)
+        st.prompt_tokens, st.completion_tokens = out.prompt_tokens, out.completion_tokens
+        st.cached_tokens = out.cached_tokens
+        if out.input_token_logprobs is not None:
+            st.input_token_logprobs = out.input_token_logprobs
+            st.input_top_logprobs = out.input_top_logprobs or []
+        st.output_token_logprobs.extend(out.output_token_logprobs)
+        st.output_top_logprobs.extend(out.output_top_logprobs)
+        if finished:
+            st.finish_reason = out.finish_reason
+        st.updated.set()
+
+    def mark_dead(self, reason: str) -> None:
+        """The scheduler is gone: fail every request instead of letting callers hang."""
+        self.dead_reason = reason
+        for st in self.states.values():
+            if not st.finished:
+                st.finish_reason = FinishReason("abort", message=f"engine died: {reason}")
+            st.updated.set()
+        for futs in self._pending.values():
+            for f in futs:
+                if not f.done():
+                    f.set_exception(EngineDeadError(reason))
+            futs.clear()
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is not running: {self.dead_reason}")
+
+    # ------------------------------------------------------------------ responses
+
+    def response(self, st: ReqState) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": st.single.rid,
+            "finish_reason": st.finish_reason.to_json() if st.finish_reason else None,
+            "prompt_tokens": st.prompt_tokens or len(st.prompt_ids),
+            "completion_tokens": st.completion_tokens,
+            "cached_tokens": st.cached_tokens,
+            "e2e_latency": time.perf_counter() - st.created,
+        }
+        if st.single.return_logprob:
+            meta["input_token_logprobs"] = self._lp(st, st.input_token_logprobs)
+            meta["output_token_logprobs"] = self._lp(st, st.output_token_logprobs)
+            if st.single.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [None if t is None else self._lp(st, t)
+                                              for t in st.input_top_logprobs]
+                meta["output_top_logprobs"] = [self._lp(st, t) for t in st.output_top_logprobs]
+        return {"text": st.detok.text, "output_ids": list(st.output_ids), "meta_info": meta}
+
+    def _lp(self, st: ReqState, entries) -> list[list]:
+        if not st.return_text_in_logprobs:
+            return [[lp, tid, None] for lp, tid in entries]
+        return [[lp, tid, self.tokenizer.decode([tid])] for lp, tid in entries]
+
+    # ------------------------------------------------------------------ control
+
+    async def _ask(self, msg: Any, answer: type) -> Any:
+        self._check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[answer].append(fut)
+        self.send(msg)
+        return await fut
+
+    async def flush_cache(self) -> FlushCacheResult:
+        return await self._ask(FlushCacheReq(), FlushCacheResult)
+
+    async def get_stats(self) -> SchedulerStats:
+        return await self._ask(GetLoadReq(), SchedulerStats)
+
+    def abort(self, rid: str) -> None:
+        self.send(AbortReq(rid))

@@ -1,0 +1,94 @@
+"""Hands out KV slots, one token (page_size 1) or one page of tokens at a time.
+
+A slot index addresses a row of every KVPool buffer. With page_size P, slot s lies in page s // P,
+and a page is always owned by exactly one party (a running request or one radix-tree node), so
+freeing is done a whole page at a time. Page 0 is reserved as the padding page (see KVPool).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVAllocator:
+    def __init__(self, num_slots: int, page_size: int, device: torch.device | str):
+        if page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.num_pages = num_slots // page_size
+        if self.num_pages < 2:
+            raise ValueError(f"KV pool of {num_slots} slots is too small for page size {page_size}")
+        self.device = torch.device(device)
+        self.clear()
+
+    @property
+    def total_size(self) -> int:
+        """Usable token capacity (the padding page excluded)."""
+        return (self.num_pages - 1) * self.page_size
+
+    def clear(self) -> None:
+        self._free_pages = torch.arange(1, self.num_pages, dtype=torch.int64, device=self.device)
+        self._is_free = torch.ones(self.num_pages, dtype=torch.bool, device=self.device)
+        self._is_free[0] = False
+
+    def available_size(self) -> int:
+        return int(self._free_pages.numel()) * self.page_size
+
+    def _take_pages(self, n: int) -> torch.Tensor | None:
+        if n > self._free_pages.numel():
+            return None
+        pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
+        self._is_free[pages] = False
+        return pages
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Fresh slots for `num_tokens` tokens starting on a page boundary (None when out of memory)."""
+        if num_tokens < 0:
+            # A negative count would slice the free list from the end and silently hand out
+            # almost every page; a scheduler arithmetic slip must fail loudly instead.
+            raise ValueError(f"alloc of {num_tokens} tokens")
+        pages = self._take_pages(-(-num_tokens // self.page_size))
+        if pages is None:
+            return None
+        return self._pages_to_slots(pages)[:num_tokens]
+
+    def alloc_extend(self, seq_len: int, last_loc: int, num_tokens: int) -> torch.Tensor | None:
+        """Slots for `num_tokens` tokens appended to a request that already holds `seq_len` tokens,
+        the last in slot `last_loc`: first the rest of its partly filled last page, then new pages."""
+        if self.page_size == 1 or seq_len == 0:
+            return self.alloc(num_tokens)
+        if num_tokens < 0:
+            raise ValueError(f"alloc_extend of {num_tokens} tokens")
+        last_loc = int(last_loc)
+        # Slot offset within its page always equals the token's position within its page (alloc
+        # starts on a page boundary, tree pages are whole). A last_loc breaking that (e.g. -1 for
+        # a non-empty request) would make `head` reach into a page owned by someone else or the
+        # padding page, silently corrupting KV; refuse it.
+        if last_loc < self.page_size or (last_loc + 1) % self.page_size != seq_len % self.page_size:
+            raise ValueError(f"last_loc {last_loc} does not end a request of {seq_len} tokens")
+        in_last_page = min((-seq_len) % self.page_size, num_tokens)
+        head = torch.arange(last_loc + 1, last_loc + 1 + in_last_page, dtype=torch.int64,
+                            device=self.device)
+        rest = num_tokens - in_last_page
+        if rest == 0:
+            return head
+        tail = self.alloc(rest)
+        return None if tail is None else torch.cat([head, tail])
+
+    def pages_needed(self, seq_len: int, num_tokens: int) -> int:
+        """How many new pages alloc_extend(seq_len, ..., num_tokens) will take."""
+        ps = self.page_size
+        return -(-(seq_len + num_tokens) // ps) - (-(-seq_len // ps))
+
+    def free(self, slots: torch.Tensor) -> None:
+        if slots.numel() == 0:
+            return
+        pages = torch.unique(slots.to(device=self.device, dtype=torch.int64) // self.page_size)
+        if bool(self._is_free[pages].any()) or bool((pages == 0).any()):
+            raise RuntimeError("KV page freed twice (or the padding page freed): accounting bug")
+        self._is_free[pages] = True
+        self._free_pages = torch.cat([self._free_pages, pages])
+
+    def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
+        return (pages[:, None] * self.page_size + offsets).reshape(-1)

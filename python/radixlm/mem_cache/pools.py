@@ -1,0 +1,67 @@
+"""The two memory pools: request slots -> token positions, and the per-layer K/V tensors.
+
+They only hold tensors. Who owns which slot is the allocator's job (allocator.py), which prefix
+lives where is the radix cache's job (radix_cache.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """A [max_running_requests, max_context_len] int32 table: row r lists the KV slot of every
+    token of the request that holds request slot r."""
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device | str):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self._free: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, idx: int) -> None:
+        assert idx not in self._free, f"request slot {idx} freed twice"
+        self._free.append(idx)
+
+    def write(self, idx: int, start: int, locs: torch.Tensor) -> None:
+        self.req_to_token[idx, start:start + len(locs)] = locs.to(torch.int32)
+
+    def clear(self) -> None:
+        self._free = list(range(self.size))
+
+
+class KVPool:
+    """Per-layer K and V tensors of shape [num_slots, num_kv_heads, head_dim].
+
+    Slot 0 is never handed out by the allocator: padded positions (CUDA graphs, dummy requests)
+    write their K/V there, so they can't clobber a real token.
+    """
+
+    def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def set_kv(self, layer_id: int, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffers[layer_id][locs] = k.to(self.dtype)
+        self.v_buffers[layer_id][locs] = v.to(self.dtype)
+
+    def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]

@@ -1,0 +1,48 @@
+"""Builds a model on its device and fills its weights (checkpoint or random 'dummy' weights)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from radixlm.model_executor.model_config import ModelConfig
+from radixlm.model_executor.weight_source import iter_safetensors_weights
+from radixlm.models.registry import resolve_model_class
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device: torch.device,
+               dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    cls = resolve_model_class(model_config.hf_config)
+    # Parameters are created directly on the device in the compute dtype (an 8B model must not
+    # pass through float32 CPU memory first).
+    with _default_dtype(dtype), torch.device(device):
+        model = cls(model_config.hf_config, max_position=model_config.context_len)
+    if load_format == "dummy":
+        _init_dummy(model, seed)
+    else:
+        model.load_weights(iter_safetensors_weights(hf_dir))
+    return model.eval()
+
+
+def _init_dummy(model: nn.Module, seed: int) -> None:
+    """Small uniform weights: the forward pass costs what the real model costs, and activations
+    stay finite in half precision (the text is random, benchmarks set ignore_eos)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.uniform_(-1e-3, 1e-3)

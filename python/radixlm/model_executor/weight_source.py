@@ -1,0 +1,156 @@
+"""Where weights come from: resolve `--model-path` / `--load-format` to an HF directory and
+stream its tensors. Knows nothing about model classes (see loader.py for that)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from radixlm.model_executor.gguf_convert import bundled_gguf_path, convert_gguf_to_hf_dir
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def resolve_model_dir(model_path: str | None, load_format: str) -> tuple[str, str]:
+    """Return (hf_dir, effective_format) where effective_format is "safetensors" or "dummy".
+
+    GGUF inputs are converted once into a cached HF directory, so callers only ever see HF
+    layouts. None means the bundled default model.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"Unknown --load-format {load_format!r}; expected one of {list(LOAD_FORMATS)}"
+        )
+    effective = "dummy" if load_format == "dummy" else "safetensors"
+    if model_path is None:
+        return convert_gguf_to_hf_dir(bundled_gguf_path()), effective
+
+    path = _local_path(model_path)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(
+                f"--model-path {model_path!r} is a file but not a .gguf; pass a GGUF file or a "
+                "Hugging Face model directory"
+            )
+        if load_format == "safetensors":
+            raise ValueError(
+                f"--model-path {model_path!r} is a GGUF file; use --load-format auto or gguf"
+            )
+        return convert_gguf_to_hf_dir(path), effective
+
+    ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+    has_safetensors = bool(glob.glob(os.path.join(path, "*.safetensors")))
+    has_config = os.path.isfile(os.path.join(path, "config.json"))
+
+    if load_format == "dummy":
+        if has_config:
+            return path, "dummy"
+        if len(ggufs) == 1:
+            return convert_gguf_to_hf_dir(ggufs[0]), "dummy"
+        raise ValueError(f"--load-format dummy needs a config.json in --model-path {model_path!r}")
+    if load_format == "gguf" or (load_format == "auto" and not has_safetensors and ggufs):
+        return convert_gguf_to_hf_dir(_single_gguf(model_path, ggufs)), "safetensors"
+    if not has_safetensors:
+        has_bin = bool(glob.glob(os.path.join(path, "*.bin")))
+        extra = " (*.bin checkpoints are not supported; convert them to safetensors)" if has_bin else ""
+        raise ValueError(
+            f"--model-path {model_path!r} holds no *.safetensors or *.gguf weights{extra}; "
+            "use --load-format dummy to run with random weights"
+        )
+    if not has_config:
+        raise ValueError(f"--model-path {model_path!r} has safetensors weights but no config.json")
+    return path, "safetensors"
+
+
+def _local_path(model_path: str) -> str:
+    """An existing local path, or a Hugging Face Hub id already in the local HF cache."""
+    expanded = os.path.abspath(os.path.expanduser(model_path))
+    if os.path.exists(expanded):
+        return expanded
+    if model_path.count("/") == 1 and not model_path.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return snapshot_download(model_path, local_files_only=True)
+        except Exception:
+            pass  # not cached: fall through to the error below
+    raise FileNotFoundError(
+        f"--model-path {model_path!r} does not exist (and is not a Hugging Face model id in the "
+        "local cache; radixlm does not download models)"
+    )
+
+
+def _single_gguf(model_path: str, ggufs: list[str]) -> str:
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if not ggufs:
+        raise ValueError(f"--load-format gguf but --model-path {model_path!r} holds no .gguf file")
+    names = ", ".join(os.path.basename(g) for g in ggufs)
+    raise ValueError(
+        f"--model-path {model_path!r} holds several .gguf files ({names}); pass one file's path"
+    )
+
+
+def safetensors_files(hf_dir: str) -> list[str]:
+    """Weight files of `hf_dir`; the index, when present, decides (repos sometimes ship
+    extra consolidated copies that must not be loaded twice)."""
+    index_path = os.path.join(hf_dir, SAFETENSORS_INDEX)
+    if os.path.isfile(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        return [os.path.join(hf_dir, name) for name in sorted(set(weight_map.values()))]
+    files = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"No *.safetensors files in {hf_dir}")
+    return files
+
+
+def iter_safetensors_weights(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) for every weight, one tensor at a time (memory-mapped reads)."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(hf_dir):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_hf_config(hf_dir: str) -> "PretrainedConfig":
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(hf_dir, trust_remote_code=False)
+
+
+def load_tokenizer(tokenizer_path: str) -> "PreTrainedTokenizerBase":
+    """AutoTokenizer for a directory; a GGUF file (or a directory holding only one) is
+    converted first so its tokenizer files exist."""
+    from transformers import AutoTokenizer
+
+    path = os.path.abspath(os.path.expanduser(tokenizer_path))
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        path = convert_gguf_to_hf_dir(path)
+    elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "tokenizer_config.json")):
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if len(ggufs) == 1:
+            path = convert_gguf_to_hf_dir(ggufs[0])
+    elif not os.path.exists(path):
+        path = tokenizer_path  # let transformers resolve a cached Hub id or report the error
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+__all__ = [
+    "LOAD_FORMATS",
+    "iter_safetensors_weights",
+    "load_hf_config",
+    "load_tokenizer",
+    "resolve_model_dir",
+    "safetensors_files",
+]

@@ -1,0 +1,180 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral-style), the base of Qwen2 and Qwen3.
+
+Qwen2 adds q/k/v biases and Qwen3 adds per-head RMSNorm on q and k; both are switches here
+(`qkv_bias`, `qk_norm`) that their own modules set, so the forward pass exists once.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from radixlm.distributed.parallel_state import SINGLE, TPGroup
+from radixlm.layers.activation import silu_and_mul
+from radixlm.layers.attention.radix_attention import RadixAttention
+from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from radixlm.layers.norm import RMSNorm
+from radixlm.layers.rotary import RotaryEmbedding
+from radixlm.model_executor.forward_batch import ForwardBatch
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TPGroup):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate],
+                                                       bias=bias, tp=tp)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_id: int, tp: TPGroup, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, max_position: int):
+        super().__init__()
+        self.head_dim = head_dim_of(config)
+        self.num_heads = tp.shard(config.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads = tp.shard(config.num_key_value_heads, "num_key_value_heads")
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
+                                          config.num_attention_heads, config.num_key_value_heads,
+                                          bias=qkv_bias, tp=tp)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim,
+                                        config.hidden_size, bias=o_bias, tp=tp)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(self.head_dim, max_position, _rope_theta(config),
+                                          _rope_scaling(config))
+        self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
+                                   scaling=self.head_dim ** -0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.reshape(-1, q_size), k.reshape(-1, kv_size), v.contiguous(), fb)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, tp: TPGroup, qkv_bias: bool, o_bias: bool,
+                 qk_norm: bool, max_position: int):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, qk_norm,
+                                        max_position)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size,
+                            getattr(config, "mlp_bias", False), tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, x, residual, fb):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, fb)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    qk_norm = False
+
+    @staticmethod
+    def attention_biases(config) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias): Llama's `attention_bias` switches both."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
+
+    def __init__(self, config, tp: TPGroup = SINGLE, max_position: int | None = None):
+        super().__init__()
+        self.config = config
+        self.tp = tp
+        max_position = max_position or config.max_position_embeddings
+        qkv_bias, o_bias = self.attention_biases(config)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, tp, qkv_bias, o_bias, self.qk_norm, max_position)
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp,
+                                      tie_to=self.embed_tokens if self.tie_word_embeddings else None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                fb: ForwardBatch) -> torch.Tensor:
+        """Final hidden states [T, H]; logits are computed by the caller on the rows it needs."""
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, fb)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    # ------------------------------------------------------------------ weights
+
+    # checkpoint sub-name -> (our fused parameter, shard id)
+    _fused = {
+        ".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
+        ".v_proj.": (".qkv_proj.", "v"),
+        ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            for old, (new, shard) in self._fused.items():
+                if old in name:
+                    name = name.replace(old, new)
+                    break
+            else:
+                shard = None
+            if name not in params:
+                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
+            param = params[name]
+            loader = getattr(param, "weight_loader", None)
+            with torch.no_grad():
+                if loader is None:
+                    param.data.copy_(tensor)
+                elif shard is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard)
+            loaded.add(name)
+        missing = {n for n in params if n not in loaded}
+        if self.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if missing:
+            raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def _rope_scaling(config):
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return params
+    return getattr(config, "rope_scaling", None)

@@ -1,0 +1,100 @@
+"""Admission: which waiting requests join the next prefill batch, and how much of each.
+
+The KV budget is what is free plus what the radix cache could evict, minus a reservation for the
+tokens that running requests will still generate. The reservation multiplies their remaining
+max_new_tokens by new_token_ratio, which starts high, decays while decoding goes well and jumps
+back up after a retraction (decode.py).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from radixlm.scheduler.request import Req
+
+# A request promising 100k new tokens should not block admission as if it will use them all.
+RESERVE_CLIP = 4096
+
+
+class AddResult(enum.Enum):
+    ADDED = "added"
+    CHUNKED = "chunked"        # admitted with part of its prompt; stop adding
+    NO_ROOM = "no_room"        # stop adding
+
+
+def reserved_tokens(req: Req, new_token_ratio: float) -> int:
+    return int(min(req.remaining_new_tokens, RESERVE_CLIP) * new_token_ratio)
+
+
+class PrefillAdder:
+    def __init__(self, tree_cache, allocator, running: list[Req], new_token_ratio: float,
+                 max_prefill_tokens: int, chunked_prefill_size: int | None,
+                 free_req_slots: int):
+        self.tree_cache = tree_cache
+        self.page_size = allocator.page_size
+        self.ratio = new_token_ratio
+        self.rem_total = (allocator.available_size() + tree_cache.evictable_size()
+                          - sum(reserved_tokens(r, new_token_ratio) for r in running))
+        self.rem_input = max_prefill_tokens
+        self.rem_chunk = chunked_prefill_size if chunked_prefill_size else None
+        self.free_req_slots = free_req_slots
+        self.nothing_running = not running
+        self.added: list[Req] = []
+
+    def _budget(self) -> int | None:
+        """How many prompt tokens one more request may compute this step (None: unlimited)."""
+        if self.rem_chunk is None:
+            return None
+        return min(self.rem_chunk, self.rem_input)
+
+    def add_chunked(self, req: Req) -> AddResult:
+        """Continue a request whose prefill was chunked; its KV so far is its prefix."""
+        n = req.remaining_prefill
+        budget = self._budget()
+        if budget is not None and n > budget:
+            n = self._page_floor(budget) or budget
+        req.extend_input_len = n
+        self._take(req, n)
+        return AddResult.CHUNKED if n < req.remaining_prefill else AddResult.ADDED
+
+    def add(self, req: Req) -> AddResult:
+        if self.free_req_slots <= 0:
+            return AddResult.NO_ROOM
+        match = self.tree_cache.match_prefix(req.fill_ids[:req.max_prefix_match()])
+        extend = req.seq_len - len(match.indices)
+        need = extend + reserved_tokens(req, self.ratio) + self.page_size
+        first = not self.added
+        if need > self.rem_total and not (first and self.nothing_running
+                                          and extend + self.page_size <= self.rem_total):
+            return AddResult.NO_ROOM
+        if not first and extend > self.rem_input:
+            return AddResult.NO_ROOM
+        budget = self._budget()
+        if budget is not None and budget <= 0:
+            return AddResult.NO_ROOM
+        evictable_before = self.tree_cache.evictable_size()
+        self.tree_cache.inc_lock_ref(match.last_node)
+        # Locking turned some evictable tokens into protected ones: they are no longer budget.
+        self.rem_total -= evictable_before - self.tree_cache.evictable_size()
+        req.prefix_indices = match.indices
+        req.last_node = match.last_node
+        if req.num_retractions == 0 and not req.output_ids:
+            req.cached_tokens = len(match.indices)
+        self.free_req_slots -= 1
+        if budget is not None and extend > budget:
+            req.extend_input_len = self._page_floor(budget) or budget
+            self._take(req, req.extend_input_len)
+            return AddResult.CHUNKED
+        req.extend_input_len = extend
+        self._take(req, extend)
+        return AddResult.ADDED
+
+    def _take(self, req: Req, n: int) -> None:
+        self.added.append(req)
+        self.rem_total -= n + reserved_tokens(req, self.ratio)
+        self.rem_input -= n
+        if self.rem_chunk is not None:
+            self.rem_chunk -= n
+
+    def _page_floor(self, n: int) -> int:
+        return n - n % self.page_size

@@ -1,0 +1,129 @@
+"""Req: one request as the scheduler sees it.
+
+A request is a handful of lengths: its prompt, its output so far, how much of that has KV in the
+pool (`kv_committed_len`), how much came from the prefix cache, and what this step computes.
+Everything else derives from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.managers.messages import FinishReason, TokenizedGenerateReq, TokenLogprob, TopLogprobs
+from radixlm.scheduler.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.managers.detokenizer import StopStringChecker
+    from radixlm.mem_cache.radix_cache import TreeNode
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    arrival: int = 0                       # order of arrival (fcfs tie-breaks)
+
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: FinishReason | None = None
+    to_abort: bool = False
+
+    # Memory
+    req_pool_idx: int | None = None
+    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    last_node: "TreeNode | None" = None
+    kv_committed_len: int = 0              # tokens of fill_ids whose KV is in the pool
+    extend_input_len: int = 0              # tokens computed by the current extend step
+
+    # Reporting
+    cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
+    num_retractions: int = 0
+    stop_checker: "StopStringChecker | None" = None
+
+    # Logprobs
+    input_token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    input_logprobs_done: bool = False
+    input_logprobs_sent: bool = False
+    output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    num_sent_outputs: int = 0              # output tokens already reported to the client
+
+    @classmethod
+    def from_message(cls, msg: TokenizedGenerateReq, seed: int, arrival: int) -> "Req":
+        return cls(rid=msg.rid, origin_input_ids=list(msg.input_ids),
+                   sampling_params=msg.sampling_params, seed=seed,
+                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
+                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival)
+
+    # ------------------------------------------------------------------ lengths
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose KV the request needs: prompt + output so far."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def prefix_len(self) -> int:
+        return len(self.prefix_indices)
+
+    @property
+    def remaining_prefill(self) -> int:
+        """Tokens that still need KV before the request can decode."""
+        return self.seq_len - self.kv_committed_len
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.max_new_tokens - len(self.output_ids), 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def effective_logprob_start(self) -> int:
+        """First prompt position whose logprob is returned (-1 means the last prompt token)."""
+        if self.logprob_start_len < 0:
+            return max(self.prompt_len - 1, 0)
+        return min(self.logprob_start_len, self.prompt_len)
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return (self.return_logprob and not self.input_logprobs_done
+                and self.effective_logprob_start < self.prompt_len)
+
+    def max_prefix_match(self) -> int:
+        """How much of fill_ids may come from the cache: at least one token must be computed to
+        get logits, and prompt logprobs need the hidden state of the token before the first one."""
+        limit = self.seq_len - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(self.effective_logprob_start - 1, 0))
+        return max(limit, 0)
+
+    def reset_for_retract(self) -> None:
+        """After the caches released its KV: back to 'nothing computed'."""
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.kv_committed_len = 0
+        self.extend_input_len = 0
+        self.num_retractions += 1

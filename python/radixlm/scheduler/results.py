@@ -1,0 +1,153 @@
+"""Step 4 of the scheduler loop: turn a batch's logits and samples into request progress.
+
+Appends sampled tokens, records logprobs, checks stop conditions, hands finished requests'
+KV to the prefix cache, and sends per-request deltas to the tokenizer side.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixlm.managers.detokenizer import StopStringChecker
+from radixlm.managers.messages import BatchReqOutput, FinishReason, ReqOutput
+from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.scheduler.request import Req
+from radixlm.scheduler.schedule_batch import ScheduleBatch, input_logprob_targets
+
+if TYPE_CHECKING:
+    from radixlm.layers.sampler import SampleOutput
+    from radixlm.model_executor.model_runner import ForwardOutput
+    from radixlm.scheduler.scheduler import Scheduler
+
+
+class ResultProcessor:
+    def __init__(self, scheduler: "Scheduler", tokenizer=None):
+        self.s = scheduler
+        self.tokenizer = tokenizer
+
+    # ------------------------------------------------------------------ before the forward
+
+    def input_logprob_targets(self, batch: ScheduleBatch,
+                              fb: ForwardBatch) -> tuple[list[list[int]], list[int]]:
+        if not fb.input_logprob_rows:
+            return [], []
+        targets = [input_logprob_targets(r, fb.extend_prefix_lens_cpu[i], fb.input_logprob_rows[i])
+                   for i, r in enumerate(batch.reqs)]
+        return targets, [r.top_logprobs_num for r in batch.reqs]
+
+    def samples_now(self, req: Req, batch: ScheduleBatch) -> bool:
+        """Whether this step produces a token for req (not for a prefill chunk mid-prompt, and
+        not for max_new_tokens == 0, which only fills the cache)."""
+        if batch.forward_mode.is_decode:
+            return True
+        done = req.kv_committed_len + req.extend_input_len >= req.seq_len
+        return done and req.max_new_tokens > 0
+
+    # ------------------------------------------------------------------ after the forward
+
+    def process(self, batch: ScheduleBatch, out: "ForwardOutput", sample_rows: list[int],
+                sampled: "SampleOutput | None") -> None:
+        s = self.s
+        row_of = {i: j for j, i in enumerate(sample_rows)}
+        ids = sampled.next_token_ids.tolist() if sampled is not None else []
+        lps = sampled.next_token_logprobs.tolist() if sampled is not None else []
+        outputs: list[ReqOutput] = []
+        for i, req in enumerate(batch.reqs):
+            if batch.forward_mode.is_extend:
+                self._record_input_logprobs(req, out, i)
+                req.kv_committed_len += req.extend_input_len
+                if req.num_retractions == 0 and req.kv_committed_len >= req.seq_len:
+                    s.prompt_tokens_total += req.prompt_len
+                    s.cached_tokens_total += req.cached_tokens
+            else:
+                req.kv_committed_len += 1
+            if req.kv_committed_len < req.seq_len:      # a chunk of a longer prompt
+                s.tree_cache.cache_unfinished_req(req)
+                continue
+            if i not in row_of:                         # max_new_tokens == 0
+                self.finish(req, FinishReason("length"), send=False)
+                outputs.append(self._output(req))
+                continue
+            j = row_of[i]
+            token = ids[j]
+            req.output_ids.append(token)
+            if req.return_logprob:
+                req.output_token_logprobs.append((lps[j], token))
+                if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
+                    vals, toks = sampled.top_logprobs[j]
+                    req.output_top_logprobs.append(list(zip(vals, toks)))
+            reason = self._check_finished(req, token)
+            if reason is not None:
+                self.finish(req, reason, send=False)
+                outputs.append(self._output(req))
+                continue
+            if batch.forward_mode.is_extend:
+                s.running.append(req)
+            if req.stream:
+                outputs.append(self._output(req))
+        if batch.forward_mode.is_decode:
+            s.running = [r for r in s.running if not r.finished]
+        if outputs:
+            s.send(BatchReqOutput(outputs))
+
+    def _record_input_logprobs(self, req: Req, out: "ForwardOutput", i: int) -> None:
+        if not req.wants_input_logprobs:
+            return
+        if out.input_logprobs is not None:
+            got = out.input_logprobs[i]
+            req.input_token_logprobs.extend(got.token_logprobs)
+            req.input_top_logprobs.extend(got.top_logprobs if req.top_logprobs_num else
+                                          [None] * len(got.token_logprobs))
+        if req.kv_committed_len + req.extend_input_len >= req.prompt_len:
+            if req.effective_logprob_start == 0:   # the first prompt token has no context
+                req.input_token_logprobs.insert(0, (None, req.origin_input_ids[0]))
+                req.input_top_logprobs.insert(0, None)
+            req.input_logprobs_done = True
+
+    def _check_finished(self, req: Req, token: int) -> FinishReason | None:
+        params = req.sampling_params
+        if len(req.output_ids) >= params.max_new_tokens:
+            return FinishReason("length")
+        if req.seq_len >= self.s.runner.model_config.context_len:
+            return FinishReason("length")
+        if len(req.output_ids) >= params.min_new_tokens:
+            if token in params.stop_token_ids:
+                return FinishReason("stop", matched=token)
+            if not params.ignore_eos and token in self.s.runner.model_config.eos_token_ids:
+                return FinishReason("stop", matched=token)
+        if params.stop and len(req.output_ids) >= params.min_new_tokens:
+            if req.stop_checker is None:
+                req.stop_checker = StopStringChecker(self.tokenizer, params.stop,
+                                                     params.skip_special_tokens,
+                                                     params.spaces_between_special_tokens)
+                matched = req.stop_checker.check(req.output_ids)
+            else:
+                matched = req.stop_checker.check([token])
+            if matched is not None:
+                return FinishReason("stop", matched=matched)
+        return None
+
+    # ------------------------------------------------------------------ finishing
+
+    def finish(self, req: Req, reason: FinishReason, send: bool = True) -> None:
+        """End a request; KV it holds goes to the prefix cache."""
+        req.finished_reason = reason
+        if req.req_pool_idx is not None:
+            self.s.tree_cache.cache_finished_req(req)
+        if send:
+            self.s.send(BatchReqOutput([self._output(req)]))
+
+    def _output(self, req: Req) -> ReqOutput:
+        start = req.num_sent_outputs
+        req.num_sent_outputs = len(req.output_ids)
+        out = ReqOutput(
+            rid=req.rid, new_token_ids=req.output_ids[start:],
+            finish_reason=req.finished_reason, prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+            output_token_logprobs=req.output_token_logprobs[start:] if req.return_logprob else [],
+            output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [])
+        if req.return_logprob and not req.input_logprobs_sent:
+            out.input_token_logprobs = list(req.input_token_logprobs)
+            out.input_top_logprobs = list(req.input_top_logprobs)
+            req.input_logprobs_sent = True
+        return out

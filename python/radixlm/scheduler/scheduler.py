@@ -1,0 +1,279 @@
+"""The scheduler loop: receive requests, pick a batch, run it, process the results.
+
+One step:
+  1. take new requests and control messages (abort, flush cache, stats);
+  2. pick the next batch: prefill first (policy orders the queue, PrefillAdder admits), else
+     decode the running batch (retracting requests when KV memory runs out);
+  3. run it: ScheduleBatch -> ForwardBatch -> model -> logits -> sampler;
+  4. process results: append tokens, check stop conditions, update the radix cache, send outputs.
+
+Transport is injected (`recv`, `send`): in-process queues today, ZMQ sockets in the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Callable
+
+import torch
+
+from radixlm import envs
+from radixlm.config import ServerArgs
+from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest
+from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
+                                       FlushCacheResult, GetLoadReq, ReqOutput, SchedulerStats,
+                                       ShutdownReq, TokenizedGenerateReq)
+from radixlm.mem_cache.chunk_cache import ChunkCache
+from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
+                                      pick_retraction_victim)
+from radixlm.scheduler.policy import SchedulePolicy
+from radixlm.scheduler.prefill import AddResult, PrefillAdder
+from radixlm.scheduler.request import Req
+from radixlm.scheduler.results import ResultProcessor
+from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_CHUNK = 4096
+GPU_DEFAULT_CHUNK = 8192
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner,
+                 recv: Callable[[float | None], list[Any]], send: Callable[[Any], None],
+                 tokenizer=None):
+        self.args = args
+        self.runner = runner
+        self.recv = recv
+        self.send = send
+        cache_cls = ChunkCache if args.disable_radix_cache else RadixCache
+        self.tree_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        self.policy = SchedulePolicy(args.schedule_policy, self.tree_cache, args.random_seed)
+        self.ratio = NewTokenRatio.create(args.schedule_conservativeness)
+        chunk = args.chunked_prefill_size
+        if chunk is None:
+            chunk = GPU_DEFAULT_CHUNK if runner.device.type == "cuda" else CPU_DEFAULT_CHUNK
+        self.chunk_size: int | None = None if chunk == -1 else chunk
+        self.rng = random.Random(args.random_seed)
+        self.sampler = Sampler()
+        self.results = ResultProcessor(self, tokenizer)
+
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.arrivals = 0
+        self.num_retractions = 0
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.stopped = False
+        self.check_invariants = envs.check_invariants()
+
+    # ------------------------------------------------------------------ loop
+
+    def run_forever(self) -> None:
+        while not self.stopped:
+            self.step(block=True)
+
+    def step(self, block: bool = False) -> bool:
+        """One scheduler iteration. Returns whether a batch ran."""
+        idle = not (self.waiting or self.running or self.chunked_req)
+        for msg in self.recv(0.05 if (block and idle) else 0.0):
+            self.handle_message(msg)
+        batch = self.next_batch()
+        if batch is None:
+            return False
+        self.run_batch(batch)
+        if self.check_invariants:
+            self.check_memory_invariant()
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req)
+
+    # ------------------------------------------------------------------ messages
+
+    def handle_message(self, msg: Any) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            self.send(self.flush_cache())
+        elif isinstance(msg, GetLoadReq):
+            self.send(self.stats())
+        elif isinstance(msg, ShutdownReq):
+            self.stopped = True
+        else:
+            logger.warning("scheduler ignored an unknown message %r", type(msg).__name__)
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        seed = msg.sampling_params.sampling_seed
+        if seed is None:
+            seed = self.rng.getrandbits(62)
+        req = Req.from_message(msg, seed=seed, arrival=self.arrivals)
+        self.arrivals += 1
+        capacity = self.runner.max_total_num_tokens - self.runner.allocator.page_size
+        if req.prompt_len >= self.runner.model_config.context_len:
+            self.results.finish(req, FinishReason(
+                "abort", message=f"prompt of {req.prompt_len} tokens does not fit the context "
+                                 f"length {self.runner.model_config.context_len}"))
+        elif req.prompt_len + 1 > capacity:
+            self.results.finish(req, FinishReason(
+                "abort", message=f"prompt of {req.prompt_len} tokens does not fit the KV cache "
+                                 f"({capacity} tokens)"))
+        else:
+            self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self.results.finish(req, FinishReason("abort", message="aborted"))
+                return
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == rid:
+                req.to_abort = True  # released at the start of the next step
+
+    def flush_cache(self) -> FlushCacheResult:
+        if self.has_work:
+            return FlushCacheResult(False, "cannot flush the cache while requests are running")
+        self.tree_cache.reset()
+        self.runner.allocator.clear()
+        self.runner.req_to_token_pool.clear()
+        return FlushCacheResult(True)
+
+    # ------------------------------------------------------------------ batches
+
+    def next_batch(self) -> ScheduleBatch | None:
+        self._release_aborted()
+        batch = self._prefill_batch()
+        if batch is not None:
+            return batch
+        if not self.running:
+            return None
+        self._ensure_decode_memory()
+        if not self.running:
+            return None
+        self.ratio.step()
+        return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+
+    def _release_aborted(self) -> None:
+        for req in [r for r in self.running if r.to_abort]:
+            self.running.remove(req)
+            self.results.finish(req, FinishReason("abort", message="aborted"))
+        if self.chunked_req is not None and self.chunked_req.to_abort:
+            req, self.chunked_req = self.chunked_req, None
+            self.results.finish(req, FinishReason("abort", message="aborted"))
+
+    def _prefill_batch(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        max_running = self.runner.max_running_requests
+        slots = min(self.runner.req_to_token_pool.available_size(),
+                    max_running - len(self.running) - (1 if self.chunked_req else 0))
+        adder = PrefillAdder(self.tree_cache, self.runner.allocator, self.running,
+                             self.ratio.value, self.args.max_prefill_tokens, self.chunk_size,
+                             slots)
+        chunked, self.chunked_req = self.chunked_req, None
+        if chunked is not None and adder.add_chunked(chunked) is AddResult.CHUNKED:
+            self.chunked_req = chunked
+        if self.chunked_req is None:
+            for req in self.policy.order(self.waiting):
+                result = adder.add(req)
+                if result is AddResult.NO_ROOM:
+                    break
+                self.waiting.remove(req)
+                if result is AddResult.CHUNKED:
+                    self.chunked_req = req
+                    break
+        if not adder.added:
+            return None
+        return ScheduleBatch(adder.added, ForwardMode.EXTEND)
+
+    def _ensure_decode_memory(self) -> None:
+        alloc = self.runner.allocator
+        retracted = False
+        while self.running:
+            need = decode_tokens_needed(self.running, alloc.page_size)
+            if need <= alloc.available_size() + self.tree_cache.evictable_size():
+                break
+            if len(self.running) == 1:
+                # Nothing left to retract: this request alone has outgrown the pool.
+                req = self.running.pop()
+                self.results.finish(req, FinishReason(
+                    "abort", message="out of KV cache memory for this request"))
+                break
+            victim = pick_retraction_victim(self.running)
+            self.running.remove(victim)
+            self.tree_cache.cache_finished_req(victim)
+            victim.reset_for_retract()
+            self.waiting.append(victim)
+            self.num_retractions += 1
+            retracted = True
+        if retracted:
+            self.ratio.after_retraction(self.running)
+            logger.info("retracted requests; %d running, %d waiting, new_token_ratio %.2f",
+                        len(self.running), len(self.waiting), self.ratio.value)
+
+    # ------------------------------------------------------------------ run
+
+    @torch.inference_mode()
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        if batch.forward_mode.is_extend:
+            fb = batch.prepare_extend(self.runner, self.tree_cache)
+            targets, top_k = self.results.input_logprob_targets(batch, fb)
+            out = self.runner.forward(fb, targets, top_k)
+        else:
+            fb = batch.prepare_decode(self.runner, self.tree_cache)
+            out = self.runner.forward(fb)
+        sample_rows = [i for i, r in enumerate(batch.reqs) if self.results.samples_now(r, batch)]
+        sampled = None
+        if sample_rows:
+            reqs = [batch.reqs[i] for i in sample_rows]
+            info = SamplingBatchInfo.build(
+                [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
+                                 self.runner.model_config.eos_token_ids) for r in reqs],
+                self.runner.model_config.vocab_size, self.runner.device)
+            logits = out.next_token_logits[torch.tensor(sample_rows, device=self.runner.device)]
+            tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+            sampled = self.sampler(logits, info, tops if any(tops) else None)
+        self.results.process(batch, out, sample_rows, sampled)
+
+    # ------------------------------------------------------------------ figures
+
+    def stats(self) -> SchedulerStats:
+        alloc = self.runner.allocator
+        total = alloc.total_size
+        in_use = total - alloc.available_size() - self.tree_cache.evictable_size()
+        return SchedulerStats(
+            num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
+            num_waiting_reqs=len(self.waiting), max_total_num_tokens=total,
+            available_kv_tokens=alloc.available_size(),
+            evictable_kv_tokens=self.tree_cache.evictable_size(),
+            protected_kv_tokens=self.tree_cache.protected_size(),
+            token_usage=in_use / total if total else 0.0,
+            cache_hit_rate=(self.cached_tokens_total / self.prompt_tokens_total
+                            if self.prompt_tokens_total else 0.0),
+            num_retractions=self.num_retractions, new_token_ratio=self.ratio.value)
+
+    def check_memory_invariant(self) -> None:
+        """free + evictable + protected + owned by requests == total (tests call this)."""
+        alloc, cache = self.runner.allocator, self.tree_cache
+        ps = alloc.page_size
+        owned = 0
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            tree_part = len(req.prefix_indices) - len(req.prefix_indices) % ps \
+                if isinstance(cache, RadixCache) else 0
+            own = req.kv_committed_len - tree_part
+            owned += -(-own // ps) * ps
+        total = alloc.available_size() + cache.evictable_size() + cache.protected_size() + owned
+        if total != alloc.total_size:
+            raise AssertionError(
+                f"KV accounting broken: free {alloc.available_size()} + evictable "
+                f"{cache.evictable_size()} + protected {cache.protected_size()} + owned {owned} "
+                f"!= total {alloc.total_size}")

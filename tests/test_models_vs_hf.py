@@ -1,0 +1,113 @@
+"""Tiny random configs of each architecture: our prefill and decode logits equal HF transformers'
+on the same weights, also when the prompt's prefix comes from the radix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from radixlm.config import ServerArgs
+from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.scheduler.request import Req
+from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+
+def _configs():
+    yield "llama", transformers.LlamaConfig(**TINY, architectures=["LlamaForCausalLM"])
+    yield "llama3-rope", transformers.LlamaConfig(
+        **TINY, architectures=["LlamaForCausalLM"],
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    yield "llama-tied-bias", transformers.LlamaConfig(
+        **{**TINY, "tie_word_embeddings": True}, attention_bias=True,
+        architectures=["LlamaForCausalLM"])
+    yield "qwen2", transformers.Qwen2Config(**TINY, architectures=["Qwen2ForCausalLM"])
+    yield "qwen3", transformers.Qwen3Config(**TINY, head_dim=32, architectures=["Qwen3ForCausalLM"])
+
+
+@pytest.fixture(scope="module", params=list(_configs()), ids=lambda p: p[0])
+def pair(request, tmp_path_factory):
+    name, cfg = request.param
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():  # HF initialises biases to zero; make them matter
+        for n, p in hf.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.1)
+    path = tmp_path_factory.mktemp(name)
+    hf.save_pretrained(path)
+    runner = ModelRunner(ServerArgs(model_path=str(path), device="cpu", max_total_tokens=512))
+    return hf, runner
+
+
+def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def _extend(runner, cache, reqs):
+    for r in reqs:
+        m = cache.match_prefix(r.fill_ids[:r.seq_len - 1])
+        cache.inc_lock_ref(m.last_node)
+        r.prefix_indices, r.last_node = m.indices, m.last_node
+        r.extend_input_len = r.seq_len - len(m.indices)
+    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(runner, cache)
+    out = runner.forward(fb)
+    for r in reqs:
+        r.kv_committed_len += r.extend_input_len
+    return out.next_token_logits
+
+
+def _decode(runner, cache, reqs):
+    fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(runner, cache)
+    out = runner.forward(fb)
+    for r in reqs:
+        r.kv_committed_len += 1
+    return out.next_token_logits
+
+
+def test_prefill_and_decode_match_hf(pair):
+    hf, runner = pair
+    cache = RadixCache(runner.req_to_token_pool, runner.allocator)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 17, 1, 30)]
+    reqs = [Req(f"r{i}", p, SamplingParams(), seed=0) for i, p in enumerate(prompts)]
+    logits = _extend(runner, cache, reqs)
+    for r, row in zip(reqs, logits):
+        torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)
+    for _ in range(4):  # greedy decode steps, batched over requests of different lengths
+        for r, row in zip(reqs, logits):
+            r.output_ids.append(int(row.argmax()))
+        logits = _decode(runner, cache, reqs)
+        for r, row in zip(reqs, logits):
+            torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)
+    for r in reqs:
+        cache.cache_finished_req(r)
+
+
+def test_prefix_from_radix_cache_matches_hf(pair):
+    hf, runner = pair
+    cache = RadixCache(runner.req_to_token_pool, runner.allocator)
+    g = torch.Generator().manual_seed(2)
+    shared = torch.randint(0, 97, (24,), generator=g).tolist()
+    first = Req("a", shared + [1, 2, 3], SamplingParams(), seed=0)
+    _extend(runner, cache, [first])
+    cache.cache_finished_req(first)
+    second = Req("b", shared + [4, 5], SamplingParams(), seed=0)
+    logits = _extend(runner, cache, [second])
+    assert second.prefix_len == 24, "the shared prefix should come from the radix cache"
+    torch.testing.assert_close(logits[0], _hf_logits(hf, second.fill_ids)[-1], atol=1e-4,
+                               rtol=1e-4)
+    second.output_ids.append(int(logits[0].argmax()))
+    logits = _decode(runner, cache, [second])
+    torch.testing.assert_close(logits[0], _hf_logits(hf, second.fill_ids)[-1], atol=1e-4,
+                               rtol=1e-4)
+    cache.cache_finished_req(second)
