@@ -246,3 +246,29 @@ def test_clear(page_size: int) -> None:
     a.clear()
     assert a.available_size() == a.total_size
     assert _free_pages(a) == set(range(1, a.num_pages))
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_negative_counts_rejected(page_size: int) -> None:
+    # alloc(-5) used to slice the free list from its end and hand out nearly every page.
+    a = KVAllocator(num_slots=10 * page_size, page_size=page_size, device="cpu")
+    with pytest.raises(ValueError):
+        a.alloc(-5)
+    x = a.alloc(1)
+    assert x is not None
+    with pytest.raises(ValueError):
+        a.alloc_extend(seq_len=1, last_loc=int(x[0]), num_tokens=-5)
+    assert a.available_size() == a.total_size - page_size
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_alloc_extend_rejects_inconsistent_last_loc(page_size: int) -> None:
+    # last_loc=-1 for a non-empty request used to hand out the padding page's slots.
+    a = KVAllocator(num_slots=10 * page_size, page_size=page_size, device="cpu")
+    x = a.alloc(3)
+    assert x is not None
+    with pytest.raises(ValueError):
+        a.alloc_extend(seq_len=3, last_loc=-1, num_tokens=2)
+    with pytest.raises(ValueError):
+        a.alloc_extend(seq_len=3, last_loc=int(x[1]), num_tokens=2)  # off by one position
+    assert a.available_size() == a.total_size - page_size

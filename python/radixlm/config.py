@@ -30,7 +30,7 @@ class ServerArgs:
 
     # Memory
     mem_fraction_static: float = 0.85      # GPU: fraction of total memory for weights + KV
-    max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 32768)
+    max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
     max_running_requests: int | None = None
     page_size: int = 1
     disable_radix_cache: bool = False

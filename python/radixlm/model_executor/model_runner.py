@@ -23,7 +23,7 @@ from radixlm.model_executor.weight_source import load_hf_config, resolve_model_d
 
 logger = logging.getLogger(__name__)
 
-CPU_DEFAULT_MAX_TOTAL_TOKENS = 32768
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 16384
 DEFAULT_MAX_RUNNING_REQUESTS = 1024
 
 

@@ -1,0 +1,89 @@
+"""`radixlm serve | generate`: the command line.
+
+Server flags use SGLang's names (`--model-path`, `--chunked-prefill-size`, ...), generated from
+ServerArgs so that the CLI, Engine(**kwargs) and the server agree on every default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from radixlm.config import ServerArgs
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixlm", description="A fast LLM serving engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the HTTP server (OpenAI + SGLang native API)")
+    ServerArgs.add_cli_args(serve)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt and print it")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--system", default=None, help="system message (with --chat)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    ServerArgs.add_cli_args(gen)
+    return parser
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from radixlm.entrypoints.engine import Engine
+
+    args = ServerArgs.from_cli_args(ns)
+    engine = Engine(**{k: v for k, v in vars(args).items()})
+    try:
+        prompt = ns.prompt
+        if ns.chat:
+            messages = ([{"role": "system", "content": ns.system}] if ns.system else [])
+            prompt = engine.apply_chat_template(messages + [{"role": "user", "content": prompt}])
+        params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature,
+                  "top_p": ns.top_p, "top_k": ns.top_k, "min_p": ns.min_p,
+                  "repetition_penalty": ns.repetition_penalty, "stop": ns.stop or [],
+                  "sampling_seed": ns.seed, "ignore_eos": ns.ignore_eos}
+        if ns.stream and not ns.json:
+            printed = 0
+            for chunk in engine.generate(prompt, params, stream=True):
+                sys.stdout.write(chunk["text"][printed:])
+                sys.stdout.flush()
+                printed = len(chunk["text"])
+            sys.stdout.write("\n")
+        else:
+            out = engine.generate(prompt, params)
+            print(json.dumps(out, indent=2) if ns.json else out["text"])
+    except ValueError as e:
+        print(f"radixlm generate: {e}", file=sys.stderr)
+        return 2
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "generate":
+            return _generate(ns)
+        from radixlm.entrypoints.http_server import serve
+        return serve(ServerArgs.from_cli_args(ns))
+    except ValueError as e:  # ServerArgs validation names the bad flag
+        parser.exit(2, f"radixlm {ns.command}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
