@@ -23,3 +23,67 @@ def assert_pool_empty(engine) -> None:
     assert stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0
     assert stats.protected_kv_tokens == 0
     assert stats.available_kv_tokens + stats.evictable_kv_tokens == stats.max_total_num_tokens
+
+
+# ---------------------------------------------------------------------- real server processes
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import httpx  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*extra: str, timeout_s: float = 240) -> tuple[subprocess.Popen, str]:
+    """`radixlm serve` on a free port, as a real subprocess; returns once /health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
+                             "--device", "cpu", "--log-level", "warning", *extra],
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError("server did not become healthy in time")
+
+
+def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
+def child_pids(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def is_alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False

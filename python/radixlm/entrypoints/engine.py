@@ -1,83 +1,100 @@
-"""Engine: the whole serving engine in-process, for offline jobs and as the core of the server.
+"""Engine: the serving engine behind one Python object, for offline jobs and as the core of
+the HTTP server.
 
-It owns the scheduler (today in a background thread; the server issue moves it into its own
-process) and an asyncio loop thread running the TokenizerManager. `generate` is synchronous,
-`async_generate` is a coroutine (or an async iterator when streaming) usable from any loop.
+It owns two child processes (the scheduler with the model, and the detokenizer) and, in this
+process, an asyncio loop thread running the TokenizerManager plus a receiver thread for the
+detokenizer's outputs. `generate` is synchronous; `async_generate` is a coroutine (or an async
+iterator when streaming) usable from any event loop. Children exit with the parent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import os
 import queue
+import shutil
+import subprocess
+import sys
 import threading
-import traceback
+import time
 from typing import Any, AsyncIterator, Iterator
 
+import zmq
+
 from radixlm.config import ServerArgs
+from radixlm.managers import ipc
 from radixlm.managers.io_struct import GenerateReqInput
-from radixlm.managers.messages import SchedulerReady, SchedulerStats, ShutdownReq
+from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
 from radixlm.managers.tokenizer_manager import TokenizerManager
+from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
 
 logger = logging.getLogger(__name__)
 
 _STREAM_END = object()
+_START_TIMEOUT_S = 600
 
 
-class _SchedulerThread:
-    """Runs ModelRunner + Scheduler on a thread, talking through two typed-message channels."""
+class _Children:
+    """The scheduler and detokenizer processes and the sockets to reach them."""
 
-    def __init__(self, args: ServerArgs, on_output):
-        self.args = args
-        self.inbox: queue.Queue = queue.Queue()
-        self.on_output = on_output
-        self.ready: "queue.Queue[SchedulerReady]" = queue.Queue(maxsize=1)
-        self.scheduler = None
-        self.thread = threading.Thread(target=self._main, name="radixlm-scheduler", daemon=True)
-        self.thread.start()
+    def __init__(self, args: ServerArgs, tokenizer_path: str):
+        self.endpoints = ipc.IpcEndpoints.create()
+        self.ctx = zmq.Context()
+        # Bind our inbox before the children start so nothing they send is lost.
+        self.inbox = ipc.pull_socket(self.ctx, self.endpoints.tokenizer)
+        self.to_scheduler = ipc.push_socket(self.ctx, self.endpoints.scheduler)
+        ep = json.dumps(dataclasses.asdict(self.endpoints))
+        self.scheduler = subprocess.Popen(
+            [sys.executable, "-m", "radixlm.scheduler.process",
+             json.dumps(dataclasses.asdict(args)), ep])
+        self.detokenizer = subprocess.Popen(
+            [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
+             args.log_level])
+        self._send_lock = threading.Lock()
+
+    def wait_ready(self) -> SchedulerReady:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for msg in ipc.recv_all(self.inbox, 0.2):
+                if isinstance(msg, SchedulerReady):
+                    return msg
+            for name, proc in (("scheduler", self.scheduler), ("detokenizer", self.detokenizer)):
+                if proc.poll() is not None:
+                    return _failed(f"the {name} process exited with code {proc.returncode} "
+                                   f"during start-up (see its log above)")
+        return _failed(f"start-up took longer than {_START_TIMEOUT_S} s")
 
     def send(self, msg: Any) -> None:
-        self.inbox.put(msg)
+        with self._send_lock:  # zmq sockets are not thread-safe
+            ipc.send(self.to_scheduler, msg)
 
-    def _recv(self, timeout: float | None) -> list[Any]:
-        msgs = []
-        try:
-            msgs.append(self.inbox.get(timeout=timeout) if timeout else self.inbox.get_nowait())
-            while True:
-                msgs.append(self.inbox.get_nowait())
-        except queue.Empty:
-            pass
-        return msgs
+    def dead_child(self) -> str | None:
+        for name, proc in (("scheduler", self.scheduler), ("detokenizer", self.detokenizer)):
+            if proc.poll() is not None:
+                return f"the {name} process exited with code {proc.returncode}"
+        return None
 
-    def _main(self) -> None:
-        from radixlm.model_executor.model_runner import ModelRunner
-        from radixlm.model_executor.weight_source import load_tokenizer
-        from radixlm.scheduler.scheduler import Scheduler
-        try:
-            runner = ModelRunner(self.args)
-            tokenizer = load_tokenizer(runner.tokenizer_path)
-            self.scheduler = Scheduler(self.args, runner, self._recv, self.on_output, tokenizer)
-            mc = runner.model_config
-            self.ready.put(SchedulerReady(
-                max_total_num_tokens=runner.max_total_num_tokens,
-                max_running_requests=runner.max_running_requests, context_len=mc.context_len,
-                vocab_size=mc.vocab_size, eos_token_ids=list(mc.eos_token_ids),
-                device=str(runner.device), dtype=str(runner.dtype).removeprefix("torch."),
-                model_path=runner.hf_dir, tokenizer_path=runner.tokenizer_path))
-        except Exception as e:  # start-up failed: report it to the waiting constructor
-            logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
-            self.ready.put(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))
-            return
-        try:
-            self.scheduler.run_forever()
-        except Exception as e:
-            logger.error("scheduler crashed:\n%s", traceback.format_exc())
-            self.on_output(_SchedulerDied(f"{type(e).__name__}: {e}"))
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.scheduler.poll() is None:
+            self.send(ShutdownReq())
+        for proc in (self.scheduler, self.detokenizer):
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.to_scheduler.close()
+        self.inbox.close()
+        self.ctx.term()
+        shutil.rmtree(os.path.dirname(self.endpoints.tokenizer.removeprefix("ipc://")),
+                      ignore_errors=True)
 
 
-class _SchedulerDied:
-    def __init__(self, reason: str):
-        self.reason = reason
+def _failed(reason: str) -> SchedulerReady:
+    return SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=reason)
 
 
 class Engine:
@@ -85,29 +102,45 @@ class Engine:
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=self.server_args.log_level.upper(),
                             format="[%(asctime)s] %(name)s: %(message)s")
+        self._closed = True
+        args = self.server_args
+        # Resolve (and for a GGUF, convert) the model once here, so that the children start
+        # in parallel from the same directory.
+        hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format)
+        args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format)
+        tokenizer_path = args.tokenizer_path or hf_dir
+        self._children = _Children(args, tokenizer_path)
+        self.tokenizer = load_tokenizer(tokenizer_path)
+        ready = self._children.wait_ready()
+        if ready.error is not None:
+            self._children.stop(timeout_s=5)
+            raise RuntimeError(f"engine failed to start: {ready.error}")
+        self.ready = ready
+        self.tokenizer_manager = TokenizerManager(self.tokenizer, ready, self._children.send)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name="radixlm-tokenizer", daemon=True)
         self._loop_thread.start()
-        self._sched = _SchedulerThread(self.server_args, self._on_scheduler_output)
-        ready = self._sched.ready.get()
-        if ready.error is not None:
-            self._stop_loop()
-            raise RuntimeError(f"engine failed to start: {ready.error}")
-        self.ready = ready
-        from radixlm.model_executor.weight_source import load_tokenizer
-        self.tokenizer = load_tokenizer(ready.tokenizer_path)
-        self.tokenizer_manager = TokenizerManager(self.tokenizer, ready, self._sched.send)
+        self._receiver = threading.Thread(target=self._receive_outputs, name="radixlm-receiver",
+                                          daemon=True)
         self._closed = False
+        self._receiver.start()
 
     # ------------------------------------------------------------------ plumbing
 
-    def _on_scheduler_output(self, msg: Any) -> None:
-        """Called on the scheduler thread: hop onto the tokenizer loop."""
-        if isinstance(msg, _SchedulerDied):
-            self.loop.call_soon_threadsafe(self.tokenizer_manager.mark_dead, msg.reason)
-        else:
-            self.loop.call_soon_threadsafe(self.tokenizer_manager.handle_output, msg)
+    def _receive_outputs(self) -> None:
+        """Receiver thread: detokenizer outputs -> the tokenizer manager's loop; also notices a
+        child process that died, so that no caller waits forever."""
+        children, tm = self._children, self.tokenizer_manager
+        while not self._closed:
+            msgs = ipc.recv_all(children.inbox, 0.2)
+            if msgs:
+                self.loop.call_soon_threadsafe(_deliver, tm, msgs)
+            elif (reason := children.dead_child()) is not None:
+                if not self._closed:
+                    logger.error("engine stopped: %s", reason)
+                    self.loop.call_soon_threadsafe(tm.mark_dead, reason)
+                return
 
     def _run(self, coro) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -204,17 +237,21 @@ class Engine:
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
 
-    @property
-    def scheduler(self):
-        """The live Scheduler object (in-process only; tests use it to check invariants)."""
-        return self._sched.scheduler
+    def abort_all(self) -> None:
+        """End every in-flight request with finish_reason abort (server shutdown)."""
+        self._children.send(AbortReq(abort_all=True))
 
     def shutdown(self) -> None:
+        """Abort in-flight requests, stop the child processes, stop the loop."""
         if getattr(self, "_closed", True):
             return
+        self._children.send(ShutdownReq())
+        deadline = time.monotonic() + 10
+        while self.tokenizer_manager.states and time.monotonic() < deadline:
+            time.sleep(0.05)  # let the aborted requests' final outputs reach their callers
         self._closed = True
-        self._sched.send(ShutdownReq())
-        self._sched.thread.join(timeout=30)
+        self._receiver.join(timeout=5)
+        self._children.stop()
         self._stop_loop()
 
     def _stop_loop(self) -> None:
@@ -232,3 +269,8 @@ class Engine:
             self.shutdown()
         except Exception:
             pass
+
+
+def _deliver(tm: TokenizerManager, msgs: list[Any]) -> None:
+    for msg in msgs:
+        tm.handle_output(msg)

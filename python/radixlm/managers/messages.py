@@ -1,8 +1,8 @@
-"""Typed messages between the tokenizer manager and the scheduler.
+"""Typed messages between the tokenizer manager, the scheduler and the detokenizer.
 
-Today the scheduler runs in a background thread and these travel over in-process queues; the
-server issue moves the scheduler and detokenizer into their own processes and sends the same
-dataclasses over ZMQ (they are plain, picklable data).
+Each runs in its own process; these plain dataclasses travel between them pickled over ZMQ
+(managers/ipc.py). Flow: TokenizerManager -> Scheduler (requests, control) -> Detokenizer
+(token ids; control replies pass through) -> TokenizerManager (text added).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class TokenizedGenerateReq:
 
 @dataclass
 class AbortReq:
-    rid: str
+    rid: str | None = None
+    abort_all: bool = False          # shutdown: end every request with finish_reason abort
 
 
 @dataclass
@@ -99,6 +100,15 @@ class FinishReason:
 
 
 @dataclass
+class DetokSpec:
+    """How the detokenizer must turn a request's tokens into text (sent with its first output)."""
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: list[str] = field(default_factory=list)
+    no_stop_trim: bool = False
+
+
+@dataclass
 class ReqOutput:
     """What happened to one request during one scheduler step (deltas, not totals)."""
     rid: str
@@ -112,6 +122,8 @@ class ReqOutput:
     # Sent once, with the first output of the request (prompt logprobs are complete by then).
     input_token_logprobs: list[TokenLogprob] | None = None
     input_top_logprobs: list[TopLogprobs | None] | None = None
+    detok: DetokSpec | None = None   # set by the scheduler on the request's first output
+    text: str = ""                   # text delta, filled in by the detokenizer
 
 
 @dataclass

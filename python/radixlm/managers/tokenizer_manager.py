@@ -1,9 +1,9 @@
 """TokenizerManager: the asyncio front of the engine.
 
-It validates and tokenizes requests, sends them to the scheduler, turns the scheduler's token
-deltas into text (incremental detokenization) and SGLang-shaped response dicts, and aborts
-requests whose caller went away. It runs on one event loop; scheduler outputs arrive through
-`handle_output`, which must be called on that loop.
+It validates and tokenizes requests, sends them to the scheduler, folds the detokenizer's
+outputs (token ids + text deltas) into SGLang-shaped response dicts, and aborts requests whose
+caller went away. It runs on one event loop; outputs arrive through `handle_output`, which must
+be called on that loop.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from radixlm.managers.detokenizer import IncrementalDetokenizer
 from radixlm.managers.io_struct import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetLoadReq, ReqOutput, SchedulerReady,
@@ -31,9 +30,10 @@ class EngineDeadError(RuntimeError):
 class ReqState:
     single: SingleGenerate
     prompt_ids: list[int]
-    detok: IncrementalDetokenizer
     return_text_in_logprobs: bool
+    text: str = ""
     created: float = field(default_factory=time.perf_counter)
+    last_output: float | None = None
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
@@ -59,6 +59,7 @@ class TokenizerManager:
         self._pending: dict[type, list[asyncio.Future]] = {FlushCacheResult: [],
                                                            SchedulerStats: []}
         self.dead_reason: str | None = None
+        self.metrics = None  # a MetricsCollector when --enable-metrics
 
     @property
     def context_len(self) -> int:
@@ -116,10 +117,7 @@ class TokenizerManager:
                 self.states.pop(st.single.rid, None)
 
     def _new_state(self, single: SingleGenerate, ids: list[int], text_in_lp: bool) -> ReqState:
-        p = single.sampling_params
-        detok = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens,
-                                       p.spaces_between_special_tokens, p.stop, p.no_stop_trim)
-        st = ReqState(single, ids, detok, text_in_lp)
+        st = ReqState(single, ids, text_in_lp)
         self.states[single.rid] = st
         return st
 
@@ -189,7 +187,7 @@ class TokenizerManager:
     def _apply(self, st: ReqState, out: ReqOutput) -> None:
         finished = out.finish_reason is not None
         st.output_ids.extend(out.new_token_ids)
-        st.detok.push(out.new_token_ids, finished)
+        st.text += out.text
         st.prompt_tokens, st.completion_tokens = out.prompt_tokens, out.completion_tokens
         st.cached_tokens = out.cached_tokens
         if out.input_token_logprobs is not None:
@@ -199,7 +197,21 @@ class TokenizerManager:
         st.output_top_logprobs.extend(out.output_top_logprobs)
         if finished:
             st.finish_reason = out.finish_reason
+        if self.metrics is not None:
+            self._observe(st, out, finished)
         st.updated.set()
+
+    def _observe(self, st: ReqState, out: ReqOutput, finished: bool) -> None:
+        now = time.perf_counter()
+        if out.new_token_ids:
+            if st.last_output is None:
+                self.metrics.first_token(now - st.created)
+            else:
+                self.metrics.next_tokens(now - st.last_output, len(out.new_token_ids))
+            st.last_output = now
+        if finished:
+            self.metrics.finished(now - st.created, st.prompt_tokens, st.completion_tokens,
+                                  st.cached_tokens)
 
     def mark_dead(self, reason: str) -> None:
         """The scheduler is gone: fail every request instead of letting callers hang."""
@@ -236,7 +248,7 @@ class TokenizerManager:
                 meta["input_top_logprobs"] = [None if t is None else self._lp(st, t)
                                               for t in st.input_top_logprobs]
                 meta["output_top_logprobs"] = [self._lp(st, t) for t in st.output_top_logprobs]
-        return {"text": st.detok.text, "output_ids": list(st.output_ids), "meta_info": meta}
+        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
 
     def _lp(self, st: ReqState, entries) -> list[list]:
         if not st.return_text_in_logprobs:
@@ -260,3 +272,6 @@ class TokenizerManager:
 
     def abort(self, rid: str) -> None:
         self.send(AbortReq(rid))
+
+    def abort_all(self) -> None:
+        self.send(AbortReq(abort_all=True))

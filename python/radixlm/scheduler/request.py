@@ -56,6 +56,7 @@ class Req:
     output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     num_sent_outputs: int = 0              # output tokens already reported to the client
+    detok_sent: bool = False               # the detokenizer got this request's DetokSpec
 
     @classmethod
     def from_message(cls, msg: TokenizedGenerateReq, seed: int, arrival: int) -> "Req":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixlm.managers.detokenizer import StopStringChecker
-from radixlm.managers.messages import BatchReqOutput, FinishReason, ReqOutput
+from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
 from radixlm.model_executor.forward_batch import ForwardBatch
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.schedule_batch import ScheduleBatch, input_logprob_targets
@@ -83,7 +83,8 @@ class ResultProcessor:
                 continue
             if batch.forward_mode.is_extend:
                 s.running.append(req)
-            if req.stream:
+            # Streams get every token; others their first (for time-to-first-token) and last.
+            if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
         if batch.forward_mode.is_decode:
             s.running = [r for r in s.running if not r.finished]
@@ -146,6 +147,11 @@ class ResultProcessor:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             output_token_logprobs=req.output_token_logprobs[start:] if req.return_logprob else [],
             output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [])
+        if not req.detok_sent:
+            p = req.sampling_params
+            out.detok = DetokSpec(p.skip_special_tokens, p.spaces_between_special_tokens,
+                                  list(p.stop), p.no_stop_trim)
+            req.detok_sent = True
         if req.return_logprob and not req.input_logprobs_sent:
             out.input_token_logprobs = list(req.input_token_logprobs)
             out.input_top_logprobs = list(req.input_top_logprobs)

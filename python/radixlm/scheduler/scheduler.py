@@ -101,12 +101,16 @@ class Scheduler:
         if isinstance(msg, TokenizedGenerateReq):
             self.add_request(msg)
         elif isinstance(msg, AbortReq):
-            self.abort(msg.rid)
+            if msg.abort_all:
+                self.abort_all()
+            else:
+                self.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
         elif isinstance(msg, GetLoadReq):
             self.send(self.stats())
         elif isinstance(msg, ShutdownReq):
+            self.abort_all()
             self.stopped = True
         else:
             logger.warning("scheduler ignored an unknown message %r", type(msg).__name__)
@@ -138,6 +142,18 @@ class Scheduler:
         for req in self.running + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == rid:
                 req.to_abort = True  # released at the start of the next step
+
+    def abort_all(self) -> None:
+        """End every request now with finish_reason abort (server shutdown)."""
+        for req in self.waiting:
+            self.results.finish(req, FinishReason("abort", message="server shutting down"))
+        self.waiting = []
+        for req in list(self.running):
+            self.results.finish(req, FinishReason("abort", message="server shutting down"))
+        self.running = []
+        if self.chunked_req is not None:
+            req, self.chunked_req = self.chunked_req, None
+            self.results.finish(req, FinishReason("abort", message="server shutting down"))
 
     def flush_cache(self) -> FlushCacheResult:
         if self.has_work:

@@ -1,0 +1,23 @@
+"""Error bodies in OpenAI's shape, used by every HTTP endpoint (native and OpenAI)."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi.responses import JSONResponse
+
+
+def error_body(message: str, status: int = 400, err_type: str | None = None,
+               param: str | None = None) -> dict:
+    if err_type is None:
+        err_type = {400: "invalid_request_error", 401: "authentication_error",
+                    404: "not_found_error", 422: "invalid_request_error"}.get(
+            status, "internal_server_error" if status >= 500 else "invalid_request_error")
+    return {"object": "error", "message": message, "type": err_type, "param": param,
+            "code": status,
+            "error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def error_response(message: str, status: int = HTTPStatus.BAD_REQUEST,
+                   err_type: str | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, int(status), err_type, param), status_code=int(status))

@@ -1,0 +1,116 @@
+"""The HTTP server: a thin FastAPI layer over Engine.
+
+Routes live with their API: native_api.py (SGLang's /generate and friends) and openai/ (the
+OpenAI-compatible /v1 endpoints). This module builds the app (auth, error shapes, request
+logging), and runs it with uvicorn, shutting the engine down cleanly on SIGTERM / Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import sys
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixlm.config import ServerArgs
+from radixlm.entrypoints.errors import error_response
+
+logger = logging.getLogger("radixlm.server")
+
+
+def create_app(engine, args: ServerArgs) -> FastAPI:
+    from radixlm.entrypoints import native_api
+    from radixlm.entrypoints.openai import routes as openai_routes
+
+    app = FastAPI(title="radixlm", version="0.1.0")
+    app.state.engine = engine
+    app.state.server_args = args
+    app.include_router(native_api.router)
+    app.include_router(openai_routes.router)
+    if args.enable_metrics:
+        from radixlm.managers.metrics import MetricsCollector
+        app.state.metrics = MetricsCollector(served_model_name(args, engine))
+        engine.tokenizer_manager.metrics = app.state.metrics
+
+    @app.middleware("http")
+    async def auth_and_log(request: Request, call_next):
+        if args.api_key and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given, f"Bearer {args.api_key}"):
+                return error_response("invalid or missing API key (Authorization: Bearer KEY)",
+                                      401)
+        start = time.perf_counter()
+        response = await call_next(request)
+        if args.log_requests:
+            logger.info("%s %s -> %d in %.1f ms", request.method, request.url.path,
+                        response.status_code, (time.perf_counter() - start) * 1e3)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            return error_response(f"malformed JSON body: {errors[0].get('msg')}", 400)
+        parts = []
+        for e in errors:
+            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+        first_loc = errors[0].get("loc", ()) if errors else ()
+        param = ".".join(str(x) for x in first_loc if x != "body") or None
+        return error_response("; ".join(parts) or "invalid request", 400, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        return error_response(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def on_json_error(request: Request, exc: json.JSONDecodeError):
+        return error_response(f"malformed JSON body: {exc}", 400)
+
+    return app
+
+
+def served_model_name(args: ServerArgs, engine) -> str:
+    """The model id clients see: --served-model-name, else --model-path as given, else the
+    bundled model's name."""
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model_path:
+        return args.model_path
+    return "SmolLM2-135M-Instruct"
+
+
+def serve(args: ServerArgs) -> int:
+    import uvicorn
+
+    from radixlm.entrypoints.engine import Engine
+
+    started = time.perf_counter()
+    engine = Engine(**vars(args))
+    app = create_app(engine, args)
+    ready = engine.ready
+    print(f"radixlm serving {ready.model_path} on http://{args.host}:{args.port} "
+          f"(device {ready.device}, dtype {ready.dtype}, KV cache {ready.max_total_num_tokens} "
+          f"tokens, context {ready.context_len}; started in {time.perf_counter() - started:.1f} s)",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=10, access_log=False)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # SIGTERM / Ctrl-C: stop accepting (uvicorn) and end in-flight requests now with
+            # finish_reason abort, so open streams close instead of running to completion.
+            engine.abort_all()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+    try:
+        server.run()  # handles SIGINT/SIGTERM: stops accepting, then returns
+    finally:
+        engine.shutdown()  # aborts in-flight requests (finish_reason abort) and stops children
+    return 0

@@ -1,0 +1,172 @@
+"""SGLang's native HTTP API: /generate, health, model and server info, cache and abort control,
+tokenize / detokenize, and Prometheus metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from radixlm import __version__
+from radixlm.entrypoints.errors import error_body, error_response
+from radixlm.managers.io_struct import GenerateReqInput
+from radixlm.managers.tokenizer_manager import EngineDeadError
+
+router = APIRouter()
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw or b"{}")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed JSON body: {e}") from None
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(request: Request):
+    engine = request.app.state.engine
+    try:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise ValueError("the request body must be a JSON object")
+        obj = GenerateReqInput.from_dict(body)
+        if not isinstance(obj.stream, bool):
+            raise ValueError("`stream` must be a boolean")
+        stream = await engine.async_generate(
+            obj.text, obj.sampling_params, obj.input_ids, stream=True,
+            return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
+            top_logprobs_num=obj.top_logprobs_num,
+            return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid) \
+            if obj.stream else None
+        if stream is None:
+            result = await engine.async_generate(
+                obj.text, obj.sampling_params, obj.input_ids,
+                return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
+                top_logprobs_num=obj.top_logprobs_num,
+                return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid)
+            return JSONResponse(result)
+        first = await anext(stream)  # validation errors surface here, before the 200 is sent
+    except ValueError as e:
+        return error_response(str(e), 400)
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
+    return StreamingResponse(_stream_body(first, stream), media_type="text/event-stream")
+
+
+async def _stream_body(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[str]:
+    yield sse(first)
+    try:
+        async for item in rest:
+            yield sse(item)
+    except (ValueError, EngineDeadError) as e:
+        yield sse(error_body(str(e), 400 if isinstance(e, ValueError) else 503))
+    yield "data: [DONE]\n\n"
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    try:
+        await request.app.state.engine.async_generate(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+    except Exception as e:  # any failure means "not healthy"
+        return error_response(f"generation failed: {e}", 503)
+    return Response(status_code=200)
+
+
+@router.get("/get_model_info")
+async def get_model_info(request: Request) -> dict:
+    ready = request.app.state.engine.ready
+    return {"model_path": ready.model_path, "tokenizer_path": ready.tokenizer_path,
+            "is_generation": True}
+
+
+@router.get("/get_server_info")
+async def get_server_info(request: Request) -> dict:
+    engine = request.app.state.engine
+    stats = await engine.tokenizer_manager.get_stats()
+    ready = engine.ready
+    return {**dataclasses.asdict(request.app.state.server_args),
+            **dataclasses.asdict(stats),
+            "max_running_requests": ready.max_running_requests,
+            "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
+            "resolved_model_path": ready.model_path, "version": __version__}
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    result = await request.app.state.engine.tokenizer_manager.flush_cache()
+    if not result.success:
+        return error_response(f"cache not flushed: {result.message}", 400)
+    return PlainTextResponse("Cache flushed.\n")
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request) -> Response:
+    try:
+        body = await _json_body(request)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str) or not rid:
+            raise ValueError("`rid` (the request id to abort) is required")
+    except ValueError as e:
+        return error_response(str(e), 400)
+    request.app.state.engine.abort_request(rid)
+    return Response(status_code=200)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    engine = request.app.state.engine
+    try:
+        body = await _json_body(request)
+        text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
+        if not isinstance(text, (str, list)) or (
+                isinstance(text, list) and not all(isinstance(t, str) for t in text)):
+            raise ValueError("`prompt` must be a string or a list of strings")
+        add_special = bool(body.get("add_special_tokens", True))
+    except ValueError as e:
+        return error_response(str(e), 400)
+
+    def encode(t: str) -> list[int]:
+        return engine.tokenizer(t, add_special_tokens=add_special).input_ids
+
+    tokens: Any = [encode(t) for t in text] if isinstance(text, list) else encode(text)
+    count = [len(t) for t in tokens] if isinstance(text, list) else len(tokens)
+    return {"tokens": tokens, "count": count, "max_model_len": engine.ready.context_len}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request):
+    engine = request.app.state.engine
+    try:
+        body = await _json_body(request)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and 0 <= t < engine.ready.vocab_size for t in tokens):
+            raise ValueError("`tokens` must be a list of token ids in the vocabulary")
+    except ValueError as e:
+        return error_response(str(e), 400)
+    return {"text": engine.tokenizer.decode(tokens,
+                                            skip_special_tokens=bool(body.get(
+                                                "skip_special_tokens", False)))}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    exporter = getattr(request.app.state, "metrics", None)
+    if exporter is None:
+        return error_response("metrics are off; start the server with --enable-metrics", 404)
+    stats = await request.app.state.engine.tokenizer_manager.get_stats()
+    return Response(exporter.render(stats), media_type="text/plain; version=0.0.4")

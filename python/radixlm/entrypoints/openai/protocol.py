@@ -1,0 +1,304 @@
+"""Pydantic models of the OpenAI-compatible API: requests (strictly validated) and responses.
+
+Requests are strict on types (no "5" for an int, no 1 for a bool) so that a wrong type is a 400
+naming the field, as OpenAI does, instead of a silent coercion. Unknown fields are ignored
+(extra="ignore") because clients send many optional OpenAI fields we have no use for.
+
+Besides OpenAI's fields, requests accept SGLang's sampling extras (top_k, min_p, regex, ...) so
+that SGLang clients and scripts work unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_serializer, field_validator, \
+    model_validator
+
+# Strict scalar types: JSON's 1 is accepted for a float (JSON has one number type), but not
+# "1", and booleans are never numbers.
+Int = Annotated[int, Strict()]
+NonNegInt = Annotated[int, Strict(), Field(ge=0)]
+PosInt = Annotated[int, Strict(), Field(ge=1)]
+Float = Annotated[float, Strict()]
+Bool = Annotated[bool, Strict()]
+Penalty = Annotated[float, Strict(), Field(ge=-2.0, le=2.0)]
+TopLogprobsNum = Annotated[int, Strict(), Field(ge=0, le=20)]
+
+MAX_N = 128  # OpenAI's own cap on `n`; it also bounds the work one request can ask for
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: Bool = False
+
+
+class SamplingExtras(_Request):
+    """Fields shared by completions and chat: OpenAI's sampling knobs plus SGLang's extras."""
+
+    model: Optional[str] = None
+    n: Annotated[int, Strict(), Field(ge=1, le=MAX_N)] = 1
+    temperature: Optional[Annotated[float, Strict(), Field(ge=0.0, le=2.0)]] = None
+    top_p: Optional[Annotated[float, Strict(), Field(gt=0.0, le=1.0)]] = None
+    presence_penalty: Optional[Penalty] = None
+    frequency_penalty: Optional[Penalty] = None
+    logit_bias: Optional[dict[str, Annotated[float, Strict(), Field(ge=-100.0, le=100.0)]]] = None
+    seed: Optional[Int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: Bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None  # accepted and ignored
+
+    # SGLang extras, passed through to sampling_params.
+    top_k: Optional[Int] = None
+    min_p: Optional[Float] = None
+    repetition_penalty: Optional[Float] = None
+    min_tokens: Optional[NonNegInt] = None
+    ignore_eos: Bool = False
+    skip_special_tokens: Bool = True
+    spaces_between_special_tokens: Bool = True
+    no_stop_trim: Bool = False
+    stop_token_ids: Optional[list[NonNegInt]] = None
+    regex: Optional[str] = None
+    json_schema: Optional[Union[str, dict[str, Any]]] = None
+    ebnf: Optional[str] = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, v: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        if v is not None:
+            for key in v:
+                if not key.strip().isdigit():
+                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> "SamplingExtras":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+# ---------------------------------------------------------------------------- completions
+
+Prompt = Union[str, list[str], list[Int], list[list[Int]]]
+
+
+class CompletionRequest(SamplingExtras):
+    prompt: Prompt
+    max_tokens: Optional[NonNegInt] = 16
+    echo: Bool = False
+    logprobs: Optional[TopLogprobsNum] = None
+    best_of: Optional[PosInt] = None
+    suffix: Optional[str] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Prompt) -> Prompt:
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _check_supported(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of must be equal to n (got best_of={self.best_of}, "
+                             f"n={self.n}); ranking candidates is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs object; offsets index into the choice's `text`."""
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+    matched_stop: Union[None, int, str] = None  # SGLang's extra: the stop string or token id
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=now)
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionStreamResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+# ---------------------------------------------------------------------------- chat
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message. Extra keys (name, tool_call_id, ...) go to the chat template untouched."""
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+
+
+class JsonSchemaSpec(_Request):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[Bool] = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Optional[NonNegInt] = None
+    max_completion_tokens: Optional[NonNegInt] = None
+    logprobs: Bool = False
+    top_logprobs: Optional[TopLogprobsNum] = None
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Any = None  # accepted; tool-call parsing is not implemented
+    continue_final_message: Bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to have role "
+                             "'assistant'")
+        return self
+
+    @property
+    def max_new_tokens(self) -> Optional[int]:
+        """max_completion_tokens (the newer name) wins over max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: Optional[list[ChatTokenLogprob]] = None
+    refusal: Optional[list[ChatTokenLogprob]] = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+    matched_stop: Union[None, int, str] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=now)
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChoiceLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+    matched_stop: Union[None, int, str] = None
+
+    @field_serializer("delta")
+    def _sparse_delta(self, delta: DeltaMessage) -> dict[str, Any]:
+        # A delta lists only what changed: OpenAI sends {"role": ...} once, then {"content": ...}.
+        return delta.model_dump(exclude_none=True)
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChatStreamChoice]
+    usage: Optional[Usage] = None
+
+
+# ---------------------------------------------------------------------------- models
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=now)
+    owned_by: str = "radixlm"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,215 @@
+"""What /v1/completions and /v1/chat/completions share: errors, prompt length checks, the
+mapping of OpenAI fields onto SGLang sampling_params, and the engine calls (one per request,
+aborted when the client goes away)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from radixlm.entrypoints.errors import error_body, error_response
+from radixlm.entrypoints.openai.protocol import SamplingExtras, Usage
+from radixlm.managers.tokenizer_manager import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+# How often a non-streaming handler checks whether its client is still there.
+_DISCONNECT_POLL_S = 0.5
+
+
+class OpenAIError(Exception):
+    """An error to return in OpenAI's shape with an HTTP status."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+
+    def response(self) -> JSONResponse:
+        return error_response(self.message, self.status, param=self.param)
+
+    def body(self) -> dict:
+        return error_body(self.message, self.status, param=self.param)
+
+
+def engine_error(e: BaseException) -> OpenAIError:
+    """Exceptions from the engine -> HTTP errors: bad input is the client's (400), a dead
+    engine is unavailability (503), anything else is ours (500)."""
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, ValueError):
+        return OpenAIError(str(e), 400)
+    if isinstance(e, EngineDeadError):
+        return OpenAIError(str(e), 503)
+    logger.exception("OpenAI request failed", exc_info=e)
+    return OpenAIError(f"internal error: {type(e).__name__}: {e}", 500)
+
+
+def abort_error(meta: dict[str, Any]) -> OpenAIError:
+    """OpenAI has no "abort" finish reason, so an aborted sequence fails the whole request.
+    The engine only says why in words; those that name a size the request exceeded are the
+    client's fault (400), a shutdown is unavailability (503)."""
+    reason = meta.get("finish_reason") or {}
+    message = reason.get("message") or "the request was aborted"
+    if "does not fit" in message:
+        status = 400
+    elif "shutting down" in message or "engine died" in message:
+        status = 503
+    else:
+        status = 500
+    return OpenAIError(message, status)
+
+
+def served_model_name(request: Request) -> str:
+    args = request.app.state.server_args
+    if args.served_model_name:
+        return args.served_model_name
+    path = args.model_path or request.app.state.engine.ready.model_path
+    return os.path.basename(os.path.normpath(path)) if path else "default"
+
+
+def sse(obj: BaseModel | dict, exclude: Optional[set[str]] = None) -> str:
+    data = obj.model_dump_json(exclude=exclude) if isinstance(obj, BaseModel) \
+        else json.dumps(obj, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def finish_type(meta: dict[str, Any]) -> Optional[str]:
+    reason = meta.get("finish_reason")
+    return reason.get("type") if reason else None
+
+
+def matched_stop(meta: dict[str, Any]) -> Any:
+    reason = meta.get("finish_reason")
+    return reason.get("matched") if reason and reason.get("type") == "stop" else None
+
+
+def make_usage(prompt_tokens: list[int], completion_tokens: list[int]) -> Usage:
+    """prompt_tokens: one per prompt (not per choice); completion_tokens: one per choice."""
+    p, c = sum(prompt_tokens), sum(completion_tokens)
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+class OpenAIServing:
+    """Base of the two handlers: holds the engine and knows the model's limits."""
+
+    id_prefix = "cmpl"
+
+    def __init__(self, request: Request):
+        self.http_request = request
+        self.engine = request.app.state.engine
+        self.model_name = served_model_name(request)
+        self.context_len: int = self.engine.ready.context_len
+        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+
+    # ------------------------------------------------------------------ prompts
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # Tokenized here rather than in the engine so the length checks below can run first.
+        # Chat templates render their own special tokens, hence add_special_tokens=False there.
+        return list(self.engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+    def max_new_tokens(self, prompt_len: int, requested: Optional[int], field: str) -> int:
+        """The completion budget for one prompt. Asking for more than the context leaves is a
+        400 (as OpenAI does) rather than a silent cut: a "length" finish must mean max_tokens."""
+        room = self.context_len - prompt_len
+        if room <= 0:
+            raise OpenAIError(f"the prompt has {prompt_len} tokens, which does not fit the "
+                              f"model's context length of {self.context_len} tokens",
+                              400, param="messages" if field != "max_tokens" else "prompt")
+        if requested is None:
+            return room
+        if requested > room:
+            raise OpenAIError(f"this model's context length is {self.context_len} tokens; the "
+                              f"prompt has {prompt_len} tokens, so {field} can be at most "
+                              f"{room}, got {requested}", 400, param=field)
+        return requested
+
+    @staticmethod
+    def sampling_params(req: SamplingExtras, max_new_tokens: int) -> dict[str, Any]:
+        """OpenAI + SGLang request fields -> SGLang sampling_params (None = engine default)."""
+        params: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens, "n": req.n,
+            "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+            "min_p": req.min_p, "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty,
+            "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
+            "stop": req.stop, "stop_token_ids": req.stop_token_ids,
+            "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
+            "spaces_between_special_tokens": req.spaces_between_special_tokens,
+            "no_stop_trim": req.no_stop_trim, "sampling_seed": req.seed,
+            "logit_bias": req.logit_bias, "regex": req.regex, "ebnf": req.ebnf,
+            "json_schema": json.dumps(req.json_schema) if isinstance(req.json_schema, dict)
+            else req.json_schema,
+        }
+        if req.min_tokens is not None and req.min_tokens > max_new_tokens:
+            raise OpenAIError(f"min_tokens ({req.min_tokens}) must be <= max_tokens "
+                              f"({max_new_tokens})", 400, param="min_tokens")
+        return {k: v for k, v in params.items() if v is not None}
+
+    # ------------------------------------------------------------------ engine calls
+
+    async def generate(self, **kwargs: Any) -> list[dict]:
+        """One non-streaming engine call; results flattened prompt-major (n per prompt).
+        If the client disconnects first, the call is cancelled, which aborts the requests."""
+        task = asyncio.ensure_future(self.engine.async_generate(**kwargs))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+                if done:
+                    break
+                if await self.http_request.is_disconnected():
+                    task.cancel()
+                    raise OpenAIError("the client disconnected", 499)
+            results = task.result()
+        except Exception as e:
+            raise engine_error(e) from e
+        finally:
+            if not task.done():
+                task.cancel()
+        results = results if isinstance(results, list) else [results]
+        for out in results:
+            if finish_type(out["meta_info"]) == "abort":
+                raise abort_error(out["meta_info"])
+        return results
+
+    async def open_stream(self, **kwargs: Any) -> tuple[dict, AsyncIterator[dict]]:
+        """Start a streaming engine call and wait for its first output, so that bad input (or
+        an immediate abort) becomes an HTTP error instead of a 200 with an error inside."""
+        stream = None
+        try:
+            stream = await self.engine.async_generate(stream=True, **kwargs)
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            raise OpenAIError("the engine returned no output", 500) from None
+        except BaseException as e:
+            if stream is not None:
+                await stream.aclose()  # aborts whatever was started
+            if isinstance(e, Exception):
+                raise engine_error(e) from e
+            raise
+        if finish_type(first["meta_info"]) == "abort":
+            await stream.aclose()
+            raise abort_error(first["meta_info"])
+        return first, stream
+
+
+async def chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    """The prefetched first output, then the rest; closing this closes (aborts) the engine's
+    stream even when the consumer stops between two items rather than inside an await."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()

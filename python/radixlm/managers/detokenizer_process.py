@@ -1,0 +1,69 @@
+"""The detokenizer process: turns the scheduler's token ids into text deltas.
+
+Started as `python -m radixlm.managers.detokenizer_process TOKENIZER ENDPOINTS_JSON LOG_LEVEL`.
+
+It keeps one IncrementalDetokenizer per live request (created from the DetokSpec that comes
+with the request's first output) and forwards every other message unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from radixlm.managers import ipc
+from radixlm.managers.detokenizer import IncrementalDetokenizer
+from radixlm.managers.messages import BatchReqOutput, DetokSpec, ShutdownReq
+
+logger = logging.getLogger(__name__)
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, IncrementalDetokenizer] = {}
+
+    def process(self, batch: BatchReqOutput) -> BatchReqOutput:
+        for out in batch.outputs:
+            detok = self.states.get(out.rid)
+            if detok is None:
+                spec = out.detok or DetokSpec()
+                detok = IncrementalDetokenizer(self.tokenizer, spec.skip_special_tokens,
+                                               spec.spaces_between_special_tokens, spec.stop,
+                                               spec.no_stop_trim)
+                self.states[out.rid] = detok
+            finished = out.finish_reason is not None
+            out.text = detok.push(out.new_token_ids, finished)
+            out.detok = None
+            if finished:
+                del self.states[out.rid]
+        return batch
+
+
+def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
+                            log_level: str = "info") -> None:
+    ipc.die_with_parent()
+    logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
+    from radixlm.model_executor.weight_source import load_tokenizer
+
+    manager = DetokenizerManager(load_tokenizer(tokenizer_path))
+    ctx = zmq.Context()
+    inbox = ipc.pull_socket(ctx, endpoints.detokenizer)
+    outbox = ipc.push_socket(ctx, endpoints.tokenizer)
+    while True:
+        for msg in ipc.recv_all(inbox, 1.0):
+            if isinstance(msg, ShutdownReq):
+                inbox.close()
+                outbox.close()
+                ctx.term()
+                return
+            if isinstance(msg, BatchReqOutput):
+                msg = manager.process(msg)
+            ipc.send(outbox, msg)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    run_detokenizer_process(sys.argv[1], ipc.IpcEndpoints(**json.loads(sys.argv[2])), sys.argv[3])

@@ -1,0 +1,83 @@
+"""ZMQ plumbing between the engine's processes, and the parent-death guard of child processes.
+
+Every channel is a PUSH -> PULL pair over an ipc:// socket in a private temp directory; messages
+are the dataclasses of messages.py, pickled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+
+@dataclass(frozen=True)
+class IpcEndpoints:
+    scheduler: str      # tokenizer manager -> scheduler
+    detokenizer: str    # scheduler -> detokenizer
+    tokenizer: str      # detokenizer -> tokenizer manager
+
+    @classmethod
+    def create(cls) -> "IpcEndpoints":
+        d = tempfile.mkdtemp(prefix="radixlm-ipc-")
+        return cls(*(f"ipc://{os.path.join(d, name)}"
+                     for name in ("scheduler", "detokenizer", "tokenizer")))
+
+
+def pull_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.bind(endpoint)
+    return sock
+
+
+def push_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 5000)  # deliver what was sent before close (e.g. a start-up error)
+    sock.connect(endpoint)
+    return sock
+
+
+def send(sock: zmq.Socket, msg: Any) -> None:
+    sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv_all(sock: zmq.Socket, timeout_s: float | None) -> list[Any]:
+    """Every message waiting on sock; waits up to timeout_s for the first (0/None: no wait)."""
+    msgs: list[Any] = []
+    if timeout_s and not sock.poll(int(timeout_s * 1000)):
+        return msgs
+    while True:
+        try:
+            msgs.append(pickle.loads(sock.recv(zmq.NOBLOCK)))
+        except zmq.Again:
+            return msgs
+
+
+def die_with_parent() -> None:
+    """Make this child process exit when its parent dies, even by SIGKILL: the kernel's
+    parent-death signal where available, plus a watchdog thread polling the parent pid."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the watchdog alone
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+    # Ctrl-C in a terminal reaches the whole process group; the parent coordinates shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

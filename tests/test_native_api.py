@@ -1,0 +1,291 @@
+"""SGLang's native HTTP API against a real `radixlm serve` process on the bundled model."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from helpers import child_pids, is_alive, start_server, stop_server
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server("--max-total-tokens", "16384", "--enable-metrics",
+                             "--log-requests")
+    yield proc, url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server[1]
+
+
+def post(url: str, path: str, body, timeout: float = 120) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def sse_events(lines) -> list:
+    events = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def server_info(url: str) -> dict:
+    return httpx.get(url + "/get_server_info", timeout=30).json()
+
+
+def wait_idle(url: str, timeout_s: float = 30) -> dict:
+    deadline = time.time() + timeout_s
+    while True:
+        info = server_info(url)
+        if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+            return info
+        assert time.time() < deadline, f"server still busy: {info}"
+        time.sleep(0.1)
+
+
+def assert_kv_empty(info: dict) -> None:
+    assert info["protected_kv_tokens"] == 0
+    assert info["available_kv_tokens"] + info["evictable_kv_tokens"] == info[
+        "max_total_num_tokens"]
+
+
+# ---------------------------------------------------------------------- /generate
+
+def test_generate_single_and_shape(url):
+    r = post(url, "/generate", {"text": "The capital of France is",
+                                "sampling_params": {"max_new_tokens": 8, **GREEDY}})
+    assert r.status_code == 200
+    out = r.json()
+    assert set(out) >= {"text", "output_ids", "meta_info"}
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "matched": None}
+    assert meta["completion_tokens"] == 8 == len(out["output_ids"])
+    assert meta["prompt_tokens"] > 0 and "cached_tokens" in meta and meta["e2e_latency"] > 0
+    assert "Paris" in out["text"]
+
+
+def test_generate_batch_and_input_ids(url):
+    tok = post(url, "/tokenize", {"prompt": "Hello there"}).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    assert post(url, "/detokenize", {"tokens": tok["tokens"]}).json()["text"] == "Hello there"
+    single = post(url, "/generate", {"input_ids": tok["tokens"],
+                                     "sampling_params": {"max_new_tokens": 5, **GREEDY}}).json()
+    batch = post(url, "/generate", {"text": ["Hello there", "One two three"],
+                                    "sampling_params": {"max_new_tokens": 5, **GREEDY}}).json()
+    assert isinstance(batch, list) and len(batch) == 2
+    assert batch[0]["output_ids"] == single["output_ids"]
+    ids_batch = post(url, "/generate", {"input_ids": [tok["tokens"], tok["tokens"]],
+                                        "sampling_params": [{"max_new_tokens": 2, **GREEDY},
+                                                            {"max_new_tokens": 3, **GREEDY}]})
+    assert [len(o["output_ids"]) for o in ids_batch.json()] == [2, 3]
+
+
+def test_max_new_tokens_zero(url):
+    out = post(url, "/generate", {"text": "Only fill the cache please.",
+                                  "sampling_params": {"max_new_tokens": 0}}).json()
+    assert out["output_ids"] == [] and out["meta_info"]["completion_tokens"] == 0
+    again = post(url, "/generate", {"text": "Only fill the cache please.",
+                                    "sampling_params": {"max_new_tokens": 1}}).json()
+    assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
+
+
+def test_logprobs_fields(url):
+    out = post(url, "/generate", {"text": "Roses are red, violets are",
+                                  "sampling_params": {"max_new_tokens": 3, **GREEDY},
+                                  "return_logprob": True, "logprob_start_len": 2,
+                                  "top_logprobs_num": 2, "return_text_in_logprobs": True}).json()
+    meta = out["meta_info"]
+    n_prompt = meta["prompt_tokens"]
+    assert len(meta["input_token_logprobs"]) == n_prompt - 2
+    for lp, tid, text in meta["input_token_logprobs"] + meta["output_token_logprobs"]:
+        assert lp <= 0 and isinstance(tid, int) and isinstance(text, str)
+    assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(len(t) == 2 for t in meta["output_top_logprobs"])
+    first = post(url, "/generate", {"text": "Roses are red", "return_logprob": True,
+                                    "logprob_start_len": 0,
+                                    "sampling_params": {"max_new_tokens": 1}}).json()
+    assert first["meta_info"]["input_token_logprobs"][0][0] is None
+    assert first["meta_info"]["input_token_logprobs"][0][2] is None  # no text unless asked
+
+
+def test_streaming_is_cumulative(url):
+    body = {"text": "List three animals:", "sampling_params": {"max_new_tokens": 12, **GREEDY}}
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) >= 2
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["text"].startswith(a["text"])
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert sum(c["meta_info"]["finish_reason"] is not None for c in chunks) == 1
+    full = post(url, "/generate", body).json()
+    assert chunks[-1]["text"] == full["text"]
+
+
+def test_64_concurrent_streams(url):
+    prompts = [f"Fact number {i} about the ocean:" for i in range(8)]
+    want = {p: post(url, "/generate", {"text": p, "sampling_params": {
+        "max_new_tokens": 16, **GREEDY}}).json()["text"] for p in prompts}
+
+    def one(i: int) -> tuple[str, str]:
+        p = prompts[i % 8]
+        with httpx.stream("POST", url + "/generate", timeout=300, json={
+                "text": p, "stream": True, "sampling_params": {"max_new_tokens": 16, **GREEDY}}) as r:
+            events = sse_events(r.iter_lines())
+        assert events[-1] == "[DONE]"
+        return p, events[-2]["text"]
+
+    with cf.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    assert len(results) == 64
+    for p, text in results:
+        assert text == want[p]
+    assert_kv_empty(wait_idle(url))
+
+
+def test_disconnect_mid_stream_aborts(url):
+    body = {"text": "Write an extremely long essay.", "stream": True,
+            "sampling_params": {"max_new_tokens": 4000, **GREEDY}}
+    with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith("data: "):
+                got += 1
+            if got >= 3:
+                break
+        assert server_info(url)["num_running_reqs"] == 1
+    # Connection closed: the scheduler must drop the request long before 4000 tokens.
+    assert_kv_empty(wait_idle(url, timeout_s=20))
+
+
+def test_abort_request_by_rid(url):
+    result = {}
+
+    def run():
+        result["r"] = post(url, "/generate", {"text": "Tell a long story.", "rid": "abort-me",
+                                              "sampling_params": {"max_new_tokens": 3000,
+                                                                  **GREEDY}}).json()
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 30
+    while server_info(url)["num_running_reqs"] == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert post(url, "/abort_request", {"rid": "abort-me"}).status_code == 200
+    t.join(timeout=60)
+    assert result["r"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert result["r"]["meta_info"]["completion_tokens"] < 3000
+
+
+# ---------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("raw, needle", [
+    (b"{not json", "JSON"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": "ten"}}), "max_new_tokens"),
+    (json.dumps({"text": 42}), "text"),
+    (json.dumps({"text": "hi " * 9000}), "context length"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": -1}}), "max_new_tokens"),
+    (json.dumps({"text": "hi", "sampling_params": {"temperature": -1}}), "temperature"),
+    (json.dumps({"text": "hi", "sampling_params": {"top_p": 1.5}}), "top_p"),
+    (json.dumps({"text": "hi", "sampling_params": {"n": 0}}), "n must be"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}, "stream": True,
+                 "sampling_params_typo": 1, "return_logprob": False}), None),
+    (json.dumps([1, 2]), "object"),
+])
+def test_bad_input_is_400_and_server_survives(url, raw, needle):
+    r = httpx.post(url + "/generate", content=raw, headers={"content-type": "application/json"},
+                   timeout=60)
+    if needle is None:  # unknown fields are ignored
+        assert r.status_code == 200
+    else:
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert needle in body["message"] and body["error"]["code"] == 400
+    ok = post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 1}})
+    assert ok.status_code == 200
+
+
+# ---------------------------------------------------------------------- control endpoints
+
+def test_info_health_flush_metrics(url):
+    assert httpx.get(url + "/health").status_code == 200
+    assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
+    info = httpx.get(url + "/get_model_info").json()
+    assert info["is_generation"] is True and info["model_path"]
+    sinfo = wait_idle(url)
+    assert sinfo["max_total_num_tokens"] > 0 and sinfo["page_size"] == 1
+    assert httpx.post(url + "/flush_cache").status_code == 200
+    after = server_info(url)
+    assert after["available_kv_tokens"] == after["max_total_num_tokens"]
+    metrics = httpx.get(url + "/metrics").text
+    for name in ("sglang:num_running_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
+                 "sglang:time_to_first_token_seconds_bucket", "sglang:gen_throughput",
+                 "sglang:inter_token_latency_seconds_bucket",
+                 "sglang:e2e_request_latency_seconds_count", "sglang:prompt_tokens_total",
+                 "sglang:generation_tokens_total"):
+        assert name in metrics, name
+    count = [line for line in metrics.splitlines()
+             if line.startswith("sglang:e2e_request_latency_seconds_count")]
+    assert float(count[0].split()[-1]) > 0
+
+
+# ---------------------------------------------------------------------- process lifecycle
+
+def test_sigterm_aborts_streams_and_exits_cleanly(server):
+    proc, url = server
+    children = child_pids(proc.pid)
+    assert len(children) == 2  # scheduler and detokenizer
+    events = []
+
+    def stream():
+        with httpx.stream("POST", url + "/generate", timeout=120, json={
+                "text": "Go on forever.", "stream": True,
+                "sampling_params": {"max_new_tokens": 4000, **GREEDY}}) as r:
+            events.extend(sse_events(r.iter_lines()))
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(3)
+    assert stop_server(proc, signal.SIGTERM) == 0
+    t.join(timeout=30)
+    finals = [e for e in events if e != "[DONE]"]
+    assert finals and finals[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert not any(is_alive(pid) for pid in children)
+
+
+def test_api_key_and_no_orphans_after_kill():
+    proc, url = start_server("--api-key", "sekret", "--max-total-tokens", "2048")
+    try:
+        assert httpx.get(url + "/health").status_code == 200  # health stays open
+        r = httpx.get(url + "/get_model_info")
+        assert r.status_code == 401 and "API key" in r.json()["message"]
+        r = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        children = child_pids(proc.pid)
+        assert len(children) == 2
+    finally:
+        stop_server(proc, signal.SIGKILL)
+    deadline = time.time() + 10
+    while any(is_alive(p) for p in children) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(is_alive(p) for p in children)
