@@ -47,6 +47,7 @@ class ServerArgs:
     cuda_graph_max_bs: int = 160
     disable_overlap_schedule: bool = False
     grammar_backend: str = "xgrammar"
+    disable_jump_forward: bool = False
 
     # Server
     host: str = "127.0.0.1"
@@ -72,6 +73,8 @@ class ServerArgs:
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
                                          f"got {self.schedule_policy!r}")
+        if self.grammar_backend not in ("xgrammar", "none"):
+            raise bad("grammar-backend", f"must be xgrammar or none, got {self.grammar_backend!r}")
         if self.page_size < 1:
             raise bad("page-size", f"must be >= 1, got {self.page_size}")
         if not (0.0 < self.mem_fraction_static < 1.0):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -70,6 +70,9 @@ class SamplingBatchInfo:
     need_min_p: bool = False
     max_top_k: int = 0  # largest top_k among sampled rows that use top-k (0 if none)
     top_p_needs_full_sort: bool = False  # some row uses top-p without top-k
+    # Grammar constraints: sets disallowed tokens of constrained rows to -inf, in place, after
+    # the penalties (set by the scheduler when a row has a grammar; see constrained/).
+    vocab_mask: Callable[[torch.Tensor], None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -179,9 +182,14 @@ class Sampler:
         Returns `raw` itself when nothing applies; otherwise a fresh tensor (raw is never touched,
         it is needed for logprobs and may be the caller's buffer).
         """
-        if info.adjustments.is_noop:
+        if info.adjustments.is_noop and info.vocab_mask is None:
             return raw
-        return info.adjustments.apply_(raw.clone(memory_format=torch.contiguous_format))
+        x = raw.clone(memory_format=torch.contiguous_format)
+        if not info.adjustments.is_noop:
+            x = info.adjustments.apply_(x)
+        if info.vocab_mask is not None:
+            info.vocab_mask(x)
+        return x
 
     @staticmethod
     def filter_logits(x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

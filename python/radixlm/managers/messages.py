@@ -91,6 +91,7 @@ class FinishReason:
     type: str                        # "stop" | "length" | "abort"
     matched: int | str | None = None
     message: str | None = None
+    status_code: int | None = None   # 400: the request itself was invalid (e.g. bad grammar)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}

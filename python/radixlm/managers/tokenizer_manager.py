@@ -146,6 +146,7 @@ class TokenizerManager:
             await st.updated.wait()
             st.updated.clear()
             self._check_alive()
+        _raise_if_rejected(st)
 
     async def _stream(self, states: list[ReqState], batch: bool) -> AsyncIterator[dict]:
         pending = list(states)
@@ -162,6 +163,7 @@ class TokenizerManager:
                 if not st.updated.is_set():
                     continue
                 st.updated.clear()
+                _raise_if_rejected(st)
                 if len(st.output_ids) != sent_len[id(st)] or st.finished:
                     sent_len[id(st)] = len(st.output_ids)
                     out = self.response(st)
@@ -275,3 +277,11 @@ class TokenizerManager:
 
     def abort_all(self) -> None:
         self.send(AbortReq(abort_all=True))
+
+
+def _raise_if_rejected(st: ReqState) -> None:
+    """A request the scheduler refused as invalid (e.g. a grammar that does not compile) is a
+    ValueError for the caller (HTTP 400), not a finished generation."""
+    fr = st.finish_reason
+    if fr is not None and fr.status_code == 400:
+        raise ValueError(fr.message or "invalid request")

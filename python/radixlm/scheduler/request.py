@@ -16,6 +16,9 @@ from radixlm.managers.messages import FinishReason, TokenizedGenerateReq, TokenL
 from radixlm.scheduler.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from radixlm.constrained.base import GrammarMatcher
     from radixlm.managers.detokenizer import StopStringChecker
     from radixlm.mem_cache.radix_cache import TreeNode
 
@@ -47,6 +50,12 @@ class Req:
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
     num_retractions: int = 0
     stop_checker: "StopStringChecker | None" = None
+    prompt_counted: bool = False           # prompt tokens added to the cache-hit statistics
+
+    # Structured outputs
+    grammar_future: "Future | None" = None  # compiling; the request waits, others go on
+    grammar: "GrammarMatcher | None" = None
+    num_jump_forward_tokens: int = 0
 
     # Logprobs
     input_token_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -121,10 +130,10 @@ class Req:
             limit = min(limit, max(self.effective_logprob_start - 1, 0))
         return max(limit, 0)
 
-    def reset_for_retract(self) -> None:
-        """After the caches released its KV: back to 'nothing computed'."""
+    def reset_kv(self) -> None:
+        """After the caches released its KV (retraction, jump-forward): nothing computed; the
+        next prefill finds what it can in the radix cache."""
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.kv_committed_len = 0
         self.extend_input_len = 0
-        self.num_retractions += 1

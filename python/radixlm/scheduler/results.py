@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixlm.constrained.jump_forward import plan_jump
 from radixlm.managers.detokenizer import StopStringChecker
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
 from radixlm.model_executor.forward_batch import ForwardBatch
@@ -49,6 +50,7 @@ class ResultProcessor:
                 sampled: "SampleOutput | None") -> None:
         s = self.s
         row_of = {i: j for j, i in enumerate(sample_rows)}
+        jumped: set[Req] = set()
         ids = sampled.next_token_ids.tolist() if sampled is not None else []
         lps = sampled.next_token_logprobs.tolist() if sampled is not None else []
         outputs: list[ReqOutput] = []
@@ -56,7 +58,8 @@ class ResultProcessor:
             if batch.forward_mode.is_extend:
                 self._record_input_logprobs(req, out, i)
                 req.kv_committed_len += req.extend_input_len
-                if req.num_retractions == 0 and req.kv_committed_len >= req.seq_len:
+                if not req.prompt_counted and req.kv_committed_len >= req.seq_len:
+                    req.prompt_counted = True
                     s.prompt_tokens_total += req.prompt_len
                     s.cached_tokens_total += req.cached_tokens
             else:
@@ -77,9 +80,16 @@ class ResultProcessor:
                     vals, toks = sampled.top_logprobs[j]
                     req.output_top_logprobs.append(list(zip(vals, toks)))
             reason = self._check_finished(req, token)
+            if reason is None and req.grammar is not None:
+                reason = self._advance_grammar(req, token)
             if reason is not None:
                 self.finish(req, reason, send=False)
                 outputs.append(self._output(req))
+                continue
+            if req.grammar is not None and self._jump_forward(req):
+                jumped.add(req)
+                if req.stream or req.finished:
+                    outputs.append(self._output(req))
                 continue
             if batch.forward_mode.is_extend:
                 s.running.append(req)
@@ -87,7 +97,8 @@ class ResultProcessor:
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
         if batch.forward_mode.is_decode:
-            s.running = [r for r in s.running if not r.finished]
+            s.running = [r for r in s.running if not r.finished and r not in jumped]
+        s.waiting[:0] = [r for r in jumped if not r.finished]  # prefill them next step
         if outputs:
             s.send(BatchReqOutput(outputs))
 
@@ -127,6 +138,38 @@ class ResultProcessor:
             if matched is not None:
                 return FinishReason("stop", matched=matched)
         return None
+
+    # ------------------------------------------------------------------ structured outputs
+
+    def _advance_grammar(self, req: Req, token: int) -> FinishReason | None:
+        if not req.grammar.accept_token(token):
+            return FinishReason("abort", message=f"token {token} violates the grammar")
+        if req.grammar.is_terminated():
+            return FinishReason("stop", matched=token)
+        return None
+
+    def _jump_forward(self, req: Req) -> bool:
+        """Append the grammar's forced continuation; the request then goes through one extend
+        step (its prefix from the radix cache) instead of a decode step per forced token."""
+        s = self.s
+        if s.args.disable_jump_forward or req.return_logprob:
+            return False  # jumped tokens have no sampled logprobs to report
+        unsent = len(req.output_ids) - req.num_sent_outputs
+        room = req.remaining_new_tokens
+        jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, unsent, room)
+        if jump is None:
+            return False
+        # The tree takes the KV computed so far under the old tokens; then the tail changes.
+        s.tree_cache.cache_finished_req(req)
+        req.reset_kv()
+        del req.output_ids[len(req.output_ids) - jump.num_replaced:]
+        req.output_ids.extend(jump.new_tokens)
+        req.num_jump_forward_tokens += len(jump.new_tokens) - jump.num_replaced
+        if len(req.output_ids) >= req.max_new_tokens:
+            self.finish(req, FinishReason("length"), send=False)
+        elif req.grammar.is_terminated():
+            self.finish(req, FinishReason("stop", matched=req.output_ids[-1]), send=False)
+        return True
 
     # ------------------------------------------------------------------ finishing
 

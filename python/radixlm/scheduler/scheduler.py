@@ -20,6 +20,8 @@ import torch
 
 from radixlm import envs
 from radixlm.config import ServerArgs
+from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
+                                      create_grammar_backend)
 from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetLoadReq, ReqOutput, SchedulerStats,
@@ -70,6 +72,7 @@ class Scheduler:
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.stopped = False
+        self._grammar_backend = None
         self.check_invariants = envs.check_invariants()
 
     # ------------------------------------------------------------------ loop
@@ -121,6 +124,14 @@ class Scheduler:
             seed = self.rng.getrandbits(62)
         req = Req.from_message(msg, seed=seed, arrival=self.arrivals)
         self.arrivals += 1
+        key = ConstraintKey.of(req.sampling_params)
+        if key is not None:
+            if self.grammar_backend is None:
+                self.results.finish(req, FinishReason(
+                    "abort", message="constrained decoding is off (--grammar-backend none)",
+                    status_code=400))
+                return
+            req.grammar_future = self.grammar_backend.compile(key)
         capacity = self.runner.max_total_num_tokens - self.runner.allocator.page_size
         if req.prompt_len >= self.runner.model_config.context_len:
             self.results.finish(req, FinishReason(
@@ -186,7 +197,30 @@ class Scheduler:
             req, self.chunked_req = self.chunked_req, None
             self.results.finish(req, FinishReason("abort", message="aborted"))
 
+    @property
+    def grammar_backend(self):
+        """Created on the first constrained request (xgrammar is only imported then)."""
+        if self._grammar_backend is None and self.args.grammar_backend != "none":
+            mc = self.runner.model_config
+            self._grammar_backend = create_grammar_backend(
+                self.args.grammar_backend, self.results.tokenizer, mc.vocab_size,
+                list(mc.eos_token_ids))
+        return self._grammar_backend
+
+    def _resolve_grammars(self) -> None:
+        """Give compiled grammars to their requests; reject requests whose grammar failed."""
+        for req in [r for r in self.waiting if r.grammar_future is not None]:
+            if not req.grammar_future.done():
+                continue
+            fut, req.grammar_future = req.grammar_future, None
+            try:
+                req.grammar = self.grammar_backend.matcher(fut.result())
+            except InvalidConstraintError as e:
+                self.waiting.remove(req)
+                self.results.finish(req, FinishReason("abort", message=str(e), status_code=400))
+
     def _prefill_batch(self) -> ScheduleBatch | None:
+        self._resolve_grammars()
         if not self.waiting and self.chunked_req is None:
             return None
         max_running = self.runner.max_running_requests
@@ -199,7 +233,8 @@ class Scheduler:
         if chunked is not None and adder.add_chunked(chunked) is AddResult.CHUNKED:
             self.chunked_req = chunked
         if self.chunked_req is None:
-            for req in self.policy.order(self.waiting):
+            ready = [r for r in self.waiting if r.grammar_future is None]
+            for req in self.policy.order(ready):
                 result = adder.add(req)
                 if result is AddResult.NO_ROOM:
                     break
@@ -227,7 +262,8 @@ class Scheduler:
             victim = pick_retraction_victim(self.running)
             self.running.remove(victim)
             self.tree_cache.cache_finished_req(victim)
-            victim.reset_for_retract()
+            victim.reset_kv()
+            victim.num_retractions += 1
             self.waiting.append(victim)
             self.num_retractions += 1
             retracted = True
@@ -255,10 +291,23 @@ class Scheduler:
                 [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
                                  self.runner.model_config.eos_token_ids) for r in reqs],
                 self.runner.model_config.vocab_size, self.runner.device)
+            # Filled on the CPU while the forward pass runs on the device.
+            info.vocab_mask = self._grammar_mask(reqs)
             logits = out.next_token_logits[torch.tensor(sample_rows, device=self.runner.device)]
             tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
             sampled = self.sampler(logits, info, tops if any(tops) else None)
         self.results.process(batch, out, sample_rows, sampled)
+
+    def _grammar_mask(self, reqs: list[Req]):
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        backend = self.grammar_backend
+        mask = backend.allocate_mask(len(reqs))
+        for i in rows:
+            reqs[i].grammar.fill_vocab_mask(mask, i)
+        mask = mask.to(self.runner.device, non_blocking=True)
+        return lambda logits: backend.apply_mask(logits, mask)
 
     # ------------------------------------------------------------------ figures
 

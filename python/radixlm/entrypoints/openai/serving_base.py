@@ -21,8 +21,6 @@ from radixlm.managers.tokenizer_manager import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
-# How often a non-streaming handler checks whether its client is still there.
-_DISCONNECT_POLL_S = 0.5
 
 
 class OpenAIError(Exception):
@@ -163,25 +161,30 @@ class OpenAIServing:
         """One non-streaming engine call; results flattened prompt-major (n per prompt).
         If the client disconnects first, the call is cancelled, which aborts the requests."""
         task = asyncio.ensure_future(self.engine.async_generate(**kwargs))
+        watcher = asyncio.ensure_future(self._wait_disconnect())
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
-                if done:
-                    break
-                if await self.http_request.is_disconnected():
-                    task.cancel()
-                    raise OpenAIError("the client disconnected", 499)
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                raise OpenAIError("the client disconnected", 499)
             results = task.result()
         except Exception as e:
             raise engine_error(e) from e
         finally:
-            if not task.done():
-                task.cancel()
+            for t in (task, watcher):
+                if not t.done():
+                    t.cancel()  # cancelling the engine call aborts its requests
         results = results if isinstance(results, list) else [results]
         for out in results:
             if finish_type(out["meta_info"]) == "abort":
                 raise abort_error(out["meta_info"])
         return results
+
+    async def _wait_disconnect(self) -> None:
+        """Returns when the client has gone. The body has been read already, so the next ASGI
+        message can only be http.disconnect. (Request.is_disconnected() polls with a cancelled
+        scope, which does not see the disconnect through the app's http middleware.)"""
+        while (await self.http_request.receive())["type"] != "http.disconnect":
+            pass
 
     async def open_stream(self, **kwargs: Any) -> tuple[dict, AsyncIterator[dict]]:
         """Start a streaming engine call and wait for its first output, so that bad input (or

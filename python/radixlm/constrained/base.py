@@ -1,0 +1,91 @@
+"""The grammar-backend interface: compile a constraint (cached, off the scheduler thread) into a
+matcher that masks the vocabulary, follows sampled tokens, and finds forced continuations.
+
+Backends are chosen by --grammar-backend and imported lazily (a server that never sees a
+constraint never imports xgrammar).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.scheduler.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ConstraintKey:
+    kind: str    # "json_schema" | "regex" | "ebnf"
+    spec: str
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> "ConstraintKey | None":
+        for kind in ("json_schema", "regex", "ebnf"):
+            spec = getattr(params, kind)
+            if spec is not None:
+                return cls(kind, spec)
+        return None
+
+
+class InvalidConstraintError(ValueError):
+    """The constraint does not compile; the message is the compiler's."""
+
+
+class GrammarMatcher(ABC):
+    """Per-request grammar state."""
+
+    @abstractmethod
+    def accept_token(self, token: int) -> bool: ...
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None: ...
+
+    @abstractmethod
+    def is_terminated(self) -> bool: ...
+
+    @abstractmethod
+    def find_jump_forward_string(self) -> str: ...
+
+    @abstractmethod
+    def fill_vocab_mask(self, mask: torch.Tensor, row: int) -> None:
+        """Write this matcher's allowed tokens into row `row` of a mask from allocate_mask."""
+
+
+class GrammarBackend(ABC):
+    @abstractmethod
+    def compile(self, key: ConstraintKey) -> "Future[object]":
+        """Start (or reuse) compiling; the future's result is what `matcher` takes, or it raises
+        InvalidConstraintError."""
+
+    @abstractmethod
+    def matcher(self, compiled: object) -> GrammarMatcher: ...
+
+    @abstractmethod
+    def allocate_mask(self, batch_size: int) -> torch.Tensor:
+        """A CPU mask for a batch, every token allowed."""
+
+    @abstractmethod
+    def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
+        """Set the logits of disallowed tokens to -inf, in place (mask already on the device)."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+_BACKENDS = {"xgrammar": "radixlm.constrained.xgrammar_backend:XGrammarBackend"}
+
+
+def create_grammar_backend(name: str, tokenizer, vocab_size: int,
+                           eos_token_ids: list[int]) -> GrammarBackend | None:
+    """None for --grammar-backend none (constrained requests are then rejected)."""
+    if name == "none":
+        return None
+    if name not in _BACKENDS:
+        raise ValueError(f"--grammar-backend: unknown backend {name!r}; choose from "
+                         f"{sorted(_BACKENDS) + ['none']}")
+    module, cls = _BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(tokenizer, vocab_size, eos_token_ids)

@@ -1,0 +1,84 @@
+"""Grammar backend on xgrammar: JSON schema, regex and EBNF compiled to token-level matchers."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+import xgrammar as xgr
+
+from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
+                                      InvalidConstraintError)
+
+# How far a matcher can be rolled back: jump-forward re-tokenizes a few trailing tokens.
+MAX_ROLLBACK_TOKENS = 16
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, compiled: xgr.CompiledGrammar):
+        self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+
+    def accept_token(self, token: int) -> bool:
+        return self._m.accept_token(token)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._m.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+    def find_jump_forward_string(self) -> str:
+        return self._m.find_jump_forward_string()
+
+    def fill_vocab_mask(self, mask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(mask, row)
+
+
+class XGrammarBackend(GrammarBackend):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]):
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(eos_token_ids))
+        self.vocab_size = vocab_size
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        # Compilation runs on a pool so that one slow schema never stalls the scheduler loop.
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
+        self._cache: dict[ConstraintKey, Future] = {}
+        self._lock = threading.Lock()
+
+    def compile(self, key: ConstraintKey) -> Future:
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is None:
+                fut = self._cache[key] = self.pool.submit(self._compile, key)
+            return fut
+
+    def _compile(self, key: ConstraintKey) -> xgr.CompiledGrammar:
+        try:
+            if key.kind == "json_schema":
+                try:
+                    json.loads(key.spec)
+                except json.JSONDecodeError as e:
+                    raise InvalidConstraintError(f"json_schema is not valid JSON: {e}") from None
+                return self.compiler.compile_json_schema(key.spec)
+            if key.kind == "regex":
+                return self.compiler.compile_regex(key.spec)
+            return self.compiler.compile_grammar(key.spec)
+        except InvalidConstraintError:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError with the reason
+            raise InvalidConstraintError(f"invalid {key.kind}: {e}") from None
+
+    def matcher(self, compiled: object) -> GrammarMatcher:
+        return XGrammarMatcher(compiled)  # type: ignore[arg-type]
+
+    def allocate_mask(self, batch_size: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
+
+    def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
+        xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

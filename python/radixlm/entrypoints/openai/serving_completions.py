@@ -1,0 +1,188 @@
+"""POST /v1/completions: OpenAI's (legacy) text completions on top of one engine call.
+
+Every prompt of the request, each with its n samples, goes to the engine in one call, so the n
+samples of a prompt share its KV through the radix cache. Choice i is sample i % n of prompt
+i // n, which is also the order the engine returns them in (prompt-major).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from radixlm.entrypoints.openai.logprobs import extend_completion_logprobs
+from radixlm.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
+                                                 CompletionRequest, CompletionResponse,
+                                                 CompletionStreamResponse, now)
+from radixlm.entrypoints.openai.serving_base import (SSE_DONE, OpenAIError, OpenAIServing,
+                                                     abort_error, chain, engine_error,
+                                                     finish_type, make_usage, matched_stop, sse)
+
+
+@dataclass
+class _ChoiceStream:
+    """What has been sent so far for one choice of a streamed completion."""
+    text_len: int = 0          # characters of the engine's cumulative text already sent
+    logprobs_sent: int = 0     # output logprob entries already sent
+    offset: int = 0            # text_offset of the next token in the choice's text
+    started: bool = False      # the echoed prompt has been sent
+    finished: bool = False
+    completion_tokens: int = 0
+
+
+@dataclass
+class _Prompts:
+    ids: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)   # for echo
+
+
+class CompletionServing(OpenAIServing):
+    id_prefix = "cmpl"
+
+    def __init__(self, request: Request, body: CompletionRequest):
+        super().__init__(request)
+        self.body = body
+        self.want_logprobs = body.logprobs is not None
+        self.top_n = body.logprobs or 0
+
+    async def handle(self):
+        try:
+            prompts = self._prompts()
+            kwargs = self._engine_kwargs(prompts)
+            if self.body.stream:
+                first, rest = await self.open_stream(**kwargs)
+                return StreamingResponse(self._stream(first, rest, prompts),
+                                         media_type="text/event-stream")
+            results = await self.generate(**kwargs)
+            return self._response(results, prompts)
+        except OpenAIError as e:
+            return e.response()
+
+    # ------------------------------------------------------------------ request -> engine
+
+    def _prompts(self) -> _Prompts:
+        prompt, out = self.body.prompt, _Prompts()
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            items = [prompt]                      # one prompt given as token ids
+        else:
+            items = list(prompt)                  # a batch of strings or of id lists
+        for item in items:
+            if isinstance(item, str):
+                out.ids.append(self.tokenize(item))
+                out.texts.append(item)
+            else:
+                out.ids.append(list(item))
+                out.texts.append(self.engine.tokenizer.decode(item) if self.body.echo else "")
+        return out
+
+    def _engine_kwargs(self, prompts: _Prompts) -> dict[str, Any]:
+        requested = 16 if self.body.max_tokens is None else self.body.max_tokens
+        params = [self.sampling_params(self.body, self.max_new_tokens(len(ids), requested,
+                                                                      "max_tokens"))
+                  for ids in prompts.ids]
+        kwargs: dict[str, Any] = {"input_ids": prompts.ids, "sampling_params": params,
+                                  "rid": [f"{self.request_id}-{i}" for i in range(len(params))]}
+        if self.want_logprobs:
+            # With echo, prompt logprobs too: from the first token on (its logprob is null).
+            kwargs.update(return_logprob=True, top_logprobs_num=self.top_n,
+                          logprob_start_len=0 if self.body.echo else -1,
+                          return_text_in_logprobs=True)
+        return kwargs
+
+    # ------------------------------------------------------------------ engine -> response
+
+    def _tops(self, meta: dict[str, Any], key: str) -> Optional[list]:
+        return meta.get(key) if self.top_n > 0 else None
+
+    def _response(self, results: list[dict], prompts: _Prompts) -> CompletionResponse:
+        n = self.body.n
+        choices = []
+        for i, out in enumerate(results):
+            meta = out["meta_info"]
+            prefix = prompts.texts[i // n] if self.body.echo else ""
+            logprobs = None
+            if self.want_logprobs:
+                logprobs, offset = CompletionLogprobs(), 0
+                if self.body.echo:
+                    extend_completion_logprobs(logprobs, meta.get("input_token_logprobs", []),
+                                               self._tops(meta, "input_top_logprobs"), 0)
+                    offset = len(prefix)
+                extend_completion_logprobs(logprobs, meta.get("output_token_logprobs", []),
+                                           self._tops(meta, "output_top_logprobs"), offset)
+            choices.append(CompletionChoice(index=i, text=prefix + out["text"], logprobs=logprobs,
+                                            finish_reason=finish_type(meta),
+                                            matched_stop=matched_stop(meta)))
+        usage = make_usage([results[p * n]["meta_info"]["prompt_tokens"]
+                            for p in range(len(prompts.ids))],
+                           [r["meta_info"]["completion_tokens"] for r in results])
+        return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
+                                  usage=usage)
+
+    async def _stream(self, first: dict, rest: AsyncIterator[dict],
+                      prompts: _Prompts) -> AsyncIterator[str]:
+        n, created = self.body.n, now()
+        states = [_ChoiceStream() for _ in range(len(prompts.ids) * n)]
+        prompt_tokens = [0] * len(prompts.ids)
+        exclude = None if self.body.include_usage else {"usage"}
+        outputs = chain(first, rest)
+        try:
+            async for out in outputs:
+                i = out.get("index", 0)
+                meta, st = out["meta_info"], states[i]
+                if st.finished:
+                    continue
+                if finish_type(meta) == "abort":
+                    raise abort_error(meta)
+                prompt_tokens[i // n] = meta["prompt_tokens"]
+                st.completion_tokens = meta["completion_tokens"]
+                choice = self._stream_choice(i, out, st, prompts.texts[i // n])
+                if choice is not None:
+                    yield sse(CompletionStreamResponse(
+                        id=self.request_id, created=created, model=self.model_name,
+                        choices=[choice]), exclude)
+            if self.body.include_usage:
+                yield sse(CompletionStreamResponse(
+                    id=self.request_id, created=created, model=self.model_name, choices=[],
+                    usage=make_usage(prompt_tokens, [s.completion_tokens for s in states])))
+        except asyncio.CancelledError:
+            raise  # the client went away; closing `outputs` below aborts the requests
+        except Exception as e:
+            yield sse({"error": engine_error(e).body()["error"]})
+        finally:
+            await outputs.aclose()
+        yield SSE_DONE
+
+    def _stream_choice(self, index: int, out: dict, st: _ChoiceStream,
+                       prompt_text: str) -> Optional[CompletionChoice]:
+        """The next chunk of one choice (None when there is nothing new to say)."""
+        meta, reason = out["meta_info"], finish_type(out["meta_info"])
+        text = out["text"][st.text_len:]
+        st.text_len = len(out["text"])
+        logprobs = None
+        if self.want_logprobs:
+            logprobs = CompletionLogprobs()
+            if self.body.echo and not st.started:
+                extend_completion_logprobs(logprobs, meta.get("input_token_logprobs", []),
+                                           self._tops(meta, "input_top_logprobs"), 0)
+            entries = meta.get("output_token_logprobs", [])[st.logprobs_sent:]
+            tops = self._tops(meta, "output_top_logprobs")
+            if not st.started:
+                st.offset = len(prompt_text) if self.body.echo else 0
+            st.offset = extend_completion_logprobs(
+                logprobs, entries, tops[st.logprobs_sent:] if tops is not None else None,
+                st.offset)
+            st.logprobs_sent += len(entries)
+        if self.body.echo and not st.started:
+            text = prompt_text + text
+        st.started = True
+        st.finished = reason is not None
+        if not text and not (logprobs and logprobs.tokens) and reason is None:
+            return None
+        return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=reason,
+                                matched_stop=matched_stop(meta))
