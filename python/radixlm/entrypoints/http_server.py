@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import signal
 import sys
 import time
 
@@ -109,6 +110,10 @@ def serve(args: ServerArgs) -> int:
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    # uvicorn re-raises the signal it caught once it has shut down; with these handlers in place
+    # that only ends up here, and the engine still gets to stop its children cleanly.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run()  # handles SIGINT/SIGTERM: stops accepting, then returns
     finally:

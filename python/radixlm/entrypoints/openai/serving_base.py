@@ -52,11 +52,11 @@ def engine_error(e: BaseException) -> OpenAIError:
 
 def abort_error(meta: dict[str, Any]) -> OpenAIError:
     """OpenAI has no "abort" finish reason, so an aborted sequence fails the whole request.
-    The engine only says why in words; those that name a size the request exceeded are the
-    client's fault (400), a shutdown is unavailability (503)."""
+    The engine only says why in words; those that name a size the request exceeds are the
+    client's to fix (400: retrying cannot help), a shutdown is unavailability (503)."""
     reason = meta.get("finish_reason") or {}
     message = reason.get("message") or "the request was aborted"
-    if "does not fit" in message:
+    if "does not fit" in message or "out of KV cache" in message:
         status = 400
     elif "shutting down" in message or "engine died" in message:
         status = 503
@@ -102,6 +102,7 @@ class OpenAIServing:
     """Base of the two handlers: holds the engine and knows the model's limits."""
 
     id_prefix = "cmpl"
+    prompt_field = "prompt"   # the request field that holds the prompt, for error params
 
     def __init__(self, request: Request):
         self.http_request = request
@@ -124,7 +125,7 @@ class OpenAIServing:
         if room <= 0:
             raise OpenAIError(f"the prompt has {prompt_len} tokens, which does not fit the "
                               f"model's context length of {self.context_len} tokens",
-                              400, param="messages" if field != "max_tokens" else "prompt")
+                              400, param=self.prompt_field)
         if requested is None:
             return room
         if requested > room:

@@ -46,12 +46,15 @@ def template_message(m: ChatMessage) -> dict[str, Any]:
     if isinstance(m.content, list):
         d["content"] = "\n".join(part.text for part in m.content)
     else:
-        d["content"] = m.content
+        # null content (an assistant turn that only calls tools) as "": templates that know
+        # nothing of tools concatenate content and would fail on None.
+        d["content"] = m.content or ""
     return d
 
 
 class ChatServing(OpenAIServing):
     id_prefix = "chatcmpl"
+    prompt_field = "messages"
 
     def __init__(self, request: Request, body: ChatCompletionRequest):
         super().__init__(request)

@@ -1,0 +1,125 @@
+"""The functions a program is written with: `function`, `gen`, `select`, roles, backends."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from radixlm.lang.choices import ChoicesMethod, resolve
+from radixlm.lang.default_backend import resolve_backend
+from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select,
+                             to_expr)
+from radixlm.lang.program import Program
+
+_DTYPES = (None, int, float, str)
+
+
+def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None,
+             bind_arguments: dict[str, Any] | None = None) -> Any:
+    """`@function` or `@function(...)`: turn `f(s, ...)` into a Program."""
+    def wrap(f: Callable[..., Any]) -> Program:
+        return Program(f, num_api_spec_tokens, bind_arguments)
+    return wrap(func) if func is not None else wrap
+
+
+def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+        min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, repetition_penalty: float | None = None,
+        ignore_eos: bool | None = None, seed: int | None = None,
+        return_logprob: bool | None = None, logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
+        dtype: type | None = None, choices: list[str] | None = None,
+        choices_method: ChoicesMethod | str | None = None, regex: str | None = None,
+        json_schema: str | dict | None = None) -> Expr:
+    """Generate text into variable `name`. Unset settings take the run's defaults.
+    dtype=int / float constrains the text to a number and stores the converted value;
+    choices=[...] is select(name, choices) (temperature 0 unless given)."""
+    if choices is not None:
+        return select(name, choices, temperature=temperature or 0.0,
+                      choices_method=choices_method)
+    if dtype not in _DTYPES:
+        raise ValueError(f"gen dtype must be int, float or str, got {dtype!r}")
+    if regex is not None and json_schema is not None:
+        raise ValueError("gen takes at most one of regex and json_schema")
+    args = SamplingArgs(
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
+        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, sampling_seed=seed,
+        regex=regex, json_schema=SamplingArgs.schema_text(json_schema),
+        return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs)
+    return Gen(name, args, dtype)
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Expr:
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
+           choices_method: ChoicesMethod | str | None = None) -> Expr:
+    """Append the most likely of `choices` (scored by the backend from prompt logprobs) and
+    store it in variable `name`. choices_method: token_length_normalized (default: highest
+    mean token logprob) or greedy_token_selection."""
+    if not choices or not isinstance(choices, (list, tuple)) or \
+            not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("select needs choices: a non-empty list of non-empty strings")
+    return Select(name, list(choices), float(temperature), resolve(choices_method))
+
+
+# ---------------------------------------------------------------------- roles
+
+def _role(role: str, expr: Any) -> Expr:
+    body = [] if expr is None else [to_expr(expr)]
+    return ExprList([RoleBegin(role), *body, RoleEnd(role)])
+
+
+def system(expr: Any = None) -> Expr:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> Expr:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> Expr:
+    return _role("assistant", expr)
+
+
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")
+
+
+# ---------------------------------------------------------------------- backends
+
+def flush_cache(backend: Any = None) -> None:
+    resolve_backend(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    return resolve_backend(backend).get_server_info()

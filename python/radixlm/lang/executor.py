@@ -1,0 +1,256 @@
+"""StreamExecutor: runs one program state's expressions, in order, on a worker thread.
+
+`s += expr` only queues `expr`; a worker thread (started when the queue fills, gone when it
+drains) executes the queue in order. So the program's own thread runs ahead until it reads
+something (`s["x"]`, `s.text()`), and the forks of a state, each with its own executor, run
+their generations at the same time even when the program appends to them one by one in a loop.
+
+The first error stops the state: later expressions are skipped, and every read raises it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter, deque
+from typing import Any, Iterator
+
+from radixlm.lang.backends.base import Backend, PromptContext
+from radixlm.lang.chat import ChatRenderer
+from radixlm.lang.errors import LangError, VariableNotFoundError
+from radixlm.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text
+
+# Regexes that make a gen's text parse as the requested type.
+DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?"}
+
+
+class StreamExecutor:
+    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False):
+        self.backend = backend
+        self.defaults = defaults
+        self.stream = stream
+        self.text = ""
+        self.messages: list[dict[str, str]] = []
+        self.variables: dict[str, Any] = {}
+        self.meta_info: dict[str, dict[str, Any]] = {}
+        self.fork_point = 0                      # len(text) when this state was forked off
+        self.error: BaseException | None = None
+        self.children: list[StreamExecutor] = []
+        self._role: str | None = None            # the role being written
+        self._role_begin = ""                    # what its begin rendered to
+        self._role_start = 0                     # where its content starts in text
+        self._renderer: ChatRenderer | None = None
+        self._cond = threading.Condition()
+        self._queue: deque[Expr] = deque()
+        self._busy = False                       # a worker is draining the queue
+        self._pending_vars: Counter[str] = Counter()
+        self._closed = False                     # the program will append nothing more
+        self._chunks: list[tuple[str | None, str]] = []   # (variable or None, text), for text_iter
+
+    # ------------------------------------------------------------------ the program's side
+
+    def submit(self, expr: Expr) -> None:
+        with self._cond:
+            self._queue.append(expr)
+            self._pending_vars.update(expr.defined_vars())
+            if not self._busy:
+                self._busy = True
+                threading.Thread(target=self._drain, name="radixlm-lang-state",
+                                 daemon=True).start()
+
+    def sync(self, raise_error: bool = True) -> None:
+        """Wait until everything queued so far has run; raise the state's error, if any."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._busy)
+            if raise_error and self.error is not None:
+                raise self.error
+
+    def get_var(self, name: str) -> Any:
+        with self._cond:
+            # Wait only for the expressions that define `name`, not for the whole queue.
+            self._cond.wait_for(lambda: self._pending_vars[name] == 0 or self.error is not None)
+            if self._pending_vars[name] == 0 and name in self.variables:
+                return self.variables[name]
+            if self.error is not None:
+                raise self.error
+            raise VariableNotFoundError(name, list(self.variables))
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        self.get_var(name)
+        return self.meta_info.get(name, {})
+
+    def set_var(self, name: str, value: Any) -> None:
+        with self._cond:
+            self.variables[name] = value
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """The program itself raised: readers (text_iter) see the error."""
+        with self._cond:
+            if self.error is None:
+                self.error = error
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The program returned: streams end once the queue drains. Forks close with it."""
+        with self._cond:
+            self._closed = True
+            children = list(self.children)
+            self._cond.notify_all()
+        for child in children:
+            child.close()
+
+    def fork(self, n: int) -> list["StreamExecutor"]:
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork size must be a positive integer, got {n!r}")
+        self.sync()
+        if n > 1 and self.text:
+            # Commit the shared prefix to the cache once, so the n branches start from it
+            # instead of each computing it (they would, arriving together in one batch).
+            self.backend.cache_prefix(self.text)
+        forks = [self._copy() for _ in range(n)]
+        with self._cond:
+            self.children.extend(forks)
+        return forks
+
+    def _copy(self) -> "StreamExecutor":
+        child = StreamExecutor(self.backend, self.defaults, self.stream)
+        child.text, child.fork_point = self.text, len(self.text)
+        child.messages = [dict(m) for m in self.messages]
+        child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
+        child._role, child._role_begin, child._role_start = \
+            self._role, self._role_begin, self._role_start
+        child._renderer = self._renderer
+        return child
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is appended (only `var_name`'s when given), until the program ends."""
+        seen = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._chunks) > seen or self._finished()
+                                    or self.error is not None)
+                new, seen = self._chunks[seen:], len(self._chunks)
+                done, error = self._finished(), self.error
+            for var, piece in new:
+                if piece and (var_name is None or var == var_name):
+                    yield piece
+            if error is not None:
+                raise error
+            if done:
+                return
+
+    def _finished(self) -> bool:
+        return self._closed and not self._busy
+
+    # ------------------------------------------------------------------ the worker's side
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+                expr = self._queue.popleft()
+            try:
+                if self.error is None:
+                    self._execute(expr)
+            except BaseException as e:  # kept for the program's next read
+                with self._cond:
+                    if self.error is None:
+                        self.error = e
+            finally:
+                with self._cond:
+                    self._pending_vars.subtract(expr.defined_vars())
+                    self._cond.notify_all()
+
+    def _execute(self, expr: Expr) -> None:
+        if isinstance(expr, ExprList):
+            for item in expr.items:
+                self._execute(item)
+        elif isinstance(expr, Text):
+            self._append(expr.text)
+        elif isinstance(expr, Gen):
+            self._gen(expr)
+        elif isinstance(expr, Select):
+            self._select(expr)
+        elif isinstance(expr, RoleBegin):
+            self._role_begin_(expr.role)
+        elif isinstance(expr, RoleEnd):
+            self._role_end(expr.role)
+        else:
+            raise TypeError(f"unknown expression {expr!r}")
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        with self._cond:
+            self.text += text
+            self._chunks.append((var, text))
+            self._cond.notify_all()
+
+    def _context(self) -> PromptContext:
+        return PromptContext(self.text, list(self.messages), self._role,
+                             self.text[self._role_start:] if self._role else "")
+
+    def _set_result(self, name: str | None, value: Any, meta: dict[str, Any]) -> None:
+        if name:
+            with self._cond:
+                self.variables[name] = value
+                self.meta_info[name] = meta
+
+    def _gen(self, expr: Gen) -> None:
+        args = expr.sampling.merged(self.defaults)
+        if expr.dtype in DTYPE_REGEX and args.regex is None and args.json_schema is None:
+            args = dataclasses.replace(args, regex=DTYPE_REGEX[expr.dtype])
+        ctx = self._context()
+        if self.stream:
+            parts: list[str] = []
+            meta: dict[str, Any] = {}
+            for chunk in self.backend.generate_stream(ctx, args):
+                parts.append(chunk.delta)
+                self._append(chunk.delta, expr.name)
+                meta = chunk.meta_info or meta
+            text = "".join(parts)
+        else:
+            res = self.backend.generate(ctx, args)
+            text, meta = res.text, res.meta_info
+            self._append(text, expr.name)
+        self._set_result(expr.name, _convert(text, expr.dtype, expr.name), meta)
+
+    def _select(self, expr: Select) -> None:
+        res = self.backend.select(self._context(), expr.choices, expr.method, expr.temperature)
+        self._append(res.choice, expr.name)
+        self._set_result(expr.name, res.choice,
+                         {**res.meta_info, "scores": res.scores, "index": res.index})
+
+    def _renderer_(self) -> ChatRenderer:
+        if self._renderer is None:
+            self._renderer = self.backend.chat_renderer()
+        return self._renderer
+
+    def _role_begin_(self, role: str) -> None:
+        if self._role is not None:
+            raise LangError(f"{role}() begins inside {self._role}(); end {self._role} first "
+                            f"(roles do not nest)")
+        begin = self._renderer_().begin(self.messages, role)
+        self._append(begin)
+        self._role, self._role_begin, self._role_start = role, begin, len(self.text)
+
+    def _role_end(self, role: str) -> None:
+        if self._role != role:
+            raise LangError(f"{role}_end() without a matching {role}_begin()"
+                            + (f" (the open role is {self._role})" if self._role else ""))
+        content = self.text[self._role_start:]
+        self._append(self._renderer_().end(self.messages, role, self._role_begin, content))
+        self.messages.append({"role": role, "content": content})
+        self._role = None
+
+
+def _convert(text: str, dtype: type | None, name: str | None) -> Any:
+    if dtype is None or dtype is str:
+        return text
+    try:
+        return dtype(text.strip())
+    except ValueError:
+        raise ValueError(f"gen({name!r}, dtype={dtype.__name__}) produced {text!r}, which is not "
+                         f"a {dtype.__name__}; was max_tokens too small?") from None

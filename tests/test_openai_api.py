@@ -1,0 +1,373 @@
+"""The OpenAI-compatible API, end to end: a real `radixlm serve` subprocess on the bundled model,
+driven by the official `openai` client (and raw HTTP for the malformed requests it refuses to
+send). Set RADIXLM_TEST_SERVER_URL to reuse a server that is already running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+try:
+    import httpx
+except ImportError:  # the openai client may bring its HTTP library under this name
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    if os.environ.get("RADIXLM_TEST_SERVER_URL"):
+        yield os.environ["RADIXLM_TEST_SERVER_URL"].rstrip("/")
+        return
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
+         "--max-total-tokens", "8192", "--log-level", "warning"],
+        start_new_session=True)  # its own process group, so no child can outlive the test
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"the server exited with code {proc.returncode}"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become healthy in 180 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server_url):
+    return openai.OpenAI(base_url=server_url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def _check_usage(resp, max_tokens: int | None = None) -> None:
+    u = resp.usage
+    assert u.prompt_tokens > 0 and u.prompt_tokens + u.completion_tokens == u.total_tokens
+    if max_tokens is not None:
+        for c in resp.choices:
+            if c.finish_reason == "length" and len(resp.choices) == 1:
+                assert u.completion_tokens == max_tokens
+
+
+def _collect_stream(stream) -> tuple[dict[int, str], dict[int, list[str]], list]:
+    """Joined text per choice index, the finish reasons seen per index, and usage chunks."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, list[str]] = {}
+    usages = []
+    for chunk in stream:
+        if chunk.usage is not None:
+            assert chunk.choices == []
+            usages.append(chunk.usage)
+        for c in chunk.choices:
+            piece = c.text if hasattr(c, "text") else (c.delta.content or "")
+            texts[c.index] = texts.get(c.index, "") + piece
+            if c.finish_reason is not None:
+                finishes.setdefault(c.index, []).append(c.finish_reason)
+    return texts, finishes, usages
+
+
+# ---------------------------------------------------------------------------- models
+
+def test_models(client, model):
+    models = client.models.list().data
+    assert len(models) == 1 and models[0].object == "model" and models[0].owned_by == "radixlm"
+    assert isinstance(models[0].created, int)
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+# ---------------------------------------------------------------------------- completions
+
+def test_completion_greedy_stream_matches(client, model):
+    resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert resp.id.startswith("cmpl-") and resp.object == "text_completion"
+    assert resp.model == model and isinstance(resp.created, int)
+    choice = resp.choices[0]
+    assert choice.index == 0 and choice.finish_reason in ("stop", "length") and choice.text
+    _check_usage(resp, 8)
+
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    texts, finishes, usages = _collect_stream(stream)
+    assert texts == {0: choice.text}
+    assert finishes == {0: [choice.finish_reason]}
+    assert len(usages) == 1 and usages[0].total_tokens == resp.usage.total_tokens
+
+
+def test_completion_length_counts(client, model):
+    resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 5
+
+
+def test_completion_batch_and_n(client, model):
+    prompts = ["One, two,", "Red, green,"]
+    single = [client.completions.create(model=model, prompt=p, max_tokens=3, temperature=0)
+              for p in prompts]
+    resp = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=3,
+                                     temperature=0)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    # Prompt-major: choices 0, 1 answer prompt 0; greedy, so both equal the single answer.
+    assert [c.text for c in resp.choices] == [single[0].choices[0].text] * 2 + \
+        [single[1].choices[0].text] * 2
+    assert resp.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in single)
+    assert resp.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in single)
+    _check_usage(resp)
+
+    stream = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=3,
+                                       temperature=0, stream=True)
+    texts, finishes, _ = _collect_stream(stream)
+    assert texts == {c.index: c.text for c in resp.choices}
+    assert sorted(finishes) == [0, 1, 2, 3] and all(len(f) == 1 for f in finishes.values())
+
+
+def test_completion_token_id_prompts(client, model, tokenizer):
+    ids = tokenizer(PROMPT).input_ids
+    by_text = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0)
+    by_ids = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0)
+    batch = client.completions.create(model=model, prompt=[ids, ids], max_tokens=4,
+                                      temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert [c.text for c in batch.choices] == [by_text.choices[0].text] * 2
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+def test_completion_logprobs(client, model):
+    resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0,
+                                     logprobs=3)
+    lp = resp.choices[0].logprobs
+    n = resp.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    assert len(lp.text_offset) == n and lp.text_offset == sorted(lp.text_offset)
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and 1 <= len(top) <= 4 and all(v <= 0 for v in top.values())
+        assert top[token] == value == max(top.values())  # greedy picks the top-1
+
+
+def test_completion_echo(client, model):
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0)
+    resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0,
+                                     echo=True, logprobs=1)
+    choice = resp.choices[0]
+    assert choice.text == PROMPT + plain.choices[0].text
+    lp = choice.logprobs
+    assert len(lp.tokens) == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert "".join(lp.tokens[:resp.usage.prompt_tokens]) == PROMPT
+    # Scoring a prompt without generating: max_tokens 0 with echo.
+    score = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True,
+                                      logprobs=0)
+    assert score.choices[0].text == PROMPT and score.usage.completion_tokens == 0
+    assert score.choices[0].logprobs.token_logprobs[1:] == \
+        pytest.approx(lp.token_logprobs[1:resp.usage.prompt_tokens], abs=1e-4)
+
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0,
+                                       echo=True, stream=True)
+    assert _collect_stream(stream)[0] == {0: choice.text}
+
+
+def test_completion_stop(client, model):
+    base = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = base.strip().split()[1]  # a word from the middle of the greedy answer
+    resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                     stop=[stop, "never-seen"])
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop" and stop not in choice.text
+    assert base.startswith(choice.text)
+
+
+# ---------------------------------------------------------------------------- chat
+
+def test_chat_greedy_stream_matches(client, model):
+    resp = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8,
+                                          temperature=0, seed=1)
+    assert resp.id.startswith("chatcmpl-") and resp.object == "chat.completion"
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    _check_usage(resp, 8)
+
+    stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    texts, finishes, usages = _collect_stream(chunks)
+    assert texts == {0: choice.message.content}
+    assert finishes == {0: [choice.finish_reason]}
+    assert len(usages) == 1
+    assert (usages[0].prompt_tokens, usages[0].completion_tokens, usages[0].total_tokens) == \
+        (resp.usage.prompt_tokens, resp.usage.completion_tokens, resp.usage.total_tokens)
+
+
+def test_chat_n_stream(client, model):
+    resp = client.chat.completions.create(model=model, messages=CHAT, n=2, max_tokens=4,
+                                          temperature=0.8, seed=7,
+                                          extra_body={"ignore_eos": True})
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert [c.finish_reason for c in resp.choices] == ["length", "length"]
+    assert resp.usage.completion_tokens == 2 * 4  # summed over choices
+    _check_usage(resp)
+    stream = client.chat.completions.create(model=model, messages=CHAT, n=2, max_tokens=4,
+                                            temperature=0.8, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    roles = {c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role}
+    assert roles == {0, 1}
+    _, finishes, usages = _collect_stream(chunks)
+    assert sorted(finishes) == [0, 1] and all(len(f) == 1 for f in finishes.values())
+    assert len(usages) == 1 and usages[0].prompt_tokens == resp.usage.prompt_tokens
+
+
+def test_chat_logprobs(client, model):
+    resp = client.chat.completions.create(model=model, messages=CHAT, max_tokens=5,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    for entry in content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert entry.logprob <= 0 and len(tops) == 2 and tops == sorted(tops, reverse=True)
+        assert entry.logprob == pytest.approx(tops[0]) and entry.token == entry.top_logprobs[0].token
+        assert bytes(entry.bytes).decode("utf-8", "replace")
+    stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=5,
+                                            temperature=0, logprobs=True, top_logprobs=2,
+                                            stream=True)
+    streamed = [e for c in stream for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+
+
+def test_chat_uses_template(client, model, tokenizer):
+    """Chat = completions on the rendered template; continue_final_message continues it."""
+    for messages, kwargs in (
+            (CHAT, {"add_generation_prompt": True}),
+            (CHAT + [{"role": "assistant", "content": "Red, blue"}],
+             {"add_generation_prompt": False, "continue_final_message": True})):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        plain = client.completions.create(model=model, prompt=text, max_tokens=5,
+                                          temperature=0)
+        chat = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=5, temperature=0,
+            extra_body={"continue_final_message": kwargs.get("continue_final_message", False)})
+        assert chat.choices[0].message.content == plain.choices[0].text
+        assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_chat_content_parts_and_roles(client, model):
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+             {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    as_str = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    a = client.chat.completions.create(model=model, messages=parts, max_tokens=3, temperature=0)
+    b = client.chat.completions.create(model=model, messages=as_str, max_tokens=3, temperature=0,
+                                       response_format={"type": "text"})
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+# ---------------------------------------------------------------------------- errors
+
+BAD_REQUESTS = [
+    ("completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ("completions", {"prompt": "x", "temperature": 2.5}, "temperature"),
+    ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("completions", {"prompt": "x", "n": 0}, "n"),
+    ("completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("completions", {"prompt": "x", "best_of": 2}, "best_of"),
+    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("completions", {"prompt": "x", "stop_token_ids": [10 ** 9]}, "stop_token_ids"),
+    ("completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("completions", {"prompt": "x", "max_tokens": 10 ** 6}, "max_tokens"),
+    ("completions", {"prompt": [1] * 9000}, "context"),
+    ("completions", {"prompt": []}, "prompt"),
+    ("chat/completions", {"messages": []}, "messages"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ("chat/completions", {"messages": CHAT, "top_logprobs": 21, "logprobs": True},
+     "top_logprobs"),
+    ("chat/completions", {"messages": CHAT, "top_logprobs": 2}, "logprobs"),
+    ("chat/completions", {"messages": CHAT, "stream": True, "temperature": -1}, "temperature"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", BAD_REQUESTS,
+                         ids=[f"{p}-{f}-{i}" for i, (p, _, f) in enumerate(BAD_REQUESTS)])
+def test_bad_request(server_url, path, body, field):
+    r = httpx.post(f"{server_url}/v1/{path}", json={"model": "m", **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert field in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_then_good_request(server_url, client, model):
+    r = httpx.post(f"{server_url}/v1/chat/completions", content=b'{"messages": [',
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="x", max_tokens=-1)
+    ok = client.completions.create(model=model, prompt=PROMPT, max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stream_disconnect_aborts(server_url):
+    body = {"messages": CHAT, "max_tokens": 4000, "stream": True,
+            "unknown_field": 1, "ignore_eos": True}
+    with httpx.stream("POST", f"{server_url}/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+    # The abandoned request is aborted, not left generating 4000 tokens.
+    deadline = time.monotonic() + 20
+    while True:
+        info = httpx.get(f"{server_url}/get_server_info", timeout=10).json()
+        if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+            break
+        assert time.monotonic() < deadline, "the disconnected stream kept running"
+        time.sleep(0.2)
+
+
+def test_stream_error_is_http_error_before_streaming(server_url):
+    r = httpx.post(f"{server_url}/v1/completions",
+                   json={"prompt": [1] * 9000, "stream": True}, timeout=60)
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    body = {"prompt": PROMPT, "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{server_url}/v1/completions", json=body, timeout=60) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert all("choices" in json.loads(e[6:]) for e in events[:-1])
