@@ -73,12 +73,11 @@ def model(client) -> str:
 
 
 def _check_usage(resp, max_tokens: int | None = None) -> None:
+    """total = prompt + completion; a single choice that ran out of budget used all of it."""
     u = resp.usage
     assert u.prompt_tokens > 0 and u.prompt_tokens + u.completion_tokens == u.total_tokens
-    if max_tokens is not None:
-        for c in resp.choices:
-            if c.finish_reason == "length" and len(resp.choices) == 1:
-                assert u.completion_tokens == max_tokens
+    if max_tokens is not None and resp.choices[0].finish_reason == "length":
+        assert len(resp.choices) == 1 and u.completion_tokens == max_tokens
 
 
 def _collect_stream(stream) -> tuple[dict[int, str], dict[int, list[str]], list]:
@@ -311,9 +310,11 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "x", "stream_options": {"include_usage": True}},
      "stream_options"),
     ("completions", {"prompt": "x", "stop_token_ids": [10 ** 9]}, "stop_token_ids"),
+    ("completions", {"prompt": "x", "stream": True, "stop_token_ids": [10 ** 9]},
+     "stop_token_ids"),  # raised by the engine when the stream starts: still a 400
     ("completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("completions", {"prompt": "x", "max_tokens": 10 ** 6}, "max_tokens"),
-    ("completions", {"prompt": [1] * 9000}, "context"),
+    ("completions", {"prompt": [1] * 9000}, "prompt"),  # longer than the context
     ("completions", {"prompt": []}, "prompt"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
@@ -321,6 +322,10 @@ BAD_REQUESTS = [
      "top_logprobs"),
     ("chat/completions", {"messages": CHAT, "top_logprobs": 2}, "logprobs"),
     ("chat/completions", {"messages": CHAT, "stream": True, "temperature": -1}, "temperature"),
+    ("chat/completions", {"messages": CHAT, "continue_final_message": True},
+     "continue_final_message"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "content"),
 ]
 
 
@@ -331,6 +336,8 @@ def test_bad_request(server_url, path, body, field):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert field in err["message"] and err["type"] == "invalid_request_error"
+    if err["param"] is not None:  # set where one field is to blame
+        assert err["param"].split(".")[0] in field or field in err["param"]
 
 
 def test_malformed_json_then_good_request(server_url, client, model):
@@ -371,3 +378,78 @@ def test_stream_error_is_http_error_before_streaming(server_url):
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert all("choices" in json.loads(e[6:]) for e in events[:-1])
+
+
+# ---------------------------------------------------------------------------- fake engine
+
+class _FakeEngine:
+    """Stands in for Engine to produce failures a real model cannot be made to produce on
+    demand: an error in the middle of a stream, and an aborted sequence."""
+
+    def __init__(self, tokenizer):
+        from types import SimpleNamespace
+        self.tokenizer = tokenizer
+        self.ready = SimpleNamespace(context_len=2048, model_path="/models/fake-model")
+        self.closed = False
+
+    @staticmethod
+    def _out(text: str, finish: dict | None) -> dict:
+        return {"text": text, "output_ids": [], "index": 0,
+                "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 3,
+                              "completion_tokens": len(text)}}
+
+    async def async_generate(self, stream: bool = False, **kwargs):
+        if not stream:
+            return [self._out("partial", {"type": "abort", "matched": None,
+                                          "message": "out of KV cache memory for this request"})]
+
+        async def gen():
+            try:
+                yield self._out("Hel", None)
+                raise RuntimeError("the scheduler fell over")
+            finally:
+                self.closed = True
+        return gen()
+
+
+@pytest.fixture
+def fake_server(tokenizer):
+    import threading
+
+    import uvicorn
+
+    from radixlm.config import ServerArgs
+    from radixlm.entrypoints.http_server import create_app
+
+    engine = _FakeEngine(tokenizer)
+    port = _free_port()
+    config = uvicorn.Config(create_app(engine, ServerArgs()), host="127.0.0.1", port=port,
+                            log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_midstream_error_and_abort(fake_server):
+    url, engine = fake_server
+    body = {"messages": CHAT, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert "fell over" in error["message"] and error["code"] == 500
+    assert json.loads(events[1])["choices"][0]["delta"] == {"content": "Hel"}
+    assert engine.closed
+    # OpenAI has no "abort" finish reason: an aborted sequence fails the request.
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=30)
+    assert r.status_code == 400 and "KV cache" in r.json()["error"]["message"]
+    models = httpx.get(f"{url}/v1/models", timeout=30).json()
+    assert models["data"][0]["id"] == "fake-model"

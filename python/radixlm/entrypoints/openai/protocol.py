@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_serializer, field_validator, \
-    model_validator
+from pydantic import (BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_serializer,
+                      field_validator)
+from pydantic_core import PydanticCustomError
 
 # Strict scalar types: JSON's 1 is accepted for a float (JSON has one number type), but not
 # "1", and booleans are never numbers.
@@ -31,6 +32,13 @@ MAX_N = 128  # OpenAI's own cap on `n`; it also bounds the work one request can 
 
 def now() -> int:
     return int(time.time())
+
+
+def invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message reads as given (a ValueError would get "Value error, "
+    in front). Cross-field checks are field validators, not model validators, so that the
+    error's location, and so the OpenAI error's `param`, names the field."""
+    return PydanticCustomError("value_error", message)
 
 
 class _Request(BaseModel):
@@ -74,17 +82,18 @@ class SamplingExtras(_Request):
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, v: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
-        if v is not None:
-            for key in v:
-                if not key.strip().isdigit():
-                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        for key in v or ():
+            if not key.strip().isdigit():
+                raise invalid(f"logit_bias keys must be token ids, got {key!r}")
         return v
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> "SamplingExtras":
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        return self
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, v: Optional[StreamOptions],
+                                    info: ValidationInfo) -> Optional[StreamOptions]:
+        if v is not None and not info.data.get("stream"):
+            raise invalid("stream_options is only allowed when stream is true")
+        return v
 
     @property
     def include_usage(self) -> bool:
@@ -108,17 +117,24 @@ class CompletionRequest(SamplingExtras):
     @classmethod
     def _non_empty(cls, v: Prompt) -> Prompt:
         if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
-            raise ValueError("prompt must not be empty")
+            raise invalid("prompt must not be empty")
         return v
 
-    @model_validator(mode="after")
-    def _check_supported(self) -> "CompletionRequest":
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError(f"best_of must be equal to n (got best_of={self.best_of}, "
-                             f"n={self.n}); ranking candidates is not supported")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        return self
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, v: Optional[int], info: ValidationInfo) -> Optional[int]:
+        n = info.data.get("n", 1)
+        if v is not None and v != n:
+            raise invalid(f"best_of must be equal to n (got best_of={v}, n={n}); ranking "
+                          f"candidates is not supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: Optional[str]) -> Optional[str]:
+        if v:
+            raise invalid("suffix is not supported")
+        return v
 
 
 class CompletionLogprobs(BaseModel):
@@ -203,14 +219,21 @@ class ChatCompletionRequest(SamplingExtras):
     continue_final_message: Bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
-    @model_validator(mode="after")
-    def _check_logprobs(self) -> "ChatCompletionRequest":
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise ValueError("continue_final_message needs the last message to have role "
-                             "'assistant'")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: Optional[int], info: ValidationInfo) -> Optional[int]:
+        if v and not info.data.get("logprobs"):
+            raise invalid("top_logprobs requires logprobs to be true")
+        return v
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_assistant(cls, v: bool, info: ValidationInfo) -> bool:
+        messages = info.data.get("messages")
+        if v and messages and messages[-1].role != "assistant":
+            raise invalid("continue_final_message needs the last message to have role "
+                          "'assistant'")
+        return v
 
     @property
     def max_new_tokens(self) -> Optional[int]:

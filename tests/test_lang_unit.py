@@ -1,0 +1,248 @@
+"""The frontend language without a model: execution order, forks, streaming, errors, select's
+decision rules and chat-role rendering, on a scripted backend (fast; no server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import radixlm as rl
+from radixlm.lang.backends.base import Backend, GenResult, StreamChunk
+from radixlm.lang.chat import TemplateRenderer
+from radixlm.lang.choices import greedy_token_selection, token_length_normalized
+
+
+class ScriptedBackend(Backend):
+    """Answers every gen with `reply` (after `delay` s), records calls and their times."""
+
+    def __init__(self, reply: str = "ok", delay: float = 0.0, renderer=None):
+        super().__init__()
+        self.reply, self.delay, self.renderer = reply, delay, renderer
+        self.prompts: list[str] = []
+        self.intervals: list[tuple[float, float]] = []
+        self.cached: list[str] = []
+        self._lock = threading.Lock()
+
+    def generate(self, ctx, args):
+        start = time.monotonic()
+        time.sleep(self.delay)
+        with self._lock:
+            self.prompts.append(ctx.text)
+            self.intervals.append((start, time.monotonic()))
+        reply = self.reply(ctx, args) if callable(self.reply) else self.reply
+        return GenResult(reply, {"max_new_tokens": args.max_new_tokens})
+
+    def generate_stream(self, ctx, args):
+        for ch in self.generate(ctx, args).text:
+            yield StreamChunk(ch)
+        yield StreamChunk("", {"done": True})
+
+    def cache_prefix(self, text):
+        self.cached.append(text)
+
+    def chat_renderer(self):
+        return self.renderer or super().chat_renderer()
+
+
+def test_gens_run_in_order_and_see_the_whole_prompt():
+    be = ScriptedBackend(reply=lambda ctx, args: f"[{len(ctx.text)}]")
+
+    @rl.function
+    def prog(s, name):
+        s += "Hello " + name + "."
+        s += rl.gen("a", max_tokens=3)
+        s += " and " + rl.gen("b")
+
+    state = prog.run(name="Ann", backend=be, max_new_tokens=7)
+    assert state.text() == "Hello Ann.[10] and [19]"
+    assert (state["a"], state["b"]) == ("[10]", "[19]")
+    assert be.prompts == ["Hello Ann.", "Hello Ann.[10] and "]
+    # gen settings override run()'s defaults, which fill the rest
+    assert state.get_meta_info("a") == {"max_new_tokens": 3}
+    assert state.get_meta_info("b") == {"max_new_tokens": 7}
+
+
+def test_forks_share_the_prefix_and_run_in_parallel():
+    be = ScriptedBackend(reply="x", delay=0.3)
+
+    @rl.function
+    def prog(s):
+        s += "Shared prefix. "
+        forks = s.fork(3)
+        for i, f in enumerate(forks):   # appended one by one, yet the gens overlap in time
+            f += f"Branch {i}: " + rl.gen("out")
+        forks += "!"
+        forks.join()
+        s += "Done"
+
+    state = prog.run(backend=be)
+    assert be.cached == ["Shared prefix. "]          # committed once, before the branches
+    starts, ends = zip(*be.intervals)
+    assert max(starts) < min(ends), "the forks' gens did not overlap"
+    assert state["out"] == ["x", "x", "x"]           # join gathers each fork's variable
+    assert state.text() == "Shared prefix. Done"
+
+
+def test_join_concatenate_and_nested_fork_levels():
+    be = ScriptedBackend(reply="y")
+
+    @rl.function
+    def prog(s):
+        s += "P:"
+        forks = s.fork(2)
+        for f in forks:
+            sub = f.fork(2)
+            sub += rl.gen("leaf")
+            sub.join()
+            f += str(len(f["leaf"]))
+        forks.join("concate_and_append")
+
+    assert prog.run(backend=be).text() == "P:22"
+
+
+def test_stream_yields_pieces_then_ends():
+    be = ScriptedBackend(reply="abc")
+
+    @rl.function
+    def prog(s):
+        s += "Q:"
+        s += rl.gen("a")
+        s += "."
+
+    state = prog.run(backend=be, stream=True)
+    pieces = list(state.text_iter())
+    assert pieces == ["Q:", "a", "b", "c", "."]
+    assert list(state.text_iter("a")) == ["a", "b", "c"]
+
+
+def test_unknown_variable_error_names_what_exists():
+    @rl.function
+    def prog(s):
+        s += rl.gen("answer")
+
+    state = prog.run(backend=ScriptedBackend())
+    with pytest.raises(rl.VariableNotFoundError, match="'answr'.*'answer'"):
+        state["answr"]
+    with pytest.raises(KeyError):                    # still a KeyError for generic code
+        state["answr"]
+
+
+def test_select_on_a_backend_without_logprobs_is_a_clear_error():
+    @rl.function
+    def prog(s):
+        s += "Pick:" + rl.select("c", choices=["a", "b"])
+
+    with pytest.raises(rl.UnsupportedByBackendError, match="select"):
+        prog.run(backend=ScriptedBackend())
+    # The OpenAI backend inside a chat role: chat endpoints give no prompt logprobs.
+    openai_be = rl.OpenAI("m", base_url="http://127.0.0.1:9/v1")
+
+    @rl.function
+    def chat(s):
+        s += rl.user("Pick one")
+        s += rl.assistant(rl.select("c", choices=["a", "b"]))
+
+    with pytest.raises(rl.UnsupportedByBackendError, match="not supported"):
+        chat.run(backend=openai_be)
+
+
+def test_program_errors_surface_from_run_and_stop_the_state():
+    def boom(ctx, args):
+        raise rl.BackendUnavailableError("server gone")
+
+    @rl.function
+    def prog(s):
+        s += rl.gen("a")
+        s += rl.gen("b")
+
+    be = ScriptedBackend(reply=boom)
+    with pytest.raises(rl.BackendUnavailableError, match="server gone"):
+        prog.run(backend=be)
+    states = prog.run_batch([{}, {}], backend=be)    # a batch goes on; each state keeps it
+    assert all(isinstance(s.error(), rl.BackendUnavailableError) for s in states)
+
+
+def test_dtype_int_constrains_and_converts():
+    seen = []
+
+    def reply(ctx, args):
+        seen.append(args.regex)
+        return "42"
+
+    @rl.function
+    def prog(s):
+        s += "n=" + rl.gen("n", dtype=int) + rl.gen_int("m")
+
+    state = prog.run(backend=ScriptedBackend(reply=reply))
+    assert state["n"] == 42 and state["m"] == 42
+    assert seen == [r"-?[0-9]+", r"-?[0-9]+"]
+
+
+def test_run_batch_warms_the_prefix_all_programs_share():
+    be = ScriptedBackend(reply="z")
+
+    @rl.function
+    def prog(s, q):
+        s += "Examples: 1, 2, 3.\nQuestion: " + q + "\nAnswer:" + rl.gen("a")
+
+    states = prog.run_batch([{"q": "alpha"}, {"q": "beta"}, {"q": "gamma"}], backend=be,
+                            num_threads=2)
+    assert [s["a"] for s in states] == ["z", "z", "z"]
+    assert be.cached == ["Examples: 1, 2, 3.\nQuestion: "]
+
+
+def test_choices_methods():
+    lps = [[-0.5, -0.1], [-0.2, -3.0], [-0.2, -0.05, -0.05]]
+    d = token_length_normalized(lps)
+    assert d.index == 2 and d.scores[0] == pytest.approx(-0.3)
+    # Greedy: choices 1 and 2 tie on the first token, 2 wins on the second.
+    assert greedy_token_selection(lps).index == 2
+    # A choice that is a prefix of a longer one competes with its mean after it ends.
+    assert greedy_token_selection([[-1.0], [-1.0, -0.5]]).index == 1
+    assert greedy_token_selection([[-1.0], [-1.0, -2.0]]).index == 0
+    with pytest.raises(ValueError, match="choices_method"):
+        rl.select("x", choices=["a"], choices_method="nope")
+
+
+def test_roles_render_exactly_the_chat_template(tokenizer):
+    be = ScriptedBackend(reply="Four.", renderer=TemplateRenderer(tokenizer))
+
+    @rl.function
+    def prog(s):
+        s += rl.system("Be brief.")
+        s += rl.user("What is 2+2?")
+        s += rl.assistant(rl.gen("a"))
+        s += rl.user_begin() + "Thanks" + rl.user_end()
+        s += rl.assistant_begin() + rl.gen("b") + rl.assistant_end()
+
+    state = prog.run(backend=be)
+    messages = state.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert state.text() == tokenizer.apply_chat_template(messages, tokenize=False)
+    # Each gen's prompt is the template's generation prompt for the messages before it.
+    assert be.prompts[0] == tokenizer.apply_chat_template(messages[:2], tokenize=False,
+                                                          add_generation_prompt=True)
+    assert be.prompts[1] == tokenizer.apply_chat_template(messages[:4], tokenize=False,
+                                                          add_generation_prompt=True)
+
+
+def test_user_first_gets_the_templates_default_system_prompt(tokenizer):
+    be = ScriptedBackend(reply="Hi", renderer=TemplateRenderer(tokenizer))
+
+    @rl.function
+    def prog(s):
+        s += rl.user("Hello") + rl.assistant(rl.gen("a"))
+
+    state = prog.run(backend=be)
+    assert state.text() == tokenizer.apply_chat_template(state.messages(), tokenize=False)
+
+
+def test_nested_roles_are_an_error():
+    @rl.function
+    def prog(s):
+        s += rl.user_begin() + rl.assistant("x")
+
+    with pytest.raises(rl.LangError, match="roles do not nest"):
+        prog.run(backend=ScriptedBackend())
