@@ -233,9 +233,13 @@ class Engine:
     def get_stats(self) -> SchedulerStats:
         return self._run(self.tokenizer_manager.get_stats())
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **template_kwargs: Any) -> str:
+        """Render messages with the model's chat template (extra kwargs go to the template,
+        e.g. tools=..., continue_final_message=True)."""
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **template_kwargs)
 
     def abort_all(self) -> None:
         """End every in-flight request with finish_reason abort (server shutdown)."""

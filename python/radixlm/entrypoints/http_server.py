@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.openai.serving_base import model_name
 
 logger = logging.getLogger("radixlm.server")
 
@@ -35,22 +36,11 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     app.include_router(openai_routes.router)
     if args.enable_metrics:
         from radixlm.managers.metrics import MetricsCollector
-        app.state.metrics = MetricsCollector(served_model_name(args, engine))
+        app.state.metrics = MetricsCollector(model_name(args))
         engine.tokenizer_manager.metrics = app.state.metrics
 
-    @app.middleware("http")
-    async def auth_and_log(request: Request, call_next):
-        if args.api_key and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given, f"Bearer {args.api_key}"):
-                return error_response("invalid or missing API key (Authorization: Bearer KEY)",
-                                      401)
-        start = time.perf_counter()
-        response = await call_next(request)
-        if args.log_requests:
-            logger.info("%s %s -> %d in %.1f ms", request.method, request.url.path,
-                        response.status_code, (time.perf_counter() - start) * 1e3)
-        return response
+    app.add_middleware(AuthAndLogMiddleware, api_key=args.api_key,
+                       log_requests=args.log_requests)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
@@ -76,14 +66,41 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     return app
 
 
-def served_model_name(args: ServerArgs, engine) -> str:
-    """The model id clients see: --served-model-name, else --model-path as given, else the
-    bundled model's name."""
-    if args.served_model_name:
-        return args.served_model_name
-    if args.model_path:
-        return args.model_path
-    return "SmolLM2-135M-Instruct"
+class AuthAndLogMiddleware:
+    """Bearer-key check (all but /health) and one log line per request, as plain ASGI: unlike
+    FastAPI's @app.middleware("http") it does not wrap the body stream, so handlers still see
+    client disconnects."""
+
+    def __init__(self, app, api_key: str | None, log_requests: bool):
+        self.app = app
+        self.api_key = api_key
+        self.log_requests = log_requests
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if self.api_key and path != "/health":
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not secrets.compare_digest(given, f"Bearer {self.api_key}"):
+                response = error_response(
+                    "invalid or missing API key (Authorization: Bearer KEY)", 401)
+                return await response(scope, receive, send)
+        if not self.log_requests:
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [0]
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_logged)
+        finally:
+            logger.info("%s %s -> %d in %.1f ms", scope.get("method"), path, status[0],
+                        (time.perf_counter() - start) * 1e3)
 
 
 def serve(args: ServerArgs) -> int:

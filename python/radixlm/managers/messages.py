@@ -97,6 +97,8 @@ class FinishReason:
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}
         if self.message is not None:
             out["message"] = self.message
+        if self.status_code is not None:
+            out["status_code"] = self.status_code
         return out
 
 

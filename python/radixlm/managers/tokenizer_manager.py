@@ -220,7 +220,8 @@ class TokenizerManager:
         self.dead_reason = reason
         for st in self.states.values():
             if not st.finished:
-                st.finish_reason = FinishReason("abort", message=f"engine died: {reason}")
+                st.finish_reason = FinishReason("abort", message=f"engine died: {reason}",
+                                                status_code=503)
             st.updated.set()
         for futs in self._pending.values():
             for f in futs:

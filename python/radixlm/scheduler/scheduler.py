@@ -136,11 +136,12 @@ class Scheduler:
         if req.prompt_len >= self.runner.model_config.context_len:
             self.results.finish(req, FinishReason(
                 "abort", message=f"prompt of {req.prompt_len} tokens does not fit the context "
-                                 f"length {self.runner.model_config.context_len}"))
+                                 f"length {self.runner.model_config.context_len}",
+                status_code=400))
         elif req.prompt_len + 1 > capacity:
             self.results.finish(req, FinishReason(
                 "abort", message=f"prompt of {req.prompt_len} tokens does not fit the KV cache "
-                                 f"({capacity} tokens)"))
+                                 f"({capacity} tokens)", status_code=400))
         else:
             self.waiting.append(req)
 
@@ -157,14 +158,14 @@ class Scheduler:
     def abort_all(self) -> None:
         """End every request now with finish_reason abort (server shutdown)."""
         for req in self.waiting:
-            self.results.finish(req, FinishReason("abort", message="server shutting down"))
+            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
         self.waiting = []
         for req in list(self.running):
-            self.results.finish(req, FinishReason("abort", message="server shutting down"))
+            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
         self.running = []
         if self.chunked_req is not None:
             req, self.chunked_req = self.chunked_req, None
-            self.results.finish(req, FinishReason("abort", message="server shutting down"))
+            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
 
     def flush_cache(self) -> FlushCacheResult:
         if self.has_work:
@@ -257,7 +258,8 @@ class Scheduler:
                 # Nothing left to retract: this request alone has outgrown the pool.
                 req = self.running.pop()
                 self.results.finish(req, FinishReason(
-                    "abort", message="out of KV cache memory for this request"))
+                    "abort", message="out of KV cache memory for this request",
+                    status_code=400))
                 break
             victim = pick_retraction_victim(self.running)
             self.running.remove(victim)

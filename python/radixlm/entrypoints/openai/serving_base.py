@@ -56,21 +56,24 @@ def abort_error(meta: dict[str, Any]) -> OpenAIError:
     client's to fix (400: retrying cannot help), a shutdown is unavailability (503)."""
     reason = meta.get("finish_reason") or {}
     message = reason.get("message") or "the request was aborted"
-    if "does not fit" in message or "out of KV cache" in message:
-        status = 400
-    elif "shutting down" in message or "engine died" in message:
-        status = 503
-    else:
-        status = 500
-    return OpenAIError(message, status)
+    return OpenAIError(message, reason.get("status_code") or 500)
+
+
+BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def served_model_name(request: Request) -> str:
-    args = request.app.state.server_args
+    return model_name(request.app.state.server_args)
+
+
+def model_name(args) -> str:
+    """The id clients see: --served-model-name, else the --model-path's last part, else the
+    bundled model's name."""
     if args.served_model_name:
         return args.served_model_name
-    path = args.model_path or request.app.state.engine.ready.model_path
-    return os.path.basename(os.path.normpath(path)) if path else "default"
+    if args.model_path:
+        return os.path.basename(os.path.normpath(args.model_path))
+    return BUNDLED_MODEL_NAME
 
 
 def sse(obj: BaseModel | dict, exclude: Optional[set[str]] = None) -> str:
