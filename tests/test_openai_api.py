@@ -401,7 +401,8 @@ class _FakeEngine:
     async def async_generate(self, stream: bool = False, **kwargs):
         if not stream:
             return [self._out("partial", {"type": "abort", "matched": None,
-                                          "message": "out of KV cache memory for this request"})]
+                                          "message": "out of KV cache memory for this request",
+                                          "status_code": 400})]
 
         async def gen():
             try:
@@ -423,7 +424,7 @@ def fake_server(tokenizer):
 
     engine = _FakeEngine(tokenizer)
     port = _free_port()
-    config = uvicorn.Config(create_app(engine, ServerArgs()), host="127.0.0.1", port=port,
+    config = uvicorn.Config(create_app(engine, ServerArgs(model_path="/models/fake-model")), host="127.0.0.1", port=port,
                             log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

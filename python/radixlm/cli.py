@@ -1,4 +1,4 @@
-"""`radixlm serve | generate`: the command line.
+"""`radixlm serve | generate | bench`: the command line.
 
 Server flags use SGLang's names (`--model-path`, `--chunked-prefill-size`, ...), generated from
 ServerArgs so that the CLI, Engine(**kwargs) and the server agree on every default.
@@ -38,7 +38,16 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--json", action="store_true", help="print the whole result as JSON")
     ServerArgs.add_cli_args(gen)
+
+    bench = sub.add_parser("bench", help="benchmarks: radixlm bench NAME --help",
+                           add_help=False)
+    bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     return parser
+
+
+# `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
+BENCHMARKS = ("structured", "programs")
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -79,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "generate":
             return _generate(ns)
+        if ns.command == "bench":
+            import importlib
+            return importlib.import_module(f"radixlm.bench.{ns.name}").main(ns.args)
         from radixlm.entrypoints.http_server import serve
         return serve(ServerArgs.from_cli_args(ns))
     except ValueError as e:  # ServerArgs validation names the bad flag

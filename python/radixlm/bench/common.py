@@ -1,0 +1,110 @@
+"""Small helpers shared by the benchmarks: timing, the environment record, JSON results and the
+one summary line each benchmark prints last."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Timed:
+    """Wall-clock seconds of one block (`with Timed() as t: ...; t.seconds`)."""
+    seconds: float = 0.0
+    _start: float = field(default=0.0, repr=False)
+
+    def __enter__(self) -> "Timed":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """Call fn once; return its result and how long it took in seconds."""
+    with Timed() as t:
+        result = fn()
+    return result, t.seconds
+
+
+def median(values: Iterable[float]) -> float:
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("median of nothing")
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def device_name(device: str | None) -> str:
+    """The accelerator's name when the benchmark runs on CUDA, else the CPU's model name: a
+    result file must say what hardware its numbers came from."""
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str | None) -> dict[str, Any]:
+    import torch
+
+    import radixlm
+
+    return {
+        "device_name": device_name(device),
+        "cuda_available": torch.cuda.is_available(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "radixlm_version": getattr(radixlm, "__version__", None),
+        "cpu_count": os.cpu_count(),
+        # The process's own command line ("radixlm bench ..." or "python -m ..."); under pytest
+        # this is pytest's, hence benchmarks also record the argv given to their main().
+        "command": shlex.join(sys.argv),
+    }
+
+
+def default_output_path(name: str, directory: str = "benchmarks") -> str:
+    return os.path.join(directory, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}.json")
+
+
+def write_json(path: str, data: dict[str, Any]) -> str:
+    """Write results (creating the directory) and return the path."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    return path
+
+
+def finish_counts(outputs: list[dict]) -> dict[str, int]:
+    """How many SGLang-shaped outputs finished by each reason (stop, length, abort)."""
+    return dict(Counter((o["meta_info"].get("finish_reason") or {}).get("type", "none")
+                        for o in outputs))
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def print_summary(line: str) -> None:
+    """The summary goes last on stdout, flushed, so a driver can take the final line."""
+    print(line, flush=True)

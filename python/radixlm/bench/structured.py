@@ -1,0 +1,420 @@
+"""`radixlm bench structured`: constrained decoding, jump-forward on vs off, and mask overhead.
+
+1. The two JSON-decoding workloads of the SGLang paper, each sent as one batch, greedy:
+   - json:  a character description for each name of a fixed list, under a JSON schema with many
+            fixed keys and enums (where jump-forward skips most tokens);
+   - regex: fields of a short city text, under a regex that spells out a JSON layout.
+   Two engines run one after the other (the first is shut down before the second starts, to free
+   memory): jump-forward on, then `disable_jump_forward=True`. Reported per workload: requests/s,
+   output tokens/s, forward passes per request, finish reasons and the fraction of outputs that
+   are valid (json.loads + jsonschema; re.fullmatch), and the on/off throughput ratio.
+2. Mask overhead: `--batch-size` requests decode exactly `--mask-tokens` tokens each, with a
+   permissive regex and without, on the jump-forward-off engine (so every step is a plain decode
+   step); time per step = batch wall time / tokens, median over `--repeats` after a warm-up.
+
+Forward passes per request: with jump-forward off every output token costs one pass; with it on,
+the engine's own jump-forward planner is replayed over each output in this process (the engine
+reports no step counts), and a request whose replay does not reproduce its tokens counts as
+unknown.
+
+    radixlm bench structured --num-requests 32 --batch-size 64
+    python -m radixlm.bench.structured --device cpu --num-requests 2 --batch-size 2 --mask-tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from radixlm.bench import common
+from radixlm.config import LOAD_FORMATS
+
+NAMES = [
+    "Harry Potter", "Hermione Granger", "Ron Weasley", "Albus Dumbledore", "Severus Snape",
+    "Rubeus Hagrid", "Draco Malfoy", "Neville Longbottom", "Luna Lovegood", "Ginny Weasley",
+    "Minerva McGonagall", "Sirius Black", "Remus Lupin", "Lord Voldemort", "Bellatrix Lestrange",
+    "Dobby", "Cedric Diggory", "Cho Chang", "Fred Weasley", "George Weasley", "Percy Weasley",
+    "Molly Weasley", "Arthur Weasley", "Nymphadora Tonks", "Kingsley Shacklebolt",
+    "Alastor Moody", "Gilderoy Lockhart", "Dolores Umbridge", "Horace Slughorn",
+    "Filius Flitwick", "Pomona Sprout", "Quirinus Quirrell", "Peter Pettigrew", "Lucius Malfoy",
+    "Narcissa Malfoy", "Seamus Finnigan", "Dean Thomas", "Oliver Wood", "Viktor Krum",
+    "Fleur Delacour",
+]
+
+
+def _text(max_length: int) -> dict[str, Any]:
+    # Bounded strings keep random-weight models (load_format dummy) from rambling to the limit.
+    return {"type": "string", "maxLength": max_length}
+
+
+CHARACTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": _text(32),
+        "house": {"enum": ["Gryffindor", "Slytherin", "Ravenclaw", "Hufflepuff"]},
+        "blood status": {"enum": ["Pure-blood", "Half-blood", "Muggle-born"]},
+        "occupation": {"enum": ["student", "teacher", "auror", "ministry of magic",
+                                "death eater", "order of the phoenix"]},
+        "wand": {"type": "object",
+                 "properties": {"wood": _text(24), "core": _text(24),
+                                "length": {"type": "number"}},
+                 "required": ["wood", "core", "length"], "additionalProperties": False},
+        "alive": {"enum": ["Alive", "Deceased"]},
+        "patronus": _text(24),
+        "bogart": _text(24),
+    },
+    "required": ["name", "house", "blood status", "occupation", "wand", "alive", "patronus",
+                 "bogart"],
+    "additionalProperties": False,
+}
+
+CITIES = [
+    "Paris is the capital of France, on the river Seine, at a latitude of about 48.86 degrees "
+    "north. Some 2.1 million people live in the city proper. Visitors come for the Eiffel "
+    "Tower, the Louvre and the cathedral of Notre Dame.",
+    "Tokyo, the capital of Japan, lies at latitude 35.68 on the bay of the same name. About "
+    "14 million people live in the metropolis. Its best known sights include the Senso-ji "
+    "temple, the Tokyo Skytree and the Meiji Shrine.",
+    "Cairo is the capital of Egypt, on the Nile, at latitude 30.04. Roughly 10 million people "
+    "live there. Nearby are the Giza pyramids, and in town the Egyptian Museum and the old "
+    "Citadel.",
+    "Sydney, the largest city of Australia, sits at latitude -33.87 around a harbour. It has "
+    "about 5.3 million inhabitants and is known for its Opera House, the Harbour Bridge and "
+    "Bondi Beach.",
+    "Rome, capital of Italy, lies on the Tiber at latitude 41.9 and has about 2.8 million "
+    "residents. Its landmarks include the Colosseum, the Pantheon and the Trevi Fountain.",
+    "Buenos Aires is the capital of Argentina, at latitude -34.6 on the Rio de la Plata. The "
+    "city has around 3 million people. Visitors see the Obelisco, the Teatro Colon and the "
+    "colourful Caminito street.",
+    "Nairobi, the capital of Kenya, lies at latitude -1.29 and has about 4.4 million "
+    "inhabitants. Attractions include Nairobi National Park, the Giraffe Centre and the "
+    "Karura Forest.",
+    "Toronto is the largest city of Canada, on Lake Ontario at latitude 43.65, with some 2.8 "
+    "million people. It is known for the CN Tower, the Royal Ontario Museum and Casa Loma.",
+]
+
+CITY_REGEX = (r'\{\n  "name": "[\w\d\s]{1,16}",\n  "country": "[\w\d\s]{1,16}",\n'
+              r'  "latitude": [-+]?[0-9]*\.?[0-9]{0,2},\n  "population": [-+]?[0-9]{1,9},\n'
+              r'  "top 3 landmarks": \["[\w\d\s]{1,16}", "[\w\d\s]{1,16}", '
+              r'"[\w\d\s]{1,16}"\]\n\}')
+
+# Mask overhead: many tokens allowed at every step, never a forced string, never finished by the
+# grammar (min_new_tokens bans EOS, so every request decodes exactly --mask-tokens tokens).
+MASK_REGEX = r"[a-zA-Z ,.]+"
+MASK_TOPICS = ["the sea", "a mountain village", "autumn", "a train journey", "coffee",
+               "a lighthouse", "the desert", "a library", "rain", "a market"]
+
+JSON_MAX_TOKENS = 256
+REGEX_MAX_TOKENS = 128
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[str]
+    kind: str               # "json_schema" | "regex": the sampling_params key
+    spec: str               # the constraint, as sent
+    max_new_tokens: int
+    is_valid: Callable[[str], bool]
+
+    def params(self) -> dict[str, Any]:
+        return {"temperature": 0.0, "max_new_tokens": self.max_new_tokens, self.kind: self.spec}
+
+
+@dataclass
+class RunStats:
+    requests: int
+    wall_s: float
+    output_tokens: int
+    finish_reasons: dict[str, int]
+    stopped: int
+    valid: int
+    valid_stopped: int
+    forward_passes: int | None = None   # summed over requests whose count is known
+    forward_passes_known: int = 0       # requests whose count is known
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(
+            requests_per_s=self.requests / self.wall_s,
+            output_tokens_per_s=self.output_tokens / self.wall_s,
+            stop_fraction=self.stopped / self.requests,
+            valid_fraction=self.valid / self.requests,
+            valid_fraction_of_stopped=self.valid_stopped / self.stopped if self.stopped else None,
+            forward_passes_per_request=(self.forward_passes / self.forward_passes_known
+                                        if self.forward_passes_known else None))
+        return out
+
+
+def _json_validator() -> tuple[Callable[[str], bool], str]:
+    try:
+        import jsonschema
+    except ImportError:  # a test-only dependency: fall back to "parses as JSON"
+        jsonschema = None
+
+    def is_valid(text: str) -> bool:
+        try:
+            value = json.loads(text)
+            if jsonschema is not None:
+                jsonschema.validate(value, CHARACTER_SCHEMA)
+            return True
+        except Exception:
+            return False
+
+    return is_valid, "jsonschema" if jsonschema is not None else "json.loads only"
+
+
+def _render(engine, text: str) -> str:
+    """The model's chat template when it has one (a dummy checkpoint's tokenizer may not)."""
+    try:
+        return engine.apply_chat_template([{"role": "user", "content": text}])
+    except Exception:
+        return text + "\n"
+
+
+def build_workloads(engine, num_requests: int) -> list[Workload]:
+    validate_json, _ = _json_validator()
+    keys = "name, house, blood status, occupation, wand (wood, core, length), alive, patronus, bogart"
+    # Names (and cities) repeat past the list's end; a repeat is then a radix-cache hit.
+    json_prompts = [_render(engine, f"Give the character information of "
+                                    f"{NAMES[i % len(NAMES)]} from the Harry Potter books as a "
+                                    f"JSON object with the keys {keys}.")
+                    for i in range(num_requests)]
+    city_prompts = [_render(engine, f"Here is a text about a city:\n\n{CITIES[i % len(CITIES)]}"
+                                    f"\n\nExtract the city's name, country, latitude, "
+                                    f"population and top 3 landmarks as JSON.")
+                    for i in range(num_requests)]
+    return [
+        Workload("json", json_prompts, "json_schema", json.dumps(CHARACTER_SCHEMA),
+                 JSON_MAX_TOKENS, validate_json),
+        Workload("regex", city_prompts, "regex", CITY_REGEX, REGEX_MAX_TOKENS,
+                 lambda text: re.fullmatch(CITY_REGEX, text) is not None),
+    ]
+
+
+def run_workload(engine, wl: Workload) -> tuple[RunStats, list[dict]]:
+    """One batch of the whole workload, from an empty prefix cache."""
+    engine.flush_cache()
+    outs, wall = common.timed(lambda: engine.generate(wl.prompts, [wl.params()] * len(wl.prompts)))
+    stopped = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
+    return RunStats(
+        requests=len(outs), wall_s=wall,
+        output_tokens=sum(o["meta_info"]["completion_tokens"] for o in outs),
+        finish_reasons=common.finish_counts(outs), stopped=len(stopped),
+        valid=sum(wl.is_valid(o["text"]) for o in outs),
+        valid_stopped=sum(wl.is_valid(o["text"]) for o in stopped)), outs
+
+
+# ---------------------------------------------------------------------- forward passes
+
+def _replay_passes(tokenizer, matcher, output_ids: list[int], max_new_tokens: int,
+                   eos_ids: set[int]) -> int | None:
+    """Passes the engine needed for these jump-forward outputs: one per sampled token. Mirrors
+    the scheduler's order (stop checks, grammar, then jump) and the non-streaming send rule (the
+    first token is sent unless its step jumped), which decides how much tail plan_jump may
+    re-tokenize. None when the replay does not reproduce the tokens (the engine changed)."""
+    from radixlm.constrained.jump_forward import plan_jump
+
+    out: list[int] = []
+    sent = passes = 0
+    while len(out) < len(output_ids):
+        token = output_ids[len(out)]
+        out.append(token)
+        passes += 1
+        if len(out) >= max_new_tokens or token in eos_ids:
+            break
+        if not matcher.accept_token(token):
+            return None
+        if matcher.is_terminated():
+            break
+        jump = plan_jump(tokenizer, matcher, out, len(out) - sent, max_new_tokens - len(out))
+        if jump is None:
+            sent = len(out) if len(out) == 1 else sent
+            continue
+        del out[len(out) - jump.num_replaced:]
+        out.extend(jump.new_tokens)
+        if out != output_ids[:len(out)]:
+            return None
+        if len(out) >= max_new_tokens or matcher.is_terminated():
+            break
+    return passes if out == output_ids else None
+
+
+def count_forward_passes(engine, wl: Workload, outs: list[dict], jump_forward: bool,
+                         stats: RunStats) -> None:
+    if not jump_forward:  # a prefill pass for the first token, then a decode pass per token
+        stats.forward_passes = stats.output_tokens
+        stats.forward_passes_known = stats.requests
+        return
+    from radixlm.constrained.base import ConstraintKey
+    from radixlm.constrained.xgrammar_backend import XGrammarBackend
+
+    ready = engine.ready
+    backend = XGrammarBackend(engine.tokenizer, ready.vocab_size, list(ready.eos_token_ids))
+    try:
+        compiled = backend.compile(ConstraintKey(wl.kind, wl.spec)).result()
+        counts = [_replay_passes(engine.tokenizer, backend.matcher(compiled), o["output_ids"],
+                                 wl.max_new_tokens, set(ready.eos_token_ids)) for o in outs]
+    finally:
+        backend.shutdown()
+    known = [c for c in counts if c is not None]
+    stats.forward_passes = sum(known) if known else None
+    stats.forward_passes_known = len(known)
+
+
+# ---------------------------------------------------------------------- mask overhead
+
+def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) -> dict[str, Any]:
+    prompts = [_render(engine, f"({i + 1}) Write a few sentences about "
+                               f"{MASK_TOPICS[i % len(MASK_TOPICS)]}.")
+               for i in range(batch_size)]
+    base = {"temperature": 0.0, "max_new_tokens": tokens, "min_new_tokens": tokens}
+    variants = {"unconstrained": base, "constrained": {**base, "regex": MASK_REGEX}}
+    step_s: dict[str, list[float]] = {name: [] for name in variants}
+    last: dict[str, list[dict]] = {}
+    for rep in range(repeats + 1):  # the first round warms up (grammar compile, kernels)
+        for name, params in variants.items():
+            engine.flush_cache()
+            outs, wall = common.timed(lambda: engine.generate(prompts, [params] * batch_size))
+            if rep > 0:
+                step_s[name].append(wall / tokens)
+            last[name] = outs
+    med = {name: common.median(v) for name, v in step_s.items()}
+    constrained = last["constrained"]
+    return {
+        "batch_size": batch_size, "tokens_per_request": tokens, "repeats": repeats,
+        "regex": MASK_REGEX,
+        "unconstrained_step_ms": 1e3 * med["unconstrained"],
+        "constrained_step_ms": 1e3 * med["constrained"],
+        "overhead": med["constrained"] / med["unconstrained"] - 1,
+        "samples_step_ms": {k: [1e3 * x for x in v] for k, v in step_s.items()},
+        # Every request must have decoded the full length, or the per-step times are not equal work.
+        "all_full_length": all(o["meta_info"]["completion_tokens"] == tokens
+                               for outs in last.values() for o in outs),
+        "constrained_valid_fraction": sum(re.fullmatch(MASK_REGEX, o["text"]) is not None
+                                          for o in constrained) / len(constrained),
+    }
+
+
+# ---------------------------------------------------------------------- driver
+
+def _engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    return {"model_path": ns.model_path, "load_format": ns.load_format, "device": ns.device,
+            "max_total_tokens": ns.max_total_tokens, "attention_backend": ns.attention_backend,
+            "log_level": ns.log_level}
+
+
+def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
+    """Start an engine, run both workloads (and, jump-forward off, the mask overhead), stop it."""
+    from radixlm.entrypoints.engine import Engine
+
+    engine = Engine(**_engine_kwargs(ns), disable_jump_forward=not jump_forward)
+    try:
+        workloads = build_workloads(engine, ns.num_requests)
+        for wl in workloads:  # warm-up: compile the grammars, first-call costs
+            n = min(2, len(wl.prompts))
+            engine.generate(wl.prompts[:n], [wl.params()] * n)
+        runs: dict[str, Any] = {}
+        for wl in workloads:
+            stats, outs = run_workload(engine, wl)
+            runs[wl.name] = (stats, outs)
+        mask = (measure_mask_overhead(engine, ns.batch_size, ns.mask_tokens, ns.repeats)
+                if not jump_forward else None)
+        info = {"server_args": dataclasses.asdict(engine.server_args),
+                "resolved_model_path": engine.ready.model_path, "device": engine.ready.device,
+                "dtype": engine.ready.dtype}
+    finally:
+        engine.shutdown()
+    for wl in workloads:  # CPU-only work in this process, after the engine is gone
+        count_forward_passes(engine, wl, runs[wl.name][1], jump_forward, runs[wl.name][0])
+    return {"workloads": workloads, "runs": runs, "mask": mask, "engine": info}
+
+
+def _compare(on: tuple[RunStats, list[dict]], off: tuple[RunStats, list[dict]]) -> dict[str, Any]:
+    (s_on, o_on), (s_off, o_off) = on, off
+    passes_on, passes_off = s_on.to_json()["forward_passes_per_request"], \
+        s_off.to_json()["forward_passes_per_request"]
+    return {
+        "on": s_on.to_json(), "off": s_off.to_json(),
+        "speedup": s_off.wall_s / s_on.wall_s,
+        "forward_pass_reduction": (1 - passes_on / passes_off
+                                   if passes_on is not None and passes_off else None),
+        "identical_text_fraction": sum(a["text"] == b["text"] for a, b in zip(o_on, o_off))
+                                   / len(o_on),
+        "example_output": o_on[0]["text"] if o_on else None,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixlm bench structured",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None, help="default: the bundled model")
+    p.add_argument("--load-format", default="auto", choices=LOAD_FORMATS)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--num-requests", type=int, default=32,
+                   help="requests of each workload, sent as one batch")
+    p.add_argument("--batch-size", type=int, default=64, help="batch of the mask-overhead test")
+    p.add_argument("--mask-tokens", type=int, default=64,
+                   help="tokens each request decodes in the mask-overhead test")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed rounds of the mask-overhead test (the median is reported)")
+    p.add_argument("--output", default=None,
+                   help="JSON results (default benchmarks/structured_<timestamp>.json)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    for flag in ("num_requests", "batch_size", "mask_tokens", "repeats"):
+        if getattr(ns, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    on = _phase(ns, jump_forward=True)
+    off = _phase(ns, jump_forward=False)
+
+    per_workload = {wl.name: _compare(on["runs"][wl.name], off["runs"][wl.name])
+                    for wl in on["workloads"]}
+    all_stats = [s for ph in (on, off) for s, _ in ph["runs"].values()]
+    total_on = sum(s.wall_s for s, _ in on["runs"].values())
+    total_off = sum(s.wall_s for s, _ in off["runs"].values())
+    stopped = sum(s.stopped for s in all_stats)
+    valid_stopped = sum(s.valid_stopped for s in all_stats)
+    requests = sum(s.requests for s in all_stats)
+    mask = off["mask"]
+    results = {
+        "benchmark": "structured",
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        **common.environment(ns.device),
+        "engine_args": _engine_kwargs(ns),
+        "engines": {"jump_forward_on": on["engine"], "jump_forward_off": off["engine"]},
+        "settings": {"num_requests": ns.num_requests, "json_max_new_tokens": JSON_MAX_TOKENS,
+                     "regex_max_new_tokens": REGEX_MAX_TOKENS, "temperature": 0.0,
+                     "json_validator": _json_validator()[1]},
+        "constraints": {"json_schema": CHARACTER_SCHEMA, "regex": CITY_REGEX},
+        "jump_forward": {"speedup": total_off / total_on, "workloads": per_workload},
+        "mask_overhead": mask,
+        "stop_fraction": stopped / requests,
+        "valid_fraction_of_stopped": valid_stopped / stopped if stopped else None,
+    }
+    by_name = ", ".join(f"{k} {v['speedup']:.2f}x" for k, v in per_workload.items())
+    valid = common.pct(results["valid_fraction_of_stopped"])
+    line = (f"structured: jump-forward {results['jump_forward']['speedup']:.2f}x ({by_name}), "
+            f"mask overhead {common.pct(mask['overhead'])} at bs {mask['batch_size']}, "
+            f"valid {valid} of stopped (stop {common.pct(results['stop_fraction'])})")
+    results["summary"] = line
+    path = common.write_json(ns.output or common.default_output_path("structured"), results)
+    print(f"results written to {path}", file=sys.stderr)
+    common.print_summary(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
