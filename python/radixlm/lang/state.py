@@ -88,8 +88,10 @@ class ProgramState:
         while (piece := await asyncio.to_thread(next, it, end)) is not end:
             yield piece
 
-    def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+    def __repr__(self) -> str:  # never raises: repr is used by debuggers and error messages
+        self._ex.sync(raise_error=False)
+        error = f", error={self._ex.error!r}" if self._ex.error is not None else ""
+        return f"ProgramState({self._ex.text!r}{error})"
 
 
 class ProgramStateGroup:

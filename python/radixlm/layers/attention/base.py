@@ -49,6 +49,7 @@ class AttentionBackend(ABC):
 # name -> "module:Class", imported only when chosen (a CPU install never imports Triton).
 _BACKENDS = {
     "torch_native": "radixlm.layers.attention.torch_native:TorchNativeAttnBackend",
+    "triton": "radixlm.layers.attention.triton_backend:TritonAttnBackend",
 }
 
 

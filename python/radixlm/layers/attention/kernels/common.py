@@ -52,7 +52,7 @@ def _gather_rows_kernel(
 ):
     b = tl.program_id(0)
     row = tl.load(req_pool_indices + b).to(tl.int64)
-    n = tl.load(lens + b)
+    n = tl.load(lens + b).to(tl.int32)  # lens may be int64 (ForwardBatch.seq_lens)
     dst = tl.load(kv_indptr + b)
     src_ptr = req_to_token + row * stride_row
     for start in range(0, n, BLOCK):
@@ -71,8 +71,7 @@ def build_kv_indices(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     bs = req_pool_indices.numel()
     device = req_to_token.device
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
-    torch.cumsum(lens, dim=0, out=kv_indptr[1:]) if lens.dtype == torch.int32 else \
-        kv_indptr[1:].copy_(torch.cumsum(lens, dim=0))
+    kv_indptr[1:].copy_(torch.cumsum(lens, dim=0))
     # One extra element so a batch whose lists are all empty still has a valid pointer.
     kv_indices = torch.empty(max(total, 1), dtype=torch.int32, device=device)
     if bs > 0 and total > 0:

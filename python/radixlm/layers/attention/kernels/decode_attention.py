@@ -1,0 +1,210 @@
+"""Split-KV decode attention (flash-decoding) over the token-level KV pool.
+
+One new query token per request attends to the request's whole context. A decode batch has few
+queries, so parallelising over (request, head) alone leaves most of an H100 idle when the batch is
+small and the context long. We therefore also split each request's context into chunks:
+
+  stage 1  grid (B, num_kv_heads, max_kv_splits): program (b, g, s) takes every query head of
+           KV group g (GQA: the GROUP heads that share one K/V head, padded to BLOCK_H >= 16 rows
+           so the score product is a tensor-core tl.dot), walks split s of request b's context in
+           BLOCK_N-token tiles (each K/V tile is loaded once for the whole group), and writes the
+           split's normalised partial output and its log-sum-exp (base 2).
+  stage 2  grid (B, num_heads): combines request b's partials for one head, weighting each split
+           by exp2(lse_s - max lse).
+
+The number of splits is a per-request device tensor bounded by a host integer `max_kv_splits`
+(the grid's third dimension). Short requests in a batch use fewer splits than long ones, and a
+CUDA graph could later capture the grid at a fixed `max_kv_splits` while the per-request counts
+change between replays.
+
+Scores use exp2 with the softmax scale pre-multiplied by log2(e); accumulation is fp32 whatever
+the input dtype. For fp32 inputs the dots run in IEEE fp32 (tensor-core TF32 would lose ~1e-3).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
+
+# Upper bound on splits per request: bounds the partial-output buffer
+# ([B, num_heads, max_kv_splits, head_dim] fp32) and stage 2's tile.
+MAX_KV_SPLITS = 64
+# A split shorter than this spends more on its partial write and the reduction than it saves.
+MIN_TOKENS_PER_SPLIT = 256
+LOG2E = 1.4426950408889634
+
+
+def choose_max_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
+                         num_sms: int) -> int:
+    """How many splits the longest request gets: enough stage-1 programs for ~2 waves over the
+    GPU's SMs, but never splits shorter than MIN_TOKENS_PER_SPLIT."""
+    programs_wanted = 2 * num_sms
+    by_occupancy = -(-programs_wanted // max(1, batch_size * num_kv_heads))
+    by_length = -(-max_seq_len // MIN_TOKENS_PER_SPLIT)
+    return max(1, min(MAX_KV_SPLITS, by_occupancy, by_length))
+
+
+def per_request_kv_splits(seq_lens: torch.Tensor, max_kv_splits: int) -> torch.Tensor:
+    """Splits for each request (device tensor, no host sync): as many as its length warrants,
+    capped by the batch's max_kv_splits."""
+    splits = (seq_lens + (MIN_TOKENS_PER_SPLIT - 1)) // MIN_TOKENS_PER_SPLIT
+    return splits.clamp_(1, max_kv_splits).to(torch.int32)
+
+
+@triton.jit
+def _decode_partial_kernel(
+    Q, K_buf, V_buf,                  # Q [B, Hq, D]; K/V pools [slots, Hk, D]
+    kv_indptr, kv_indices, num_kv_splits,
+    Mid_O, Mid_LSE,                   # [B, Hq, S, D] fp32, [B, Hq, S] fp32
+    sm_scale_log2,
+    stride_qb, stride_qh,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    kv_start = tl.load(kv_indptr + b)
+    seq_len = tl.load(kv_indptr + b + 1) - kv_start
+    n_split = tl.load(num_kv_splits + b)
+    # Splits are whole tiles long, so only a request's last tile is ever partial.
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+
+    if lo < hi:  # programs past the end of a short request have nothing to do
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        h_mask = offs_h < GROUP
+        d_mask = offs_d < HEAD_DIM
+        heads = kv_head * GROUP + offs_h
+
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + offs_n
+            n_mask = pos < hi
+            # int64: slot * row stride overflows int32 for pools past ~2^31 elements.
+            slot = tl.load(kv_indices + kv_start + pos, mask=n_mask, other=0).to(tl.int64)
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(K_buf + slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * sm_scale_log2
+            # Every tile holds >= 1 valid key, so m_new below is finite and no row becomes NaN.
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_buf + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype),
+                                                input_precision=DOT_PREC)
+            m_i = m_new
+
+        o_ptrs = (Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos
+                  + offs_d[None, :])
+        tl.store(o_ptrs, acc / l_i[:, None], mask=h_mask[:, None] & d_mask[None, :])
+        tl.store(Mid_LSE + b * stride_mlb + heads * stride_mlh + split, m_i + tl.log2(l_i),
+                 mask=h_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    Mid_O, Mid_LSE, kv_indptr, num_kv_splits, Out,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+
+    seq_len = tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)
+    n_split = tl.load(num_kv_splits + b)
+    # Recompute stage 1's split length: splits starting at or past seq_len wrote nothing.
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s * split_len < seq_len
+    d_mask = offs_d < HEAD_DIM
+
+    lse = tl.load(Mid_LSE + b * stride_mlb + head * stride_mlh + offs_s, mask=s_mask,
+                  other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty request (CUDA-graph padding) -> zeros
+    w = tl.exp2(lse - m)
+    part = tl.load(Mid_O + b * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos
+                   + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    tl.store(Out + b * stride_ob + head * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+             mask=d_mask)
+
+
+def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
+    # 64 tokens x 128 dims x 2 bytes = 16 KiB per K or V tile: room for double buffering.
+    return 32 if block_dmodel(head_dim) * torch.empty((), dtype=dtype).element_size() > 256 else 64
+
+
+def alloc_decode_buffers(batch_size: int, num_heads: int, head_dim: int, max_kv_splits: int,
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    mid_o = torch.empty((batch_size, num_heads, max_kv_splits, head_dim), dtype=torch.float32,
+                        device=device)
+    mid_lse = torch.empty((batch_size, num_heads, max_kv_splits), dtype=torch.float32,
+                          device=device)
+    return mid_o, mid_lse
+
+
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
+                     kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                     num_kv_splits: torch.Tensor, max_kv_splits: int, sm_scale: float,
+                     mid_o: torch.Tensor, mid_lse: torch.Tensor,
+                     block_n: int | None = None) -> torch.Tensor:
+    """q/out [B, Hq, D]; k_buf/v_buf [slots, Hk, D]; request b attends to the slots
+    kv_indices[kv_indptr[b]:kv_indptr[b+1]], in num_kv_splits[b] <= max_kv_splits splits.
+    mid_o/mid_lse come from alloc_decode_buffers (at least this batch size and max_kv_splits)."""
+    bs, hq, d = q.shape
+    hk = k_buf.shape[1]
+    assert hq % hk == 0, f"{hq} query heads are not a multiple of {hk} KV heads"
+    assert q.stride(-1) == 1 and k_buf.stride(-1) == 1 and v_buf.stride(-1) == 1
+    assert max_kv_splits <= mid_o.shape[2]
+    if bs == 0:
+        return out
+    group = hq // hk
+    block_d = block_dmodel(d)
+    block_n = block_n or decode_block_n(d, q.dtype)
+    dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    _decode_partial_kernel[(bs, hk, max_kv_splits)](
+        q, k_buf, v_buf, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
+        sm_scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=4, num_stages=2,
+    )
+    _decode_reduce_kernel[(bs, hq)](
+        mid_o, mid_lse, kv_indptr, num_kv_splits, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=next_pow2(max_kv_splits), BLOCK_N=block_n,
+        num_warps=4 if block_d >= 128 else 2,
+    )
+    return out
+

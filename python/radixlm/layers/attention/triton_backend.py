@@ -1,0 +1,146 @@
+"""`--attention-backend triton`: the project's own Triton kernels over the token-level KV pool.
+
+Per batch, `init_forward_metadata` flattens the KV slots each request reads from
+`req_to_token` into one int32 list (kv_indptr / kv_indices, see kernels/common.py) and, for
+decode, picks the split-KV layout; every layer of the step reuses it. Per layer, the backend
+stores the new K/V into the pool and launches the kernels:
+
+  decode  kernels/decode_attention.py: split-KV (flash-decoding) with GQA groups per program.
+  extend  kernels/extend_attention.py: FlashAttention-style; prefix from the pool, the new tokens'
+          own K/V from this step's contiguous k/v tensors.
+
+forward_decode does no host-device synchronisation: every host-side number it needs (batch size,
+the maximum number of splits) was decided in init_forward_metadata from the ForwardBatch's host
+lists, and the per-request quantities stay on the device.
+
+CUDA graphs (not implemented yet; the base-class hooks raise): the decode metadata was laid out
+for them. kv_indptr [B+1], num_kv_splits [B] and the partial buffers have a fixed shape per batch
+size, and the kernels' grid depends only on (batch size, max_kv_splits); a graph version would
+preallocate them for max_bs, a kv_indices buffer of max_bs x max_context slots and a fixed
+max_kv_splits, and refill them in init_forward_metadata_replay.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixlm.layers.attention.base import AttentionBackend
+from radixlm.layers.attention.kernels import (
+    alloc_decode_buffers,
+    build_kv_indices,
+    choose_max_kv_splits,
+    decode_attention,
+    extend_attention,
+    per_request_kv_splits,
+)
+from radixlm.layers.attention.kernels.common import num_sms
+
+if TYPE_CHECKING:
+    from radixlm.layers.attention.radix_attention import RadixAttention
+    from radixlm.model_executor.forward_batch import ForwardBatch
+
+
+class TritonAttnBackend(AttentionBackend):
+    def __init__(self, decode_block_n: int | None = None, extend_block_m: int | None = None,
+                 extend_block_n: int | None = None, **_: object):
+        # Tile overrides exist for tests (small tiles exercise multi-tile paths on tiny inputs);
+        # by default the kernels pick tiles from head_dim and dtype.
+        self.decode_block_n = decode_block_n
+        self.extend_block_m = extend_block_m
+        self.extend_block_n = extend_block_n
+
+    # ------------------------------------------------------------------ metadata
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        fb = forward_batch
+        md = fb.attn_metadata  # frozen dataclass: fill its dict, never reassign it
+        md.clear()
+        table = fb.req_to_token_pool.req_to_token
+        if fb.forward_mode.is_decode:
+            kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
+                                                     sum(fb.seq_lens_cpu))
+            max_kv_splits = choose_max_kv_splits(fb.batch_size, fb.kv_pool.num_kv_heads,
+                                                 max(fb.seq_lens_cpu, default=1),
+                                                 num_sms(table.device))
+            md.update(mode="decode", kv_indptr=kv_indptr, kv_indices=kv_indices,
+                      num_kv_splits=per_request_kv_splits(fb.seq_lens, max_kv_splits),
+                      max_kv_splits=max_kv_splits)
+            return
+
+        bs = fb.batch_size
+        # The prefix a request's queries see is everything before its new tokens; computed the
+        # way the reference backend does (seq_len - extend_len).
+        prefix = [s - e for s, e in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)]
+        qo_indptr = [0]
+        for n in fb.extend_seq_lens_cpu:
+            qo_indptr.append(qo_indptr[-1] + n)
+        # One host-to-device copy for all the small per-request integers.
+        packed = torch.tensor(prefix + qo_indptr, dtype=torch.int32).to(table.device)
+        kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, packed[:bs],
+                                                 sum(prefix))
+        md.update(mode="extend", qo_indptr=packed[bs:], kv_indptr=kv_indptr,
+                  kv_indices=kv_indices, max_extend_len=max(fb.extend_seq_lens_cpu, default=0))
+
+    # ------------------------------------------------------------------ forward
+
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+        fb = forward_batch
+        md = self._metadata(fb, "decode")
+        hq, d = layer.num_heads, layer.head_dim
+        k_buf, v_buf = self._store_kv(k, v, layer, fb)
+        q3 = q.reshape(-1, hq, d)
+        out = torch.empty_like(q3)
+        mid_o, mid_lse = self._decode_buffers(md, fb.batch_size, hq, d, q.device)
+        decode_attention(q3, k_buf, v_buf, out, md["kv_indptr"], md["kv_indices"],
+                         md["num_kv_splits"], md["max_kv_splits"], layer.scaling, mid_o, mid_lse,
+                         block_n=self.decode_block_n)
+        return out.view(-1, hq * d)
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+        fb = forward_batch
+        md = self._metadata(fb, "extend")
+        hq, hk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        k_buf, v_buf = self._store_kv(k, v, layer, fb)
+        q3 = q.reshape(-1, hq, d)
+        out = torch.empty_like(q3)
+        # The kernel reads the new tokens' K/V from these tensors (see extend_attention.py), in
+        # the query's dtype so both tl.dot operands agree.
+        k3 = k.reshape(-1, hk, d).to(q.dtype)
+        v3 = v.reshape(-1, hk, d).to(q.dtype)
+        extend_attention(q3, k3, v3, out, k_buf, v_buf, md["qo_indptr"], md["kv_indptr"],
+                         md["kv_indices"], md["max_extend_len"], layer.scaling,
+                         block_m=self.extend_block_m, block_n=self.extend_block_n)
+        return out.view(-1, hq * d)
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _metadata(fb: "ForwardBatch", mode: str) -> dict[str, Any]:
+        md = fb.attn_metadata
+        if md.get("mode") != mode:
+            raise RuntimeError(f"TritonAttnBackend: forward_{mode} without "
+                               f"init_forward_metadata for this {mode} batch")
+        return md
+
+    @staticmethod
+    def _store_kv(k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
+                  fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
+        # KVPool.set_kv is a device-side index_put (no host sync; test_gpu_decode_has_no_host_sync
+        # checks it); going through the pool keeps its dtype conversion in one place.
+        hk, d = layer.num_kv_heads, layer.head_dim
+        fb.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d),
+                          v.reshape(-1, hk, d))
+        return fb.kv_pool.get_kv(layer.layer_id)
+
+    @staticmethod
+    def _decode_buffers(md: dict[str, Any], bs: int, hq: int, d: int,
+                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step has the same shapes: allocate the partial outputs once per batch.
+        key = ("decode_buffers", hq, d)
+        if key not in md:
+            md[key] = alloc_decode_buffers(bs, hq, d, md["max_kv_splits"], device)
+        return md[key]

@@ -1,0 +1,330 @@
+"""The Triton attention backend against the torch_native reference, on random pools and batches.
+
+Two tiers:
+  * `gpu` tests: realistic shapes (long prompts, 32k-token decode, mixed batches), every dtype,
+    GQA ratio and head dim; skipped without CUDA.
+  * `test_interpreter_small_cases`: a handful of tiny shapes run by the Triton CPU interpreter in
+    a child process. TRITON_INTERPRET is read when `@triton.jit` decorates a kernel, i.e. when
+    the kernels module is imported, so it has to be set before that import; a child process keeps
+    it from leaking into the rest of the test session. Run the child by hand for the error table:
+        TRITON_INTERPRET=1 python tests/test_triton_attention.py
+
+The reference runs in fp32 on the same (already rounded) inputs, so the reported error is the
+kernels' own rounding, not the reference's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
+from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+LAYER_ID = 1  # not 0, so a backend that ignores layer_id reads the wrong buffers
+
+
+@dataclass
+class FakeLayer:
+    layer_id: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+@dataclass
+class Case:
+    prefix_lens: list[int]
+    extend_lens: list[int]     # decode: all 1
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    decode: bool = False
+    kv_dtype: torch.dtype | None = None   # the pool's dtype when it differs from the model's
+
+    def __str__(self) -> str:
+        kind = "decode" if self.decode else "extend"
+        kv = f" kv={str(self.kv_dtype)[6:]}" if self.kv_dtype else ""
+        return (f"{kind} hq={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} "
+                f"{str(self.dtype)[6:]}{kv} prefix={_short(self.prefix_lens)} "
+                f"extend={_short(self.extend_lens)}")
+
+
+def _short(xs: list[int]) -> str:
+    return str(xs) if len(xs) <= 6 else f"[{len(xs)} reqs, max {max(xs)}]"
+
+
+def decode_case(seq_lens: list[int], hq: int, hk: int, d: int, dtype: torch.dtype,
+                kv_dtype: torch.dtype | None = None) -> Case:
+    return Case([s - 1 for s in seq_lens], [1] * len(seq_lens), hq, hk, d, dtype, decode=True,
+                kv_dtype=kv_dtype)
+
+
+def _forward_batch(case: Case, backend, pool: KVPool, table: ReqToTokenPool,
+                   rows: torch.Tensor, out_loc: torch.Tensor) -> ForwardBatch:
+    seq_lens = [p + e for p, e in zip(case.prefix_lens, case.extend_lens)]
+    dev = pool.device
+    positions = torch.cat([torch.arange(p, p + e) for p, e in zip(case.prefix_lens,
+                                                                 case.extend_lens)])
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE if case.decode else ForwardMode.EXTEND,
+        batch_size=len(seq_lens),
+        input_ids=torch.zeros(len(positions), dtype=torch.int64, device=dev),
+        positions=positions.to(dev), out_cache_loc=out_loc.to(dev),
+        req_pool_indices=rows.to(dev),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev), seq_lens_cpu=seq_lens,
+        extend_prefix_lens_cpu=list(case.prefix_lens), extend_seq_lens_cpu=list(case.extend_lens),
+        req_to_token_pool=table, kv_pool=pool, attn_backend=backend)
+
+
+def run_case(case: Case, device: str, seed: int = 0, backend_cls: type | None = None,
+             **backend_kwargs) -> float:
+    """Run `case` through TritonAttnBackend (or `backend_cls`) and, in fp32, through
+    TorchNativeAttnBackend; assert the new K/V landed in the pool and the outputs agree; return
+    the max abs error."""
+    from radixlm.layers.attention.triton_backend import TritonAttnBackend
+
+    g = torch.Generator().manual_seed(seed)
+    hq, hk, d, dt = case.num_heads, case.num_kv_heads, case.head_dim, case.dtype
+    kv_dt = case.kv_dtype or dt
+    bs = len(case.prefix_lens)
+    seq_lens = [p + e for p, e in zip(case.prefix_lens, case.extend_lens)]
+    total, t = sum(seq_lens), sum(case.extend_lens)
+    num_slots = total + 1 + 37  # slot 0 is padding; spare slots hold garbage nobody may read
+
+    # Scattered, non-monotonic slots and table rows: the kernels must follow req_to_token.
+    slots = (torch.randperm(num_slots - 1, generator=g)[:total] + 1).split(seq_lens)
+    rows = torch.randperm(bs + 3, generator=g)[:bs]
+    table = ReqToTokenPool(bs + 3, max(seq_lens) + 8, device)
+    for r, s in zip(rows.tolist(), slots):
+        table.write(r, 0, s.to(device))
+    out_loc = torch.cat([s[p:] for s, p in zip(slots, case.prefix_lens)])
+
+    pool = KVPool(num_slots, 2, hk, d, kv_dt, device)
+    for buf in pool.k_buffers + pool.v_buffers:
+        buf.copy_(torch.randn(buf.shape, generator=g).to(kv_dt))
+    ref_pool = KVPool(num_slots, 2, hk, d, torch.float32, device)
+    for dst, src in zip(ref_pool.k_buffers + ref_pool.v_buffers, pool.k_buffers + pool.v_buffers):
+        dst.copy_(src)
+    # Inputs exactly representable in both dtypes: storing them in the pool loses nothing, so
+    # the reference (which reads every key back from the pool) sees the same numbers.
+    q = torch.randn(t, hq * d, generator=g).to(dt).to(device)
+    k = torch.randn(t, hk * d, generator=g).to(kv_dt).to(dt).to(device)
+    v = torch.randn(t, hk * d, generator=g).to(kv_dt).to(dt).to(device)
+    layer = FakeLayer(LAYER_ID, hq, hk, d, scaling=d ** -0.5)
+
+    backend = (backend_cls or TritonAttnBackend)(**backend_kwargs)
+    fb = _forward_batch(case, backend, pool, table, rows, out_loc)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(q, k, v, layer, fb)
+
+    ref_backend = TorchNativeAttnBackend()
+    ref_fb = _forward_batch(case, ref_backend, ref_pool, table, rows, out_loc)
+    ref_backend.init_forward_metadata(ref_fb)
+    # The math kernel: exact fp32 on GPU too (the fused SDPA kernels may use TF32 for fp32).
+    with sdpa_kernel([SDPBackend.MATH]):
+        ref = ref_backend.forward(q.float(), k.float(), v.float(), layer, ref_fb)
+
+    loc = out_loc.to(device)
+    assert torch.equal(pool.k_buffers[LAYER_ID][loc], k.view(-1, hk, d).to(kv_dt))
+    assert torch.equal(pool.v_buffers[LAYER_ID][loc], v.view(-1, hk, d).to(kv_dt))
+    assert out.shape == (t, hq * d) and out.dtype == dt
+    err = (out.float() - ref).abs().max().item()
+    assert err <= TOL[dt], f"{case}: max abs error {err:.3g} > {TOL[dt]:g}"
+    return err
+
+
+def run_split_case(seq_lens: list[int], splits: list[int], max_kv_splits: int, hq: int, hk: int,
+                   d: int, dtype: torch.dtype, device: str, block_n: int, seed: int = 0) -> float:
+    """The decode kernels with a forced per-request split count (incl. more splits than tiles,
+    so some splits are empty) against a dense softmax over the gathered keys."""
+    from radixlm.layers.attention.kernels import (alloc_decode_buffers, build_kv_indices,
+                                                  decode_attention)
+
+    g = torch.Generator().manual_seed(seed)
+    bs, total = len(seq_lens), sum(seq_lens)
+    slots = torch.randperm(total + 5, generator=g)[:total].to(torch.int32)
+    table = torch.zeros(bs, max(seq_lens) + 3, dtype=torch.int32)
+    for i, s in enumerate(slots.split(seq_lens)):
+        table[i, :len(s)] = s
+    kb = torch.randn(total + 5, hk, d, generator=g).to(dtype)
+    vb = torch.randn(total + 5, hk, d, generator=g).to(dtype)
+    q = torch.randn(bs, hq, d, generator=g).to(dtype)
+    lens = torch.tensor(seq_lens)
+    kv_indptr, kv_indices = build_kv_indices(table.to(device), torch.arange(bs).to(device),
+                                             lens.to(device), total)
+    mid_o, mid_lse = alloc_decode_buffers(bs, hq, d, max_kv_splits, device)
+    out = torch.empty(bs, hq, d, dtype=dtype, device=device)
+    decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr, kv_indices,
+                     torch.tensor(splits, dtype=torch.int32, device=device), max_kv_splits,
+                     d ** -0.5, mid_o, mid_lse, block_n=block_n)
+    assert torch.equal(kv_indices.cpu(), slots.long().int())
+    err = 0.0
+    for i, s in enumerate(slots.split(seq_lens)):
+        kk = kb[s.long()].float().repeat_interleave(hq // hk, dim=1)      # [S, Hq, D]
+        vv = vb[s.long()].float().repeat_interleave(hq // hk, dim=1)
+        w = torch.einsum("hd,shd->hs", q[i].float(), kk).mul(d ** -0.5).softmax(-1)
+        ref = torch.einsum("hs,shd->hd", w, vv)
+        err = max(err, (out[i].cpu().float() - ref).abs().max().item())
+    assert err <= TOL[dtype], f"split decode {seq_lens} {splits}: max abs error {err:.3g}"
+    return err
+
+
+# ---------------------------------------------------------------------- interpreter (CPU) tier
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# Tiny tiles (16) so a few dozen tokens already cross tile, block and split boundaries.
+# bf16 appears only as the pool's dtype here: the interpreter's tl.dot multiplies bf16 operands
+# as their raw uint16 bits (triton 3.9 interpreter.py create_dot converts only fp8), so bf16
+# *compute* is covered by the GPU tier alone.
+INTERPRETER_CASES: list[tuple[Case, dict]] = [
+    (Case([0, 5, 20], [7, 1, 19], 4, 1, 64, F32), dict(extend_block_m=16, extend_block_n=16)),
+    (Case([3, 0], [10, 40], 6, 2, 64, F16), dict(extend_block_m=32, extend_block_n=16)),
+    (Case([33], [9], 2, 2, 128, F32, kv_dtype=BF16), dict(extend_block_m=16, extend_block_n=16)),
+    (decode_case([1, 17, 50, 33], 8, 2, 64, F32), dict(decode_block_n=16)),
+    (decode_case([1, 64, 65], 6, 2, 128, F16), dict(decode_block_n=16)),
+    (decode_case([3, 20], 2, 2, 24, F32, kv_dtype=BF16), dict(decode_block_n=16)),
+    (decode_case([9, 30], 4, 4, 24, F16), dict(decode_block_n=16)),
+    # Default tiles and the backend's own split choice (4 "SMs" on CPU -> 2 splits for 300).
+    (Case([70, 0], [150, 3], 12, 4, 64, F16), {}),
+    (decode_case([1, 300], 4, 2, 128, F16), {}),
+]
+INTERPRETER_SPLIT_CASES = [
+    # seq_lens, per-request splits, max splits, hq, hk, d, dtype
+    ([1, 5, 40, 100], [3, 2, 4, 7], 8, 8, 2, 64, F32),
+    ([33, 70], [2, 5], 5, 3, 1, 64, F16),
+]
+
+
+def interpreter_main() -> int:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before running"
+    torch.set_num_threads(1)
+    failed = 0
+    for case, kwargs in INTERPRETER_CASES:
+        try:
+            print(f"ok   {run_case(case, 'cpu', **kwargs):9.2e}  {case}", flush=True)
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL {case}: {e}", flush=True)
+    for lens, splits, max_s, hq, hk, d, dt in INTERPRETER_SPLIT_CASES:
+        desc = f"split-decode lens={lens} splits={splits} hq={hq} hk={hk} d={d} {str(dt)[6:]}"
+        try:
+            err = run_split_case(lens, splits, max_s, hq, hk, d, dt, "cpu", block_n=16)
+            print(f"ok   {err:9.2e}  {desc}", flush=True)
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL {desc}: {e}", flush=True)
+    return 1 if failed else 0
+
+
+def test_interpreter_small_cases():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                          timeout=600)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+
+
+def test_split_heuristic():
+    pytest.importorskip("triton")
+    from radixlm.layers.attention.kernels.decode_attention import (MAX_KV_SPLITS,
+                                                                    choose_max_kv_splits,
+                                                                    per_request_kv_splits)
+    # One long request on an H100 (132 SMs): split until ~2 waves of programs.
+    assert choose_max_kv_splits(1, 8, 32768, 132) == 33
+    # A big batch fills the GPU by itself; short contexts are never split below 256 tokens.
+    assert choose_max_kv_splits(64, 8, 2048, 132) == 1
+    assert choose_max_kv_splits(1, 8, 300, 132) == 2
+    assert choose_max_kv_splits(1, 1, 10 ** 6, 132) == MAX_KV_SPLITS
+    got = per_request_kv_splits(torch.tensor([1, 256, 257, 5000]), 8).tolist()
+    assert got == [1, 1, 2, 8]
+
+
+# ---------------------------------------------------------------------- GPU tier
+
+GQA = [(8, 8), (12, 4), (32, 8)]   # ratios 1, 3, 4
+DTYPES = [F16, BF16, F32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("hq,hk", GQA)
+def test_gpu_extend_mixed(hq, hk, head_dim, dtype):
+    # Prefixes 0 / short / tile-unaligned; extends of 1 (decode-like rows in an extend batch),
+    # unaligned, and a long prompt crossing many 128-row blocks.
+    case = Case([0, 17, 1000, 513, 0], [1, 300, 129, 2048, 777], hq, hk, head_dim, dtype)
+    print(f"{run_case(case, 'cuda'):.2e}  {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+def test_gpu_long_prefill(dtype):
+    case = Case([0], [8192], 32, 8, 128, dtype)
+    print(f"{run_case(case, 'cuda'):.2e}  {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("hq,hk", GQA)
+def test_gpu_decode_mixed(hq, hk, head_dim, dtype):
+    g = torch.Generator().manual_seed(hq * head_dim)
+    lens = [1, 2, 63, 64, 65, 257, 4097] + torch.randint(1, 3000, (25,), generator=g).tolist()
+    case = decode_case(lens, hq, hk, head_dim, dtype)
+    print(f"{run_case(case, 'cuda'):.2e}  {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_lens", [[32768], [1, 32768], [5000] * 4], ids=str)
+def test_gpu_decode_long_context_splits(seq_lens):
+    case = decode_case(seq_lens, 32, 8, 128, F16)
+    print(f"{run_case(case, 'cuda'):.2e}  {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [80, 96, 256])
+def test_gpu_other_head_dims(head_dim):
+    run_case(Case([0, 100], [300, 70], 16, 4, head_dim, F16), "cuda")
+    run_case(decode_case([1, 700, 3000], 16, 4, head_dim, F16), "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_forced_splits():
+    run_split_case([1, 5, 40, 100, 3000], [3, 2, 4, 7, 64], 64, 32, 8, 128, F16, "cuda",
+                   block_n=64)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_has_no_host_sync():
+    """forward_decode (store + both kernels) must not wait on the GPU."""
+    from radixlm.layers.attention.triton_backend import TritonAttnBackend
+    calls = []
+
+    class Probe(TritonAttnBackend):
+        def forward_decode(self, *args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return super().forward_decode(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                calls.append(1)
+
+    run_case(decode_case([1, 300, 5000], 32, 8, 128, F16), "cuda", backend_cls=Probe)
+    assert calls == [1]
+
+
+if __name__ == "__main__":
+    sys.exit(interpreter_main())
