@@ -1,5 +1,6 @@
-"""Few-shot multiple choice: 5-shot prompts that share their examples, answered with select over
-" A".." D", run as a batch (the shared examples are cached once before the batch starts).
+"""Few-shot multiple choice: 5-shot prompts that share their examples, answered by select over
+the four options (letter and text, each scored by its mean token logprob), run as a batch (the
+shared examples are cached once before the batch starts).
 
     python examples/few_shot_mc.py [--url http://127.0.0.1:30000]
 """
@@ -40,9 +41,9 @@ def format_question(question: str, options: list[str]) -> str:
 def multiple_choice(s, question: str, options: list[str]):
     s += "The following are multiple choice questions, with answers.\n\n"
     for q, opts, answer in SHOTS:
-        s += format_question(q, opts) + f" {answer}\n\n"
+        s += format_question(q, opts) + f" {answer}. {opts['ABCD'.index(answer)]}\n\n"
     s += format_question(question, options)
-    s += rl.select("answer", choices=[" A", " B", " C", " D"])
+    s += rl.select("answer", choices=[f" {letter}. {o}" for letter, o in zip("ABCD", options)])
 
 
 def main() -> None:
@@ -54,7 +55,7 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         correct = 0
         for (question, _, answer), state in zip(QUESTIONS, states):
-            got = state["answer"].strip()
+            got = state["answer"].strip()[0]   # " C. Paris" -> "C"
             correct += got == answer
             print(f"{'ok ' if got == answer else 'bad'} {question} -> {got} (expected {answer})")
         usage = backend.usage.snapshot()

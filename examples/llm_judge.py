@@ -24,7 +24,7 @@ def multi_dimension_judge(s, essay: str):
     forks = s.fork(len(DIMENSIONS))            # six judges sharing the essay, in parallel
     for f, dim in zip(forks, DIMENSIONS):
         f += f"Judge its {dim.lower()} in one short sentence." + rl.user_end()
-        f += rl.assistant(rl.gen("judgement", max_tokens=24, stop="\n"))
+        f += rl.assistant(rl.gen("judgement", max_tokens=16, stop="\n"))
     forks.join()                               # s["judgement"]: the six judgements, in order
     summary = "\n".join(f"{d}: {j.strip()}" for d, j in zip(DIMENSIONS, s["judgement"]))
     s += "Judgements of other readers:\n" + summary + "\nGive an overall score from 1 to 10."

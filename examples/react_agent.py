@@ -71,7 +71,9 @@ def react(s, question: str, max_steps: int = 3):
         observation = TOOLS[action](s["input"])
         print(f"step {step}: {action}[{s['input'].strip()}] -> {observation}")
         s += f"Observation {step}: {observation}\n"
-    return None
+    # Out of steps: make the model conclude with what it has.
+    s += f"Action {max_steps + 1}: finish [" + rl.gen("input", max_tokens=12, stop=["]", "\n"])
+    return s["input"].strip()
 
 
 def main() -> None:

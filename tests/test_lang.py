@@ -109,8 +109,7 @@ def test_select_scores_match_direct_logprobs(backend, url, tokenizer):
     def pick(s, prefix, choices):
         s += prefix + rl.select("city", choices=choices)
 
-    cases = [(FEW_SHOT + "Q: What is the capital of France?\nA:",
-              [" Paris", " London", " Berlin", " Madrid"]),
+    cases = [("The capital of France is", [" Paris", " London", " Berlin", " Madrid"]),
              # The prefix ends in a space that BPE merges into each choice's first token, so
              # the choice tokens start one token before the end of the prefix's tokens.
              ("The Eiffel Tower is in ", ["Paris", "London", "Berlin", "Madrid"])]

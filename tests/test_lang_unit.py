@@ -246,3 +246,21 @@ def test_nested_roles_are_an_error():
 
     with pytest.raises(rl.LangError, match="roles do not nest"):
         prog.run(backend=ScriptedBackend())
+
+
+def test_async_text_iter_and_missing_backend():
+    import asyncio
+
+    @rl.function
+    def prog(s):
+        s += "A" + rl.gen("x")
+
+    state = prog.run(backend=ScriptedBackend(reply="bc"), stream=True)
+
+    async def collect():
+        return [piece async for piece in state.text_async_iter()]
+
+    assert asyncio.run(collect()) == ["A", "b", "c"]
+    if rl.get_default_backend() is None:
+        with pytest.raises(ValueError, match="set_default_backend"):
+            prog.run()

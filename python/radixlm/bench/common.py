@@ -101,6 +101,15 @@ def finish_counts(outputs: list[dict]) -> dict[str, int]:
                         for o in outputs))
 
 
+def chat_prompt(engine, text: str) -> str:
+    """One user message in the model's chat template, or the bare text when the tokenizer has
+    no template (a dummy checkpoint's may not)."""
+    try:
+        return engine.apply_chat_template([{"role": "user", "content": text}])
+    except Exception:
+        return text + "\n"
+
+
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import sys
 import time
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import radixlm.lang as rl
+from radixlm.bench.common import default_output_path, environment, write_json
 from radixlm.config import ServerArgs
 
 WORKLOADS = ("mc", "judge", "tot")
@@ -145,6 +145,7 @@ class Result:
     completion_tokens: int
     requests: int
     errors: int
+    server_cache_hit_rate: float | None   # the server's own figure, cumulative since its start
 
 
 def run_workload(backend: rl.Backend, workload: str, radix_cache: bool, ns: argparse.Namespace
@@ -164,9 +165,10 @@ def run_workload(backend: rl.Backend, workload: str, radix_cache: bool, ns: argp
     if errors:
         print(f"{workload}: {len(errors)} programs failed, first: {errors[0]}", file=sys.stderr)
     u = backend.usage.snapshot()
+    server_rate = backend.get_server_info().get("cache_hit_rate")
     return Result(workload, radix_cache, len(batch), seconds, len(batch) / seconds,
                   u["cache_hit_rate"], u["prompt_tokens"], u["cached_tokens"],
-                  u["completion_tokens"], u["requests"], len(errors))
+                  u["completion_tokens"], u["requests"], len(errors), server_rate)
 
 
 def _engine_backend(server_args: ServerArgs, radix_cache: bool) -> rl.Backend:
@@ -228,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="use a running server instead of engines")
     p.add_argument("--url-no-cache", default=None,
                    help="with --url: a second server started with --disable-radix-cache")
-    p.add_argument("--output", default="bench_programs.json", help="JSON results file")
+    p.add_argument("--output", default=None,
+                   help="JSON results file (default: benchmarks/programs_<time>.json)")
     p.add_argument("--progress-bar", action="store_true")
     ServerArgs.add_cli_args(p)   # flags of the engines this starts (without --url)
     return p
@@ -248,11 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     server_args = ServerArgs.from_cli_args(ns)
     results = run_all(ns, server_args)
     line = summary_line(results)
+    config = {k: v for k, v in vars(ns).items()
+              if v is None or isinstance(v, (str, int, float, bool, list))}
+    path = write_json(ns.output or default_output_path("programs"), {
+        "summary": line, "argv": list(argv) if argv is not None else sys.argv[1:],
+        "environment": environment(ns.device), "config": config,
+        "results": [dataclasses.asdict(r) for r in results]})
+    print(f"results: {path}", file=sys.stderr)
     print(line)
-    with open(ns.output, "w") as f:
-        json.dump({"summary": line, "config": {
-            k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool, list))
-            or v is None}, "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
     return 0
 
 

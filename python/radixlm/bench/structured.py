@@ -1,21 +1,18 @@
 """`radixlm bench structured`: constrained decoding, jump-forward on vs off, and mask overhead.
 
-1. The two JSON-decoding workloads of the SGLang paper, each sent as one batch, greedy:
-   - json:  a character description for each name of a fixed list, under a JSON schema with many
-            fixed keys and enums (where jump-forward skips most tokens);
-   - regex: fields of a short city text, under a regex that spells out a JSON layout.
-   Two engines run one after the other (the first is shut down before the second starts, to free
-   memory): jump-forward on, then `disable_jump_forward=True`. Reported per workload: requests/s,
-   output tokens/s, forward passes per request, finish reasons and the fraction of outputs that
-   are valid (json.loads + jsonschema; re.fullmatch), and the on/off throughput ratio.
-2. Mask overhead: `--batch-size` requests decode exactly `--mask-tokens` tokens each, with a
-   permissive regex and without, on the jump-forward-off engine (so every step is a plain decode
-   step); time per step = batch wall time / tokens, median over `--repeats` after a warm-up.
+1. The JSON-decoding workloads of the SGLang paper, each sent as one greedy batch: `json`, a
+   character description per name under a JSON schema with many fixed keys and enums (where
+   jump-forward pays off), and `regex`, fields of a short city text under a regex that spells out
+   a JSON layout. Two engines run one after the other (the first is shut down first, to free
+   memory): jump-forward on, then off. Per workload: requests/s, output tokens/s, forward passes
+   per request, finish reasons, valid fraction (jsonschema; re.fullmatch), the on/off ratio.
+2. Mask overhead, on the jump-forward-off engine: `--batch-size` requests decode exactly
+   `--mask-tokens` tokens each, with a permissive regex and without; time per step = batch wall
+   time / tokens, median over `--repeats` rounds after a warm-up round.
 
-Forward passes per request: with jump-forward off every output token costs one pass; with it on,
-the engine's own jump-forward planner is replayed over each output in this process (the engine
-reports no step counts), and a request whose replay does not reproduce its tokens counts as
-unknown.
+Forward passes: with jump-forward off each output token costs one; with it on, the engine reports
+no step counts, so its own jump-forward planner is replayed over each output in this process (a
+request whose replay does not reproduce its tokens counts as unknown).
 
     radixlm bench structured --num-requests 32 --batch-size 64
     python -m radixlm.bench.structured --device cpu --num-requests 2 --batch-size 2 --mask-tokens 8
@@ -25,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import re
 import sys
@@ -91,11 +89,6 @@ CITIES = [
     "Buenos Aires is the capital of Argentina, at latitude -34.6 on the Rio de la Plata. The "
     "city has around 3 million people. Visitors see the Obelisco, the Teatro Colon and the "
     "colourful Caminito street.",
-    "Nairobi, the capital of Kenya, lies at latitude -1.29 and has about 4.4 million "
-    "inhabitants. Attractions include Nairobi National Park, the Giraffe Centre and the "
-    "Karura Forest.",
-    "Toronto is the largest city of Canada, on Lake Ontario at latitude 43.65, with some 2.8 "
-    "million people. It is known for the CN Tower, the Royal Ontario Museum and Casa Loma.",
 ]
 
 CITY_REGEX = (r'\{\n  "name": "[\w\d\s]{1,16}",\n  "country": "[\w\d\s]{1,16}",\n'
@@ -110,6 +103,7 @@ MASK_TOPICS = ["the sea", "a mountain village", "autumn", "a train journey", "co
                "a lighthouse", "the desert", "a library", "rain", "a market"]
 
 JSON_MAX_TOKENS = 256
+WORKLOADS = ("json", "regex")
 REGEX_MAX_TOKENS = 128
 
 
@@ -151,50 +145,36 @@ class RunStats:
         return out
 
 
-def _json_validator() -> tuple[Callable[[str], bool], str]:
+def _valid_character(text: str) -> bool:
     try:
-        import jsonschema
-    except ImportError:  # a test-only dependency: fall back to "parses as JSON"
-        jsonschema = None
-
-    def is_valid(text: str) -> bool:
-        try:
-            value = json.loads(text)
-            if jsonschema is not None:
-                jsonschema.validate(value, CHARACTER_SCHEMA)
-            return True
-        except Exception:
-            return False
-
-    return is_valid, "jsonschema" if jsonschema is not None else "json.loads only"
+        value = json.loads(text)
+    except ValueError:
+        return False
+    if importlib.util.find_spec("jsonschema") is None:  # a test-only dependency of radixlm
+        return isinstance(value, dict)
+    import jsonschema
+    return jsonschema.Draft202012Validator(CHARACTER_SCHEMA).is_valid(value)
 
 
-def _render(engine, text: str) -> str:
-    """The model's chat template when it has one (a dummy checkpoint's tokenizer may not)."""
-    try:
-        return engine.apply_chat_template([{"role": "user", "content": text}])
-    except Exception:
-        return text + "\n"
-
-
-def build_workloads(engine, num_requests: int) -> list[Workload]:
-    validate_json, _ = _json_validator()
-    keys = "name, house, blood status, occupation, wand (wood, core, length), alive, patronus, bogart"
+def build_workloads(engine, num_requests: int, names: list[str]) -> list[Workload]:
+    keys = "name, house, blood status, occupation, wand (wood, core, length), alive, patronus, " \
+           "bogart"
     # Names (and cities) repeat past the list's end; a repeat is then a radix-cache hit.
-    json_prompts = [_render(engine, f"Give the character information of "
-                                    f"{NAMES[i % len(NAMES)]} from the Harry Potter books as a "
-                                    f"JSON object with the keys {keys}.")
+    json_prompts = [common.chat_prompt(engine, f"Give the character information of "
+                                               f"{NAMES[i % len(NAMES)]} from the Harry Potter "
+                                               f"books as a JSON object with the keys {keys}.")
                     for i in range(num_requests)]
-    city_prompts = [_render(engine, f"Here is a text about a city:\n\n{CITIES[i % len(CITIES)]}"
-                                    f"\n\nExtract the city's name, country, latitude, "
-                                    f"population and top 3 landmarks as JSON.")
+    city_prompts = [common.chat_prompt(engine, f"Here is a text about a city:\n\n"
+                                               f"{CITIES[i % len(CITIES)]}\n\nExtract the city's "
+                                               f"name, country, latitude, population and top 3 "
+                                               f"landmarks as JSON.")
                     for i in range(num_requests)]
-    return [
+    return [wl for wl in [
         Workload("json", json_prompts, "json_schema", json.dumps(CHARACTER_SCHEMA),
-                 JSON_MAX_TOKENS, validate_json),
+                 JSON_MAX_TOKENS, _valid_character),
         Workload("regex", city_prompts, "regex", CITY_REGEX, REGEX_MAX_TOKENS,
                  lambda text: re.fullmatch(CITY_REGEX, text) is not None),
-    ]
+    ] if wl.name in names]
 
 
 def run_workload(engine, wl: Workload) -> tuple[RunStats, list[dict]]:
@@ -270,7 +250,7 @@ def count_forward_passes(engine, wl: Workload, outs: list[dict], jump_forward: b
 # ---------------------------------------------------------------------- mask overhead
 
 def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) -> dict[str, Any]:
-    prompts = [_render(engine, f"({i + 1}) Write a few sentences about "
+    prompts = [common.chat_prompt(engine, f"({i + 1}) Write a few sentences about "
                                f"{MASK_TOPICS[i % len(MASK_TOPICS)]}.")
                for i in range(batch_size)]
     base = {"temperature": 0.0, "max_new_tokens": tokens, "min_new_tokens": tokens}
@@ -315,10 +295,10 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
 
     engine = Engine(**_engine_kwargs(ns), disable_jump_forward=not jump_forward)
     try:
-        workloads = build_workloads(engine, ns.num_requests)
-        for wl in workloads:  # warm-up: compile the grammars, first-call costs
+        workloads = build_workloads(engine, ns.num_requests, ns.workloads)
+        for wl in workloads:  # warm-up: compile the grammars, pay first-call costs
             n = min(2, len(wl.prompts))
-            engine.generate(wl.prompts[:n], [wl.params()] * n)
+            engine.generate(wl.prompts[:n], [{**wl.params(), "max_new_tokens": 4}] * n)
         runs: dict[str, Any] = {}
         for wl in workloads:
             stats, outs = run_workload(engine, wl)
@@ -337,17 +317,13 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
 
 def _compare(on: tuple[RunStats, list[dict]], off: tuple[RunStats, list[dict]]) -> dict[str, Any]:
     (s_on, o_on), (s_off, o_off) = on, off
-    passes_on, passes_off = s_on.to_json()["forward_passes_per_request"], \
-        s_off.to_json()["forward_passes_per_request"]
-    return {
-        "on": s_on.to_json(), "off": s_off.to_json(),
-        "speedup": s_off.wall_s / s_on.wall_s,
-        "forward_pass_reduction": (1 - passes_on / passes_off
-                                   if passes_on is not None and passes_off else None),
-        "identical_text_fraction": sum(a["text"] == b["text"] for a, b in zip(o_on, o_off))
-                                   / len(o_on),
-        "example_output": o_on[0]["text"] if o_on else None,
-    }
+    j_on, j_off = s_on.to_json(), s_off.to_json()
+    p_on, p_off = j_on["forward_passes_per_request"], j_off["forward_passes_per_request"]
+    return {"on": j_on, "off": j_off, "speedup": s_off.wall_s / s_on.wall_s,
+            "forward_pass_reduction": 1 - p_on / p_off if p_on is not None and p_off else None,
+            "identical_text_fraction": sum(a["text"] == b["text"] for a, b in zip(o_on, o_off))
+                                       / len(o_on),
+            "example_output": o_on[0]["text"]}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -361,6 +337,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning")
     p.add_argument("--num-requests", type=int, default=32,
                    help="requests of each workload, sent as one batch")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
+                   help="comma-separated subset of the jump-forward workloads: json, regex")
     p.add_argument("--batch-size", type=int, default=64, help="batch of the mask-overhead test")
     p.add_argument("--mask-tokens", type=int, default=64,
                    help="tokens each request decodes in the mask-overhead test")
@@ -371,45 +350,60 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _jump_forward_figures(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    per = {wl.name: _compare(on["runs"][wl.name], off["runs"][wl.name]) for wl in on["workloads"]}
+    st_on = [s for s, _ in on["runs"].values()]
+    st_off = [s for s, _ in off["runs"].values()]
+    # Only a reduction over the same requests means anything: every count must be known.
+    known = all(s.forward_passes_known == s.requests for s in st_on + st_off)
+    p_on, p_off = (sum(s.forward_passes or 0 for s in st) for st in (st_on, st_off))
+    return {"speedup": sum(s.wall_s for s in st_off) / sum(s.wall_s for s in st_on),
+            "forward_pass_reduction": 1 - p_on / p_off if known and p_off else None,
+            "workloads": per}
+
+
+def _summary(results: dict[str, Any]) -> str:
+    jf, mask = results["jump_forward"], results["mask_overhead"]
+    parts = ", ".join(f"{k} {v['speedup']:.2f}x" for k, v in jf["workloads"].items())
+    if jf["forward_pass_reduction"] is not None:
+        parts += f"; passes {common.pct(-jf['forward_pass_reduction'])}"
+    return (f"structured: jump-forward {jf['speedup']:.2f}x ({parts}), "
+            f"mask overhead {common.pct(mask['overhead'])} at bs {mask['batch_size']}, "
+            f"valid {common.pct(results['valid_fraction_of_stopped'])} of stopped "
+            f"(stop {common.pct(results['stop_fraction'])})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     for flag in ("num_requests", "batch_size", "mask_tokens", "repeats"):
         if getattr(ns, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if not ns.workloads or set(ns.workloads) - set(WORKLOADS):
+        parser.error(f"--workloads: choose from {', '.join(WORKLOADS)}")
     on = _phase(ns, jump_forward=True)
     off = _phase(ns, jump_forward=False)
 
-    per_workload = {wl.name: _compare(on["runs"][wl.name], off["runs"][wl.name])
-                    for wl in on["workloads"]}
     all_stats = [s for ph in (on, off) for s, _ in ph["runs"].values()]
-    total_on = sum(s.wall_s for s, _ in on["runs"].values())
-    total_off = sum(s.wall_s for s, _ in off["runs"].values())
     stopped = sum(s.stopped for s in all_stats)
-    valid_stopped = sum(s.valid_stopped for s in all_stats)
-    requests = sum(s.requests for s in all_stats)
-    mask = off["mask"]
     results = {
         "benchmark": "structured",
         "argv": list(sys.argv[1:] if argv is None else argv),
         **common.environment(ns.device),
         "engine_args": _engine_kwargs(ns),
         "engines": {"jump_forward_on": on["engine"], "jump_forward_off": off["engine"]},
-        "settings": {"num_requests": ns.num_requests, "json_max_new_tokens": JSON_MAX_TOKENS,
+        "settings": {"num_requests": ns.num_requests, "workloads": ns.workloads, "json_max_new_tokens": JSON_MAX_TOKENS,
                      "regex_max_new_tokens": REGEX_MAX_TOKENS, "temperature": 0.0,
-                     "json_validator": _json_validator()[1]},
+                     "json_validator": "jsonschema" if importlib.util.find_spec("jsonschema")
+                                       else "json.loads only"},
         "constraints": {"json_schema": CHARACTER_SCHEMA, "regex": CITY_REGEX},
-        "jump_forward": {"speedup": total_off / total_on, "workloads": per_workload},
-        "mask_overhead": mask,
-        "stop_fraction": stopped / requests,
-        "valid_fraction_of_stopped": valid_stopped / stopped if stopped else None,
+        "jump_forward": _jump_forward_figures(on, off),
+        "mask_overhead": off["mask"],
+        "stop_fraction": stopped / sum(s.requests for s in all_stats),
+        "valid_fraction_of_stopped": (sum(s.valid_stopped for s in all_stats) / stopped
+                                      if stopped else None),
     }
-    by_name = ", ".join(f"{k} {v['speedup']:.2f}x" for k, v in per_workload.items())
-    valid = common.pct(results["valid_fraction_of_stopped"])
-    line = (f"structured: jump-forward {results['jump_forward']['speedup']:.2f}x ({by_name}), "
-            f"mask overhead {common.pct(mask['overhead'])} at bs {mask['batch_size']}, "
-            f"valid {valid} of stopped (stop {common.pct(results['stop_fraction'])})")
-    results["summary"] = line
+    results["summary"] = line = _summary(results)
     path = common.write_json(ns.output or common.default_output_path("structured"), results)
     print(f"results written to {path}", file=sys.stderr)
     common.print_summary(line)

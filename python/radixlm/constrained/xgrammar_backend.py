@@ -62,7 +62,10 @@ class XGrammarBackend(GrammarBackend):
                     json.loads(key.spec)
                 except json.JSONDecodeError as e:
                     raise InvalidConstraintError(f"json_schema is not valid JSON: {e}") from None
-                return self.compiler.compile_json_schema(key.spec)
+                # Compact JSON (no free whitespace between tokens): small models otherwise
+                # wander into runs of spaces, and fixed separators are what make keys and
+                # punctuation forced, i.e. what jump-forward can skip.
+                return self.compiler.compile_json_schema(key.spec, any_whitespace=False)
             if key.kind == "regex":
                 return self.compiler.compile_regex(key.spec)
             return self.compiler.compile_grammar(key.spec)
