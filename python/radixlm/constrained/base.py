@@ -64,12 +64,6 @@ class GrammarBackend(ABC):
     @abstractmethod
     def matcher(self, compiled: object) -> GrammarMatcher: ...
 
-    def fill_masks(self, matchers: list[GrammarMatcher], rows: list[int],
-                   mask: torch.Tensor) -> None:
-        """Fill the mask rows of a batch's constrained requests (backends may parallelise)."""
-        for m, row in zip(matchers, rows):
-            m.fill_vocab_mask(mask, row)
-
     @abstractmethod
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         """A CPU mask for a batch, every token allowed."""

@@ -47,7 +47,6 @@ class XGrammarBackend(GrammarBackend):
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
         self._cache: dict[ConstraintKey, Future] = {}
         self._lock = threading.Lock()
-        self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
 
     def compile(self, key: ConstraintKey) -> Future:
         with self._lock:
@@ -77,12 +76,6 @@ class XGrammarBackend(GrammarBackend):
 
     def matcher(self, compiled: object) -> GrammarMatcher:
         return XGrammarMatcher(compiled)  # type: ignore[arg-type]
-
-    def fill_masks(self, matchers: list[GrammarMatcher], rows: list[int],
-                   mask: torch.Tensor) -> None:
-        # xgrammar fills a batch on its own thread pool: the per-step CPU cost stays below the
-        # forward pass it overlaps with even for large constrained batches.
-        self._batch.batch_fill_next_token_bitmask([m._m for m in matchers], mask, rows)
 
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)

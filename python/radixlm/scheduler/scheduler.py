@@ -306,9 +306,9 @@ class Scheduler:
             return None
         backend = self.grammar_backend
         mask = backend.allocate_mask(len(reqs))
-        backend.fill_masks([reqs[i].grammar for i in rows], rows, mask)
-        if self.runner.device.type == "cuda":
-            mask = mask.pin_memory().to(self.runner.device, non_blocking=True)
+        for i in rows:
+            reqs[i].grammar.fill_vocab_mask(mask, i)
+        mask = mask.to(self.runner.device, non_blocking=True)
         return lambda logits: backend.apply_mask(logits, mask)
 
     # ------------------------------------------------------------------ figures
