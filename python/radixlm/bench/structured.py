@@ -41,7 +41,6 @@ NAMES = [
     "Alastor Moody", "Gilderoy Lockhart", "Dolores Umbridge", "Horace Slughorn",
     "Filius Flitwick", "Pomona Sprout", "Quirinus Quirrell", "Peter Pettigrew", "Lucius Malfoy",
     "Narcissa Malfoy", "Seamus Finnigan", "Dean Thomas", "Oliver Wood", "Viktor Krum",
-    "Fleur Delacour",
 ]
 
 
@@ -86,9 +85,6 @@ CITIES = [
     "Bondi Beach.",
     "Rome, capital of Italy, lies on the Tiber at latitude 41.9 and has about 2.8 million "
     "residents. Its landmarks include the Colosseum, the Pantheon and the Trevi Fountain.",
-    "Buenos Aires is the capital of Argentina, at latitude -34.6 on the Rio de la Plata. The "
-    "city has around 3 million people. Visitors see the Obelisco, the Teatro Colon and the "
-    "colourful Caminito street.",
 ]
 
 CITY_REGEX = (r'\{\n  "name": "[\w\d\s]{1,16}",\n  "country": "[\w\d\s]{1,16}",\n'
@@ -99,11 +95,10 @@ CITY_REGEX = (r'\{\n  "name": "[\w\d\s]{1,16}",\n  "country": "[\w\d\s]{1,16}",\
 # Mask overhead: many tokens allowed at every step, never a forced string, never finished by the
 # grammar (min_new_tokens bans EOS, so every request decodes exactly --mask-tokens tokens).
 MASK_REGEX = r"[a-zA-Z ,.]+"
-MASK_TOPICS = ["the sea", "a mountain village", "autumn", "a train journey", "coffee",
-               "a lighthouse", "the desert", "a library", "rain", "a market"]
+MASK_TOPICS = ["the sea", "a mountain village", "autumn", "a train journey", "a lighthouse"]
 
-JSON_MAX_TOKENS = 256
 WORKLOADS = ("json", "regex")
+JSON_MAX_TOKENS = 256
 REGEX_MAX_TOKENS = 128
 
 
@@ -177,9 +172,15 @@ def build_workloads(engine, num_requests: int, names: list[str]) -> list[Workloa
     ] if wl.name in names]
 
 
+def _flush(engine) -> None:
+    # Every timed batch starts from an empty prefix cache, so that runs compare like with like.
+    if not engine.flush_cache():
+        print("warning: flush_cache refused; this run may start with a warm cache", file=sys.stderr)
+
+
 def run_workload(engine, wl: Workload) -> tuple[RunStats, list[dict]]:
     """One batch of the whole workload, from an empty prefix cache."""
-    engine.flush_cache()
+    _flush(engine)
     outs, wall = common.timed(lambda: engine.generate(wl.prompts, [wl.params()] * len(wl.prompts)))
     stopped = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
     return RunStats(
@@ -251,7 +252,7 @@ def count_forward_passes(engine, wl: Workload, outs: list[dict], jump_forward: b
 
 def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) -> dict[str, Any]:
     prompts = [common.chat_prompt(engine, f"({i + 1}) Write a few sentences about "
-                               f"{MASK_TOPICS[i % len(MASK_TOPICS)]}.")
+                                          f"{MASK_TOPICS[i % len(MASK_TOPICS)]}.")
                for i in range(batch_size)]
     base = {"temperature": 0.0, "max_new_tokens": tokens, "min_new_tokens": tokens}
     variants = {"unconstrained": base, "constrained": {**base, "regex": MASK_REGEX}}
@@ -259,7 +260,7 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
     last: dict[str, list[dict]] = {}
     for rep in range(repeats + 1):  # the first round warms up (grammar compile, kernels)
         for name, params in variants.items():
-            engine.flush_cache()
+            _flush(engine)
             outs, wall = common.timed(lambda: engine.generate(prompts, [params] * batch_size))
             if rep > 0:
                 step_s[name].append(wall / tokens)
@@ -290,7 +291,7 @@ def _engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
-    """Start an engine, run both workloads (and, jump-forward off, the mask overhead), stop it."""
+    """Start an engine, run the workloads (and, jump-forward off, the mask overhead), stop it."""
     from radixlm.entrypoints.engine import Engine
 
     engine = Engine(**_engine_kwargs(ns), disable_jump_forward=not jump_forward)
@@ -299,10 +300,7 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
         for wl in workloads:  # warm-up: compile the grammars, pay first-call costs
             n = min(2, len(wl.prompts))
             engine.generate(wl.prompts[:n], [{**wl.params(), "max_new_tokens": 4}] * n)
-        runs: dict[str, Any] = {}
-        for wl in workloads:
-            stats, outs = run_workload(engine, wl)
-            runs[wl.name] = (stats, outs)
+        runs = {wl.name: run_workload(engine, wl) for wl in workloads}
         mask = (measure_mask_overhead(engine, ns.batch_size, ns.mask_tokens, ns.repeats)
                 if not jump_forward else None)
         info = {"server_args": dataclasses.asdict(engine.server_args),
@@ -392,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         **common.environment(ns.device),
         "engine_args": _engine_kwargs(ns),
         "engines": {"jump_forward_on": on["engine"], "jump_forward_off": off["engine"]},
-        "settings": {"num_requests": ns.num_requests, "workloads": ns.workloads, "json_max_new_tokens": JSON_MAX_TOKENS,
+        "settings": {"num_requests": ns.num_requests, "workloads": ns.workloads,
+                     "json_max_new_tokens": JSON_MAX_TOKENS,
                      "regex_max_new_tokens": REGEX_MAX_TOKENS, "temperature": 0.0,
                      "json_validator": "jsonschema" if importlib.util.find_spec("jsonschema")
                                        else "json.loads only"},
