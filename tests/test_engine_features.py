@@ -259,3 +259,11 @@ def test_bad_input_raises_value_error(engine, kwargs, field):
         engine.generate(prompt, kwargs.pop("sampling_params", {"max_new_tokens": 1}), **kwargs)
     # and it keeps serving
     assert engine.generate("Hi", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+
+
+def test_generate_after_shutdown_raises(make_engine):
+    from radixlm.managers.tokenizer_manager import EngineDeadError
+    e = make_engine(max_total_tokens=512)
+    e.shutdown()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.generate("Hi", {"max_new_tokens": 1})

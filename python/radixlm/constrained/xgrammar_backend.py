@@ -12,13 +12,10 @@ import xgrammar as xgr
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 
-# How far a matcher can be rolled back: jump-forward re-tokenizes a few trailing tokens.
-MAX_ROLLBACK_TOKENS = 16
-
 
 class XGrammarMatcher(GrammarMatcher):
     def __init__(self, compiled: xgr.CompiledGrammar):
-        self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        self._m = xgr.GrammarMatcher(compiled)
 
     def accept_token(self, token: int) -> bool:
         return self._m.accept_token(token)

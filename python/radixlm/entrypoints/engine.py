@@ -28,7 +28,7 @@ from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.io_struct import GenerateReqInput
 from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
-from radixlm.managers.tokenizer_manager import TokenizerManager
+from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class _Children:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.to_scheduler.close()
+        self.to_scheduler.close(linger=0)  # the scheduler is gone: nothing left to deliver
         self.inbox.close()
         self.ctx.term()
         shutil.rmtree(os.path.dirname(self.endpoints.tokenizer.removeprefix("ipc://")),
@@ -143,7 +143,14 @@ class Engine:
                 return
 
     def _run(self, coro) -> Any:
+        self._check_open(coro)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _check_open(self, coro=None) -> None:
+        if self._closed:
+            if coro is not None:
+                coro.close()
+            raise EngineDeadError("the engine was shut down")
 
     # ------------------------------------------------------------------ generation
 
@@ -181,6 +188,7 @@ class Engine:
             finally:
                 q.put(_STREAM_END)
 
+        self._check_open()
         fut = asyncio.run_coroutine_threadsafe(pump(), self.loop)
         try:
             while (item := q.get()) is not _STREAM_END:
@@ -195,6 +203,7 @@ class Engine:
                              input_ids: list[int] | list[list[int]] | None = None,
                              stream: bool = False, **kwargs: Any):
         obj = self._request(prompt, sampling_params, input_ids, stream, kwargs)
+        self._check_open()
         if stream:
             return self._async_stream(obj)
         return await asyncio.wrap_future(
@@ -243,7 +252,8 @@ class Engine:
 
     def abort_all(self) -> None:
         """End every in-flight request with finish_reason abort (server shutdown)."""
-        self._children.send(AbortReq(abort_all=True))
+        if not self._closed:
+            self._children.send(AbortReq(abort_all=True))
 
     def shutdown(self) -> None:
         """Abort in-flight requests, stop the child processes, stop the loop."""
@@ -261,6 +271,8 @@ class Engine:
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join(timeout=5)
+        if not self._loop_thread.is_alive():
+            self.loop.close()
 
     def __enter__(self) -> "Engine":
         return self

