@@ -42,7 +42,7 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
 
     # Kernels (the GPU issue fills these in)
-    attention_backend: str | None = None   # None: torch_native on CPU
+    attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160
     disable_overlap_schedule: bool = False

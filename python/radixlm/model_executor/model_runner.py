@@ -55,7 +55,10 @@ class ModelRunner:
 
     @property
     def attention_backend_name(self) -> str:
-        return self.args.attention_backend or "torch_native"
+        """--attention-backend, else the project's Triton kernels on CUDA, torch_native on CPU."""
+        if self.args.attention_backend:
+            return self.args.attention_backend
+        return "triton" if self.device.type == "cuda" else "torch_native"
 
     # ------------------------------------------------------------------ memory
 
