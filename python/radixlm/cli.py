@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
-BENCHMARKS = ("structured", "programs")
+BENCHMARKS = ("structured", "programs", "one-batch")
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _generate(ns)
         if ns.command == "bench":
             import importlib
-            return importlib.import_module(f"radixlm.bench.{ns.name}").main(ns.args)
+            module = importlib.import_module(f"radixlm.bench.{ns.name.replace('-', '_')}")
+            return module.main(ns.args)
         from radixlm.entrypoints.http_server import serve
         return serve(ServerArgs.from_cli_args(ns))
     except ValueError as e:  # ServerArgs validation names the bad flag

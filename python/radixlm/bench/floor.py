@@ -1,0 +1,83 @@
+"""The floor: the same model's forward in plain PyTorch, with no engine.
+
+cuBLAS matmuls (F.linear on the engine's own weights) and `scaled_dot_product_attention` over
+contiguous per-layer K/V tensors: what a hand-written static-batch loop costs. One-batch reports
+engine time / floor time measured in the same run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, norm) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return (norm.weight.float() * xf).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, L, D]; cos/sin: [L, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class FloorModel:
+    """Static-batch prefill and decode over the engine model's weights."""
+
+    def __init__(self, model):
+        self.m = model
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """ids [B, L] -> (last-token logits [B, V], per-layer (k, v) caches [B, Hk, L, D])."""
+        return self._forward(ids, start=0, caches=None)
+
+    @torch.inference_mode()
+    def decode(self, ids: torch.Tensor, start: int, caches: list) -> torch.Tensor:
+        """ids [B, 1] at position `start`; caches are preallocated and written in place."""
+        logits, _ = self._forward(ids, start=start, caches=caches)
+        return logits
+
+    def _forward(self, ids: torch.Tensor, start: int, caches: list | None):
+        m = self.m
+        bsz, n = ids.shape
+        x = F.embedding(ids, m.embed_tokens.weight)
+        residual = None
+        new_caches = []
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            h = _rms(x if residual is None else x + residual, layer.input_layernorm)
+            residual = x if residual is None else x + residual
+            qkv = F.linear(h, attn.qkv_proj.weight, attn.qkv_proj.bias)
+            q, k, v = qkv.split([attn.qkv_proj.q_size, attn.qkv_proj.kv_size,
+                                 attn.qkv_proj.kv_size], dim=-1)
+            d = attn.head_dim
+            q = q.view(bsz, n, -1, d).transpose(1, 2)
+            k = k.view(bsz, n, -1, d).transpose(1, 2)
+            v = v.view(bsz, n, -1, d).transpose(1, 2)
+            if attn.q_norm is not None:
+                q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
+            cos = attn.rotary_emb.cos[start:start + n]
+            sin = attn.rotary_emb.sin[start:start + n]
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            if caches is None:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                new_caches.append((k, v))
+            else:
+                kc, vc = caches[i]
+                kc[:, :, start:start + n] = k
+                vc[:, :, start:start + n] = v
+                o = F.scaled_dot_product_attention(q, kc[:, :, :start + n], vc[:, :, :start + n],
+                                                   enable_gqa=True)
+            o = o.transpose(1, 2).reshape(bsz, n, -1)
+            x = F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
+            h = _rms(x + residual, layer.post_attention_layernorm)
+            residual = x + residual
+            gate, up = F.linear(h, layer.mlp.gate_up_proj.weight).chunk(2, dim=-1)
+            x = F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+        x = _rms(x + residual, m.norm)
+        logits = F.linear(x[:, -1], m.lm_head.weight)
+        return logits, new_caches

@@ -1,0 +1,216 @@
+"""`radixlm bench one-batch`: a static batch through the model runner, no scheduler (in the
+manner of SGLang's bench_one_batch), against the plain-PyTorch floor in the same run.
+
+Reports prefill latency and throughput, median decode step latency and throughput, engine /
+floor ratios, and the decode memory-bandwidth roofline: bytes one decode step must read
+(weights + KV) / copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Sequence
+
+import torch
+
+from radixlm.bench.common import (default_output_path, environment, median, print_summary,
+                                  write_json)
+from radixlm.bench.floor import FloorModel
+from radixlm.config import ServerArgs
+from radixlm.mem_cache.chunk_cache import ChunkCache
+from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.scheduler.request import Req
+from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _groups(n: int, per: int) -> list[range]:
+    return [range(i, min(i + per, n)) for i in range(0, n, per)]
+
+
+def copy_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 5) -> float:
+    """Device memory bandwidth in bytes/s from timed copies (read + write counted)."""
+    x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        y.copy_(x)
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * x.numel() / median(times)
+
+
+class EngineRun:
+    """Prefill and decode of a static batch through ModelRunner + ScheduleBatch."""
+
+    def __init__(self, runner: ModelRunner, prompts: torch.Tensor, output_len: int,
+                 prefill_group: int):
+        self.runner = runner
+        self.cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+        self.reqs = [Req(f"r{i}", p.tolist(), SamplingParams(max_new_tokens=output_len), seed=0)
+                     for i, p in enumerate(prompts)]
+        self.prefill_group = prefill_group
+
+    def prefill(self) -> None:
+        for g in _groups(len(self.reqs), self.prefill_group):
+            batch = [self.reqs[i] for i in g]
+            for r in batch:
+                r.extend_input_len = r.prompt_len
+            fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.runner, self.cache)
+            out = self.runner.forward(fb)
+            for r, t in zip(batch, out.next_token_logits.argmax(-1).tolist()):
+                r.kv_committed_len += r.extend_input_len
+                r.output_ids.append(t)
+
+    def decode_step(self) -> None:
+        fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.runner, self.cache)
+        out = self.runner.forward(fb)
+        for r, t in zip(self.reqs, out.next_token_logits.argmax(-1).tolist()):
+            r.kv_committed_len += 1
+            r.output_ids.append(t)
+
+    def release(self) -> None:
+        for r in self.reqs:
+            self.cache.cache_finished_req(r)
+
+
+def run(args: argparse.Namespace) -> dict:
+    bs, n_in, n_out = args.batch_size, args.input_len, args.output_len
+    server_args = ServerArgs(model_path=args.model_path, load_format=args.load_format,
+                             dtype=args.dtype, device=args.device,
+                             max_total_tokens=bs * (n_in + n_out) + 64,
+                             max_running_requests=bs, context_length=n_in + n_out + 8,
+                             attention_backend=args.attention_backend)
+    runner = ModelRunner(server_args)
+    dev = runner.device
+    vocab = runner.model_config.vocab_size
+    prompts = torch.randint(0, vocab, (bs, n_in), generator=torch.Generator().manual_seed(0))
+    per_group = max(1, args.max_prefill_tokens // n_in)
+
+    def timed(fn) -> float:
+        _sync(dev)
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        return time.perf_counter() - t
+
+    # Engine: one warm-up pass of the whole workload, then the timed one.
+    for attempt in range(2):
+        run_ = EngineRun(runner, prompts, n_out, per_group)
+        prefill_s = timed(run_.prefill)
+        steps = [timed(run_.decode_step) for _ in range(n_out - 1)]
+        run_.release()
+    engine_decode = median(steps) if steps else 0.0
+
+    # Floor: the same batch, the same prefill grouping, static KV tensors.
+    floor = FloorModel(runner.model)
+    mc = runner.model_config
+    caches = [(torch.empty(bs, mc.num_kv_heads, n_in + n_out, mc.head_dim, dtype=runner.dtype,
+                           device=dev),
+               torch.empty(bs, mc.num_kv_heads, n_in + n_out, mc.head_dim, dtype=runner.dtype,
+                           device=dev)) for _ in range(mc.num_layers)]
+    ids_dev = prompts.to(dev)
+    last = torch.empty(bs, 1, dtype=torch.int64, device=dev)
+
+    def floor_prefill() -> None:
+        for g in _groups(bs, per_group):
+            logits, kv = floor.prefill(ids_dev[g.start:g.stop])
+            for (kc, vc), (k, v) in zip(caches, kv):
+                kc[g.start:g.stop, :, :n_in] = k
+                vc[g.start:g.stop, :, :n_in] = v
+            last[g.start:g.stop, 0] = logits.argmax(-1)
+            last[g.start:g.stop].tolist()  # the engine reads sampled ids back too
+
+    def floor_step(pos: int):
+        def step() -> None:
+            logits = floor.decode(last, pos, caches)
+            last[:, 0] = logits.argmax(-1)
+            last.tolist()
+        return step
+
+    for attempt in range(2):
+        floor_prefill_s = timed(floor_prefill)
+        floor_first = last[:, 0].tolist()
+        floor_steps = [timed(floor_step(n_in + i)) for i in range(n_out - 1)]
+    floor_decode = median(floor_steps) if floor_steps else 0.0
+
+    # Roofline of one decode step at the final context length.
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    kv_bytes = (bs * (n_in + n_out) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
+                * torch.empty((), dtype=runner.dtype).element_size())
+    bw = copy_bandwidth(dev) if dev.type == "cuda" else None
+    roofline_s = (weight_bytes + kv_bytes) / bw if bw else None
+    engine_first = [r.output_ids[0] for r in run_.reqs]
+    agreement = sum(a == b for a, b in zip(engine_first, floor_first)) / bs
+    total_engine = prefill_s + sum(steps)
+    total_floor = floor_prefill_s + sum(floor_steps)
+    return {
+        "batch_size": bs, "input_len": n_in, "output_len": n_out,
+        "prefill_group_requests": per_group,
+        # Same weights, same greedy rule: the first sampled token should mostly agree (bf16
+        # rounding differs between the two attention implementations, so not always).
+        "first_token_agreement": agreement,
+        "engine": {"prefill_s": prefill_s, "prefill_tok_s": bs * n_in / prefill_s,
+                   "decode_step_s": engine_decode,
+                   "decode_tok_s": bs / engine_decode if engine_decode else None,
+                   "total_s": total_engine},
+        "floor": {"prefill_s": floor_prefill_s, "prefill_tok_s": bs * n_in / floor_prefill_s,
+                  "decode_step_s": floor_decode,
+                  "decode_tok_s": bs / floor_decode if floor_decode else None,
+                  "total_s": total_floor},
+        "ratio_engine_over_floor": {
+            "prefill": prefill_s / floor_prefill_s,
+            "decode_step": engine_decode / floor_decode if floor_decode else None,
+            "total": total_engine / total_floor},
+        "roofline": {"copy_bandwidth_gb_s": bw / 1e9 if bw else None,
+                     "weight_bytes": weight_bytes, "kv_bytes_final_step": kv_bytes,
+                     "decode_step_s": roofline_s,
+                     "engine_fraction_of_roofline": (roofline_s / engine_decode
+                                                     if roofline_s and engine_decode else None)},
+        "engine_args": {k: v for k, v in vars(server_args).items()},
+        "model": {"architecture": mc.architecture, "layers": mc.num_layers,
+                  "hidden": mc.hidden_size, "dtype": str(runner.dtype)},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixlm bench one-batch", description=__doc__)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="prefill whole requests in groups of at most this many tokens")
+    p.add_argument("--output", default=None)
+    args = p.parse_args(argv)
+    result = run(args)
+    result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(
+        argv if argv is not None else []))
+    path = write_json(args.output or default_output_path("one_batch"), result)
+    e, f, r = result["engine"], result["floor"], result["ratio_engine_over_floor"]
+    roof = result["roofline"]["engine_fraction_of_roofline"]
+    print_summary(
+        f"one-batch bs {args.batch_size} in {args.input_len} out {args.output_len}: prefill "
+        f"{e['prefill_s']:.3f}s ({r['prefill']:.2f}x floor), decode step "
+        f"{e['decode_step_s'] * 1e3:.2f}ms ({(r['decode_step'] or 0):.2f}x floor"
+        + (f", {roof:.0%} of roofline" if roof else "") + f"), total {r['total']:.2f}x floor "
+        f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
