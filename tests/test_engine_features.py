@@ -151,6 +151,7 @@ def test_stop_token_ids_and_min_new_tokens(engine):
                                            "stop_token_ids": [comma]})
     assert out["output_ids"] == free["output_ids"][:2]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": comma}
+    assert not out["text"].endswith(",")  # the matched stop token's text is trimmed
     longer = engine.generate("1, 2, 3, 4,", {"max_new_tokens": 8, "temperature": 0,
                                               "stop_token_ids": [comma], "min_new_tokens": 4})
     assert len(longer["output_ids"]) >= 4

@@ -176,6 +176,22 @@ def test_disconnect_mid_stream_aborts(url):
     assert_kv_empty(wait_idle(url, timeout_s=20))
 
 
+def test_json_schema_given_as_an_object(url):
+    r = post(url, "/generate", {"text": "JSON: ", "sampling_params": {
+        "max_new_tokens": 32, "temperature": 0, "json_schema": {"type": "object", "properties": {
+            "a": {"type": "integer"}}, "required": ["a"]}}})
+    assert r.status_code == 200
+    assert isinstance(json.loads(r.json()["text"])["a"], int)
+
+
+def test_disconnect_of_a_non_streaming_request_aborts(url):
+    body = {"text": "Write an extremely long essay.",
+            "sampling_params": {"max_new_tokens": 4000, **GREEDY}}
+    with pytest.raises(httpx.ReadTimeout):
+        post(url, "/generate", body, timeout=3)
+    assert_kv_empty(wait_idle(url, timeout_s=20))
+
+
 def test_abort_request_by_rid(url):
     result = {}
 
@@ -209,6 +225,15 @@ def test_abort_request_by_rid(url):
     (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}, "stream": True,
                  "sampling_params_typo": 1, "return_logprob": False}), None),
     (json.dumps([1, 2]), "object"),
+    # Each of these once took a child process down (a review found them):
+    (json.dumps({"text": "hi", "sampling_params": {"skip_special_tokens": "no"}}),
+     "skip_special_tokens"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+                 "logprob_start_len": 0, "top_logprobs_num": 60000}), "top_logprobs_num"),
+    (json.dumps({"text": "hi", "sampling_params": {"stop_token_ids": 5}}), "stop_token_ids"),
+    (json.dumps({"text": "hi", "sampling_params": {"regex": 5}}), "regex"),
+    (json.dumps({"text": ["a", "b"], "rid": ["dup", "dup"],
+                 "sampling_params": {"max_new_tokens": 1}}), "rid"),
 ])
 def test_bad_input_is_400_and_server_survives(url, raw, needle):
     r = httpx.post(url + "/generate", content=raw, headers={"content-type": "application/json"},

@@ -80,10 +80,12 @@ class AuthAndLogMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if self.api_key and path != "/health":
+        # Only /health stays open (a load balancer's probe); CORS preflights carry no key.
+        if self.api_key and path != "/health" and scope.get("method") != "OPTIONS":
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not secrets.compare_digest(given, f"Bearer {self.api_key}"):
+            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(),
+                                                                        self.api_key):
                 response = error_response(
                     "invalid or missing API key (Authorization: Bearer KEY)", 401)
                 return await response(scope, receive, send)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from radixlm import __version__
+from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.managers.io_struct import GenerateReqInput
 from radixlm.managers.tokenizer_manager import EngineDeadError
@@ -47,17 +48,19 @@ async def generate(request: Request):
             return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid) \
             if obj.stream else None
         if stream is None:
-            result = await engine.async_generate(
+            result = await unless_disconnected(request, engine.async_generate(
                 obj.text, obj.sampling_params, obj.input_ids,
                 return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
                 top_logprobs_num=obj.top_logprobs_num,
-                return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid)
+                return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid))
             return JSONResponse(result)
         first = await anext(stream)  # validation errors surface here, before the 200 is sent
     except ValueError as e:
         return error_response(str(e), 400)
     except EngineDeadError as e:
         return error_response(str(e), 503)
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody is listening; the request was aborted
     return StreamingResponse(_stream_body(first, stream), media_type="text/event-stream")
 
 
@@ -94,11 +97,17 @@ async def get_model_info(request: Request) -> dict:
 
 
 @router.get("/get_server_info")
-async def get_server_info(request: Request) -> dict:
+async def get_server_info(request: Request):
     engine = request.app.state.engine
-    stats = await engine.tokenizer_manager.get_stats()
+    try:
+        stats = await engine.tokenizer_manager.get_stats()
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
     ready = engine.ready
-    return {**dataclasses.asdict(request.app.state.server_args),
+    args = dataclasses.asdict(request.app.state.server_args)
+    if args.get("api_key"):
+        args["api_key"] = "***"
+    return {**args,
             **dataclasses.asdict(stats),
             "max_running_requests": ready.max_running_requests,
             "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
@@ -107,7 +116,10 @@ async def get_server_info(request: Request) -> dict:
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request) -> Response:
-    result = await request.app.state.engine.tokenizer_manager.flush_cache()
+    try:
+        result = await request.app.state.engine.tokenizer_manager.flush_cache()
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
     if not result.success:
         return error_response(f"cache not flushed: {result.message}", 400)
     return PlainTextResponse("Cache flushed.\n")
@@ -117,9 +129,12 @@ async def flush_cache(request: Request) -> Response:
 async def abort_request(request: Request) -> Response:
     try:
         body = await _json_body(request)
+        if isinstance(body, dict) and body.get("abort_all") is True:
+            request.app.state.engine.abort_all()
+            return Response(status_code=200)
         rid = body.get("rid") if isinstance(body, dict) else None
         if not isinstance(rid, str) or not rid:
-            raise ValueError("`rid` (the request id to abort) is required")
+            raise ValueError("`rid` (the request id to abort) or `abort_all: true` is required")
     except ValueError as e:
         return error_response(str(e), 400)
     request.app.state.engine.abort_request(rid)
@@ -168,5 +183,8 @@ async def metrics(request: Request) -> Response:
     exporter = getattr(request.app.state, "metrics", None)
     if exporter is None:
         return error_response("metrics are off; start the server with --enable-metrics", 404)
-    stats = await request.app.state.engine.tokenizer_manager.get_stats()
+    try:
+        stats = await request.app.state.engine.tokenizer_manager.get_stats()
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
     return Response(exporter.render(stats), media_type="text/plain; version=0.0.4")

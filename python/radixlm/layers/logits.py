@@ -46,7 +46,7 @@ def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,
         chosen = logprobs.gather(1, tgt[:, None]).squeeze(1).tolist()
         tops: list[TopLogprobs] = [[] for _ in rows]
         if top_k[i] > 0:
-            vals, ids = logprobs.topk(top_k[i], dim=-1)
+            vals, ids = logprobs.topk(min(top_k[i], logprobs.shape[-1]), dim=-1)
             tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
         out.append(InputLogprobs(list(zip(chosen, targets[i])), tops))
     return out

@@ -34,7 +34,12 @@ class DetokenizerManager:
                                                spec.no_stop_trim)
                 self.states[out.rid] = detok
             finished = out.finish_reason is not None
-            out.text = detok.push(out.new_token_ids, finished)
+            ids = out.new_token_ids
+            fr = out.finish_reason
+            if (finished and ids and fr.type == "stop" and isinstance(fr.matched, int)
+                    and not detok.no_stop_trim):
+                ids = ids[:-1]  # the matched stop token's text is not part of the output
+            out.text = detok.push(ids, finished)
             out.detok = None
             if finished:
                 del self.states[out.rid]

@@ -94,10 +94,15 @@ class TokenizerManager:
         for g in groups:
             for s in g[1:]:
                 s.sampling_params.validate(self.ready.vocab_size)
-        for g, ids in zip(groups, prompts):
-            for s in g:
-                if s.rid in self.states:
-                    raise ValueError(f"a request with rid {s.rid!r} is already running")
+        rids = [s.rid for g in groups for s in g]
+        if len(set(rids)) != len(rids):
+            raise ValueError("the request repeats a `rid`; each sequence needs its own")
+        for rid in rids:
+            if rid in self.states:
+                raise ValueError(f"a request with rid {rid!r} is already running")
+        if any(s.top_logprobs_num > self.ready.vocab_size for g in groups for s in g):
+            raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
+                             f"({self.ready.vocab_size})")
         states = [self._new_state(s, ids, obj.return_text_in_logprobs)
                   for g, ids in zip(groups, prompts) for s in g]
         try:

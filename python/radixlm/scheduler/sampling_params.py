@@ -51,7 +51,12 @@ class SamplingParams:
         if isinstance(kwargs.get("stop"), str):
             kwargs["stop"] = [kwargs["stop"]]
         if "stop_token_ids" in kwargs:
+            if not isinstance(kwargs["stop_token_ids"], (list, tuple)):
+                raise ValueError("stop_token_ids must be a list of token ids")
             kwargs["stop_token_ids"] = list(kwargs["stop_token_ids"])
+        if isinstance(kwargs.get("json_schema"), dict):  # accept the schema itself, too
+            import json
+            kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
         if "logit_bias" in kwargs:
             try:
                 kwargs["logit_bias"] = {int(k): float(v) for k, v in dict(kwargs["logit_bias"]).items()}
@@ -112,6 +117,14 @@ class SamplingParams:
         for tid in self.logit_bias:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 raise ValueError(f"logit_bias names an unknown token id: {tid}")
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+        for name in ("json_schema", "regex", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {type(value).__name__}")
         constraints = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
         if len(constraints) > 1:
             raise ValueError(f"only one of json_schema, regex, ebnf may be set, got {constraints}")
@@ -119,5 +132,5 @@ class SamplingParams:
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
     if isinstance(value, bool) or not isinstance(value, types):
-        raise ValueError(f"{name} must be a number of type {getattr(types, '__name__', types)}, "
-                         f"got {value!r}")
+        kind = "an integer" if types is int else "a number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")

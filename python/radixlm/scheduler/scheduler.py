@@ -102,7 +102,15 @@ class Scheduler:
 
     def handle_message(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            self.add_request(msg)
+            try:
+                self.add_request(msg)
+            except Exception as e:  # one bad request must not take the scheduler down
+                logger.exception("rejected request %s", msg.rid)
+                self.send(BatchReqOutput([ReqOutput(
+                    rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids),
+                    completion_tokens=0, cached_tokens=0,
+                    finish_reason=FinishReason("abort", message=f"invalid request: {e}",
+                                               status_code=400))]))
         elif isinstance(msg, AbortReq):
             if msg.abort_all:
                 self.abort_all()

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.openai.protocol import SamplingExtras, Usage
 from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.entrypoints.disconnect import wait_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -184,11 +185,7 @@ class OpenAIServing:
         return results
 
     async def _wait_disconnect(self) -> None:
-        """Returns when the client has gone. The body has been read already, so the next ASGI
-        message can only be http.disconnect. (Request.is_disconnected() polls with a cancelled
-        scope, which does not see the disconnect through the app's http middleware.)"""
-        while (await self.http_request.receive())["type"] != "http.disconnect":
-            pass
+        await wait_disconnect(self.http_request)
 
     async def open_stream(self, **kwargs: Any) -> tuple[dict, AsyncIterator[dict]]:
         """Start a streaming engine call and wait for its first output, so that bad input (or
