@@ -228,6 +228,9 @@ def interpreter_main() -> int:
     return 1 if failed else 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="CPU check under Triton's interpreter; on a GPU the gpu tests run the "
+                           "real kernels (older Triton interpreters also differ)")
 def test_interpreter_small_cases():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
