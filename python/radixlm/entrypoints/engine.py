@@ -54,6 +54,7 @@ class _Children:
             [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
              args.log_level])
         self._send_lock = threading.Lock()
+        self._shutdown_sent = False
 
     def wait_ready(self) -> SchedulerReady:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -77,9 +78,14 @@ class _Children:
                 return f"the {name} process exited with code {proc.returncode}"
         return None
 
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.scheduler.poll() is None:
+    def request_shutdown(self) -> None:
+        """Ask the scheduler to abort everything and exit (it then stops the detokenizer)."""
+        if not self._shutdown_sent and self.scheduler.poll() is None:
+            self._shutdown_sent = True
             self.send(ShutdownReq())
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self.request_shutdown()
         for proc in (self.scheduler, self.detokenizer):
             try:
                 proc.wait(timeout=timeout_s)
@@ -259,7 +265,7 @@ class Engine:
         """Abort in-flight requests, stop the child processes, stop the loop."""
         if getattr(self, "_closed", True):
             return
-        self._children.send(ShutdownReq())
+        self._children.request_shutdown()
         deadline = time.monotonic() + 10
         while self.tokenizer_manager.states and time.monotonic() < deadline:
             time.sleep(0.05)  # let the aborted requests' final outputs reach their callers

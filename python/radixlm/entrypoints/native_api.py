@@ -41,19 +41,14 @@ async def generate(request: Request):
         obj = GenerateReqInput.from_dict(body)
         if not isinstance(obj.stream, bool):
             raise ValueError("`stream` must be a boolean")
-        stream = await engine.async_generate(
-            obj.text, obj.sampling_params, obj.input_ids, stream=True,
+        call = engine.async_generate(
+            obj.text, obj.sampling_params, obj.input_ids, stream=obj.stream,
             return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
             top_logprobs_num=obj.top_logprobs_num,
-            return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid) \
-            if obj.stream else None
-        if stream is None:
-            result = await unless_disconnected(request, engine.async_generate(
-                obj.text, obj.sampling_params, obj.input_ids,
-                return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
-                top_logprobs_num=obj.top_logprobs_num,
-                return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid))
-            return JSONResponse(result)
+            return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid)
+        if not obj.stream:
+            return JSONResponse(await unless_disconnected(request, call))
+        stream = await call
         first = await anext(stream)  # validation errors surface here, before the 200 is sent
     except ValueError as e:
         return error_response(str(e), 400)

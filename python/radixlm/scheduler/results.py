@@ -50,7 +50,7 @@ class ResultProcessor:
                 sampled: "SampleOutput | None") -> None:
         s = self.s
         row_of = {i: j for j, i in enumerate(sample_rows)}
-        jumped: set[Req] = set()
+        jumped: list[Req] = []  # a list: they re-enter the queue in batch order
         ids = sampled.next_token_ids.tolist() if sampled is not None else []
         lps = sampled.next_token_logprobs.tolist() if sampled is not None else []
         outputs: list[ReqOutput] = []
@@ -87,7 +87,7 @@ class ResultProcessor:
                 outputs.append(self._output(req))
                 continue
             if req.grammar is not None and self._jump_forward(req):
-                jumped.add(req)
+                jumped.append(req)
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
@@ -97,7 +97,8 @@ class ResultProcessor:
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
         if batch.forward_mode.is_decode:
-            s.running = [r for r in s.running if not r.finished and r not in jumped]
+            gone = {id(r) for r in jumped}
+            s.running = [r for r in s.running if not r.finished and id(r) not in gone]
         s.waiting[:0] = [r for r in jumped if not r.finished]  # prefill them next step
         if outputs:
             s.send(BatchReqOutput(outputs))

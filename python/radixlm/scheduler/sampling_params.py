@@ -7,6 +7,7 @@ same message (a ValueError naming the field; the server turns it into HTTP 400).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,6 @@ class SamplingParams:
                 raise ValueError("stop_token_ids must be a list of token ids")
             kwargs["stop_token_ids"] = list(kwargs["stop_token_ids"])
         if isinstance(kwargs.get("json_schema"), dict):  # accept the schema itself, too
-            import json
             kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
         if "logit_bias" in kwargs:
             try:

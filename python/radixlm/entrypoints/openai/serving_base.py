@@ -9,7 +9,8 @@ import json
 import logging
 import os
 import uuid
-from typing import Any, AsyncIterator, Optional
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.openai.protocol import SamplingExtras, Usage
 from radixlm.managers.tokenizer_manager import EngineDeadError
-from radixlm.entrypoints.disconnect import wait_disconnect
+from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,17 @@ def make_usage(prompt_tokens: list[int], completion_tokens: list[int]) -> Usage:
     return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
 
 
+@dataclass
+class ChoiceStream:
+    """What has been sent so far for one choice of a streamed response."""
+    text_len: int = 0          # characters of the engine's cumulative text already sent
+    logprobs_sent: int = 0     # output logprob entries already sent
+    offset: int = 0            # completions: text_offset of the next token in the choice's text
+    started: bool = False      # completions: the echoed prompt has been sent
+    finished: bool = False
+    completion_tokens: int = 0
+
+
 class OpenAIServing:
     """Base of the two handlers: holds the engine and knows the model's limits."""
 
@@ -165,27 +177,56 @@ class OpenAIServing:
     async def generate(self, **kwargs: Any) -> list[dict]:
         """One non-streaming engine call; results flattened prompt-major (n per prompt).
         If the client disconnects first, the call is cancelled, which aborts the requests."""
-        task = asyncio.ensure_future(self.engine.async_generate(**kwargs))
-        watcher = asyncio.ensure_future(self._wait_disconnect())
         try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                raise OpenAIError("the client disconnected", 499)
-            results = task.result()
+            results = await unless_disconnected(self.http_request,
+                                                self.engine.async_generate(**kwargs))
+        except ClientDisconnected:
+            raise OpenAIError("the client disconnected", 499) from None
         except Exception as e:
             raise engine_error(e) from e
-        finally:
-            for t in (task, watcher):
-                if not t.done():
-                    t.cancel()  # cancelling the engine call aborts its requests
         results = results if isinstance(results, list) else [results]
         for out in results:
             if finish_type(out["meta_info"]) == "abort":
                 raise abort_error(out["meta_info"])
         return results
 
-    async def _wait_disconnect(self) -> None:
-        await wait_disconnect(self.http_request)
+    async def stream_sse(self, first: dict, rest: AsyncIterator[dict],
+                         states: list["ChoiceStream"], num_prompts: int,
+                         render: Callable[[int, dict, "ChoiceStream"], Optional[str]],
+                         usage_chunk: Callable[[Usage], str],
+                         preamble: Sequence[str] = ()) -> AsyncIterator[str]:
+        """The SSE body of a streamed request with `self.body.n` choices per prompt: routes each
+        engine output (cumulative, tagged with its `index`) to its choice, where `render` turns
+        it into the next chunk (or None); then the usage chunk when asked, an `error` event if
+        the engine failed, and [DONE]. Closing the outputs aborts the engine's requests."""
+        n = self.body.n
+        prompt_tokens = [0] * num_prompts
+        outputs = chain(first, rest)
+        try:
+            for chunk in preamble:
+                yield chunk
+            async for out in outputs:
+                i = out.get("index", 0)
+                meta, st = out["meta_info"], states[i]
+                if st.finished:
+                    continue
+                if finish_type(meta) == "abort":
+                    raise abort_error(meta)
+                prompt_tokens[i // n] = meta["prompt_tokens"]
+                st.completion_tokens = meta["completion_tokens"]
+                chunk = render(i, out, st)
+                if chunk is not None:
+                    yield chunk
+            if self.body.include_usage:
+                yield usage_chunk(make_usage(prompt_tokens,
+                                             [s.completion_tokens for s in states]))
+        except asyncio.CancelledError:
+            raise  # the client went away; closing `outputs` below aborts the requests
+        except Exception as e:
+            yield sse({"error": engine_error(e).body()["error"]})
+        finally:
+            await outputs.aclose()
+        yield SSE_DONE
 
     async def open_stream(self, **kwargs: Any) -> tuple[dict, AsyncIterator[dict]]:
         """Start a streaming engine call and wait for its first output, so that bad input (or

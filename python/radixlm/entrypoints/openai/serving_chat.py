@@ -6,9 +6,7 @@ prompt's KV through the radix cache; the engine returns them in choice order.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
@@ -20,21 +18,12 @@ from radixlm.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk
                                                  ChatMessage, ChatResponseMessage,
                                                  ChatStreamChoice, ChoiceLogprobs, DeltaMessage,
                                                  now)
-from radixlm.entrypoints.openai.serving_base import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                     abort_error, chain, engine_error,
+from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
 
 # Keys of apply_chat_template that this handler controls; chat_template_kwargs may not set them.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tokenize", "add_generation_prompt",
                              "continue_final_message", "tools", "return_dict"}
-
-
-@dataclass
-class _ChoiceStream:
-    text_len: int = 0
-    logprobs_sent: int = 0
-    finished: bool = False
-    completion_tokens: int = 0
 
 
 def template_message(m: ChatMessage) -> dict[str, Any]:
@@ -146,41 +135,21 @@ class ChatServing(OpenAIServing):
                                     choices=choices, usage=usage)
         return sse(chunk, None if self.body.include_usage else {"usage"})
 
-    async def _stream(self, first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[str]:
+    def _stream(self, first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[str]:
         created, n = now(), self.body.n
-        states = [_ChoiceStream() for _ in range(n)]
-        prompt_tokens = 0
-        outputs = chain(first, rest)
-        try:
-            # As OpenAI does: each choice opens with a delta that only names the role.
-            for i in range(n):
-                yield self._chunk(created, [ChatStreamChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content=""))])
-            async for out in outputs:
-                i = out.get("index", 0)
-                meta, st = out["meta_info"], states[i]
-                if st.finished:
-                    continue
-                if finish_type(meta) == "abort":
-                    raise abort_error(meta)
-                prompt_tokens = meta["prompt_tokens"]
-                st.completion_tokens = meta["completion_tokens"]
-                choice = self._stream_choice(i, out, st)
-                if choice is not None:
-                    yield self._chunk(created, [choice])
-            if self.body.include_usage:
-                yield self._chunk(created, [], make_usage(
-                    [prompt_tokens], [s.completion_tokens for s in states]))
-        except asyncio.CancelledError:
-            raise  # the client went away; closing `outputs` below aborts the request
-        except Exception as e:
-            yield sse({"error": engine_error(e).body()["error"]})
-        finally:
-            await outputs.aclose()
-        yield SSE_DONE
+
+        def render(i: int, out: dict, st: ChoiceStream) -> Optional[str]:
+            choice = self._stream_choice(i, out, st)
+            return None if choice is None else self._chunk(created, [choice])
+
+        # As OpenAI does: each choice opens with a delta that only names the role.
+        preamble = [self._chunk(created, [ChatStreamChoice(
+            index=i, delta=DeltaMessage(role="assistant", content=""))]) for i in range(n)]
+        return self.stream_sse(first, rest, [ChoiceStream() for _ in range(n)], 1, render,
+                               lambda usage: self._chunk(created, [], usage), preamble)
 
     def _stream_choice(self, index: int, out: dict,
-                       st: _ChoiceStream) -> Optional[ChatStreamChoice]:
+                       st: ChoiceStream) -> Optional[ChatStreamChoice]:
         meta, reason = out["meta_info"], finish_type(out["meta_info"])
         text = out["text"][st.text_len:]
         st.text_len = len(out["text"])

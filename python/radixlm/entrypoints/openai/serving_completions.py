@@ -7,7 +7,6 @@ i // n, which is also the order the engine returns them in (prompt-major).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
@@ -17,21 +16,9 @@ from fastapi.responses import StreamingResponse
 from radixlm.entrypoints.openai.logprobs import extend_completion_logprobs
 from radixlm.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
                                                  CompletionRequest, CompletionResponse,
-                                                 CompletionStreamResponse, now)
-from radixlm.entrypoints.openai.serving_base import (SSE_DONE, OpenAIError, OpenAIServing,
-                                                     abort_error, chain, engine_error,
+                                                 CompletionStreamResponse, Usage, now)
+from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
-
-
-@dataclass
-class _ChoiceStream:
-    """What has been sent so far for one choice of a streamed completion."""
-    text_len: int = 0          # characters of the engine's cumulative text already sent
-    logprobs_sent: int = 0     # output logprob entries already sent
-    offset: int = 0            # text_offset of the next token in the choice's text
-    started: bool = False      # the echoed prompt has been sent
-    finished: bool = False
-    completion_tokens: int = 0
 
 
 @dataclass
@@ -124,41 +111,27 @@ class CompletionServing(OpenAIServing):
         return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                   usage=usage)
 
-    async def _stream(self, first: dict, rest: AsyncIterator[dict],
-                      prompts: _Prompts) -> AsyncIterator[str]:
+    def _stream(self, first: dict, rest: AsyncIterator[dict],
+                prompts: _Prompts) -> AsyncIterator[str]:
         n, created = self.body.n, now()
-        states = [_ChoiceStream() for _ in range(len(prompts.ids) * n)]
-        prompt_tokens = [0] * len(prompts.ids)
         exclude = None if self.body.include_usage else {"usage"}
-        outputs = chain(first, rest)
-        try:
-            async for out in outputs:
-                i = out.get("index", 0)
-                meta, st = out["meta_info"], states[i]
-                if st.finished:
-                    continue
-                if finish_type(meta) == "abort":
-                    raise abort_error(meta)
-                prompt_tokens[i // n] = meta["prompt_tokens"]
-                st.completion_tokens = meta["completion_tokens"]
-                choice = self._stream_choice(i, out, st, prompts.texts[i // n])
-                if choice is not None:
-                    yield sse(CompletionStreamResponse(
-                        id=self.request_id, created=created, model=self.model_name,
-                        choices=[choice]), exclude)
-            if self.body.include_usage:
-                yield sse(CompletionStreamResponse(
-                    id=self.request_id, created=created, model=self.model_name, choices=[],
-                    usage=make_usage(prompt_tokens, [s.completion_tokens for s in states])))
-        except asyncio.CancelledError:
-            raise  # the client went away; closing `outputs` below aborts the requests
-        except Exception as e:
-            yield sse({"error": engine_error(e).body()["error"]})
-        finally:
-            await outputs.aclose()
-        yield SSE_DONE
 
-    def _stream_choice(self, index: int, out: dict, st: _ChoiceStream,
+        def render(i: int, out: dict, st: ChoiceStream) -> Optional[str]:
+            choice = self._stream_choice(i, out, st, prompts.texts[i // n])
+            if choice is None:
+                return None
+            return sse(CompletionStreamResponse(id=self.request_id, created=created,
+                                                model=self.model_name, choices=[choice]),
+                       exclude)
+
+        def usage_chunk(usage: Usage) -> str:
+            return sse(CompletionStreamResponse(id=self.request_id, created=created,
+                                                model=self.model_name, choices=[], usage=usage))
+
+        states = [ChoiceStream() for _ in range(len(prompts.ids) * n)]
+        return self.stream_sse(first, rest, states, len(prompts.ids), render, usage_chunk)
+
+    def _stream_choice(self, index: int, out: dict, st: ChoiceStream,
                        prompt_text: str) -> Optional[CompletionChoice]:
         """The next chunk of one choice (None when there is nothing new to say)."""
         meta, reason = out["meta_info"], finish_type(out["meta_info"])
