@@ -87,3 +87,23 @@ def is_alive(pid: int) -> bool:
             return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
     except FileNotFoundError:
         return False
+
+
+# ---------------------------------------------------------------------- tiny random configs
+
+def write_tiny_config(directory, vocab_size: int = 65536) -> str:
+    """A two-layer Llama config.json for `--load-format dummy`. The default vocabulary is larger
+    than the bundled tokenizer's 49152, as with the big-vocab configs in benchmarks/configs served
+    with the SmolLM2 tokenizer: the random model samples ids the tokenizer has no text for."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "max_position_embeddings": 1024, "vocab_size": vocab_size,
+              "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": "float32", "hidden_act": "silu"}
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    return str(directory)

@@ -60,18 +60,14 @@ def _extend(runner, cache, reqs):
         r.prefix_indices, r.last_node = m.indices, m.last_node
         r.extend_input_len = r.seq_len - len(m.indices)
     fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(runner, cache)
-    out = runner.forward(fb)
-    for r in reqs:
-        r.kv_committed_len += r.extend_input_len
-    return out.next_token_logits
+    return runner.forward(fb).next_token_logits
 
 
 def _decode(runner, cache, reqs):
+    for r in reqs:  # the decode step reads its input token where the sampler leaves it
+        runner.last_token_ids[r.req_pool_idx] = r.output_ids[-1]
     fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(runner, cache)
-    out = runner.forward(fb)
-    for r in reqs:
-        r.kv_committed_len += 1
-    return out.next_token_logits
+    return runner.forward(fb).next_token_logits
 
 
 def test_prefill_and_decode_match_hf(pair):

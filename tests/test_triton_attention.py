@@ -243,15 +243,17 @@ def test_interpreter_small_cases():
 def test_split_heuristic():
     pytest.importorskip("triton")
     from radixlm.layers.attention.kernels.decode_attention import (MAX_KV_SPLITS,
+                                                                    MIN_TOKENS_PER_SPLIT,
                                                                     choose_max_kv_splits,
                                                                     per_request_kv_splits)
+    assert MIN_TOKENS_PER_SPLIT == 64
     # One long request on an H100 (132 SMs): split until ~2 waves of programs.
     assert choose_max_kv_splits(1, 8, 32768, 132) == 33
-    # A big batch fills the GPU by itself; short contexts are never split below 256 tokens.
+    # A big batch fills the GPU by itself; short contexts are never split below 64 tokens.
     assert choose_max_kv_splits(64, 8, 2048, 132) == 1
-    assert choose_max_kv_splits(1, 8, 300, 132) == 2
+    assert choose_max_kv_splits(1, 8, 300, 132) == 5
     assert choose_max_kv_splits(1, 1, 10 ** 6, 132) == MAX_KV_SPLITS
-    got = per_request_kv_splits(torch.tensor([1, 256, 257, 5000]), 8).tolist()
+    got = per_request_kv_splits(torch.tensor([1, 64, 65, 5000]), 8).tolist()
     assert got == [1, 1, 2, 8]
 
 

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
-BENCHMARKS = ("structured", "programs", "one-batch")
+BENCHMARKS = ("structured", "programs", "one-batch", "offline", "serving", "headline", "overlap")
 
 
 def _generate(ns: argparse.Namespace) -> int:

@@ -18,3 +18,15 @@ def cache_dir() -> str:
     """RADIXLM_CACHE_DIR: where converted GGUF models are kept (default ~/.cache/radixlm)."""
     return os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "radixlm")
+
+
+def disable_fused_ops() -> bool:
+    """RADIXLM_DISABLE_FUSED_OPS=1: RMSNorm, SiLU-and-mul and rotary run their plain PyTorch code
+    on CUDA too, instead of the fused Triton kernels (A/B checks, debugging)."""
+    return _flag("RADIXLM_DISABLE_FUSED_OPS")
+
+
+def overlap_on_cpu() -> bool:
+    """RADIXLM_OVERLAP_ON_CPU=1: use the overlap scheduler on the CPU too (it is for GPUs, where
+    it hides the host's work; the CPU test suite uses this to check it gives the same outputs)."""
+    return _flag("RADIXLM_OVERLAP_ON_CPU")

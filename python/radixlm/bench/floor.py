@@ -7,6 +7,9 @@ engine time / floor time measured in the same run.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -81,3 +84,63 @@ class FloorModel:
         x = _rms(x + residual, m.norm)
         logits = F.linear(x[:, -1], m.lm_head.weight)
         return logits, new_caches
+
+
+@dataclass
+class FloorTimes:
+    prefill_s: float
+    decode_steps_s: list[float]
+    first_tokens: list[int]
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + sum(self.decode_steps_s)
+
+
+def measure_floor(runner, prompts: torch.Tensor, output_len: int, prefill_group: int,
+                  repeats: int = 2) -> FloorTimes:
+    """Greedy static-batch generation of `output_len` tokens for `prompts` [B, L] with the
+    floor model on runner's weights: prefill in groups of `prefill_group` requests, then decode
+    steps, each reading the sampled ids back to the host as an engine does. The last of
+    `repeats` runs is reported (the first warms up)."""
+    dev, mc = runner.device, runner.model_config
+    bs, n_in = prompts.shape
+    floor = FloorModel(runner.model)
+    caches = [tuple(torch.empty(bs, mc.num_kv_heads, n_in + output_len, mc.head_dim,
+                                dtype=runner.dtype, device=dev) for _ in range(2))
+              for _ in range(mc.num_layers)]
+    ids = prompts.to(dev)
+    last = torch.empty(bs, 1, dtype=torch.int64, device=dev)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def prefill() -> float:
+        sync()
+        t = time.perf_counter()
+        for lo in range(0, bs, prefill_group):
+            hi = min(lo + prefill_group, bs)
+            logits, kv = floor.prefill(ids[lo:hi])
+            for (kc, vc), (k, v) in zip(caches, kv):
+                kc[lo:hi, :, :n_in] = k
+                vc[lo:hi, :, :n_in] = v
+            last[lo:hi, 0] = logits.argmax(-1)
+            last[lo:hi].tolist()
+        sync()
+        return time.perf_counter() - t
+
+    def step(pos: int) -> float:
+        sync()
+        t = time.perf_counter()
+        logits = floor.decode(last, pos, caches)
+        last[:, 0] = logits.argmax(-1)
+        last.tolist()
+        sync()
+        return time.perf_counter() - t
+
+    for _ in range(repeats):
+        prefill_s = prefill()
+        first = last[:, 0].tolist()
+        steps = [step(n_in + i) for i in range(output_len - 1)]
+    return FloorTimes(prefill_s, steps, first)

@@ -9,6 +9,7 @@ floor ratios, and the decode memory-bandwidth roofline: bytes one decode step mu
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Sequence
 
@@ -16,7 +17,7 @@ import torch
 
 from radixlm.bench.common import (default_output_path, environment, median, print_summary,
                                   write_json)
-from radixlm.bench.floor import FloorModel
+from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.model_executor.forward_batch import ForwardMode
@@ -68,15 +69,17 @@ class EngineRun:
                 r.extend_input_len = r.prompt_len
             fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.runner, self.cache)
             out = self.runner.forward(fb)
-            for r, t in zip(batch, out.next_token_logits.argmax(-1).tolist()):
-                r.kv_committed_len += r.extend_input_len
+            ids = out.next_token_logits.argmax(-1)
+            self.runner.last_token_ids[fb.req_pool_indices] = ids
+            for r, t in zip(batch, ids.tolist()):
                 r.output_ids.append(t)
 
     def decode_step(self) -> None:
         fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.runner, self.cache)
         out = self.runner.forward(fb)
-        for r, t in zip(self.reqs, out.next_token_logits.argmax(-1).tolist()):
-            r.kv_committed_len += 1
+        ids = out.next_token_logits.argmax(-1)
+        self.runner.last_token_ids[fb.req_pool_indices] = ids
+        for r, t in zip(self.reqs, ids.tolist()):
             r.output_ids.append(t)
 
     def release(self) -> None:
@@ -84,13 +87,38 @@ class EngineRun:
             self.cache.cache_finished_req(r)
 
 
+def profile_step(step, device: torch.device) -> dict | None:
+    """One decode step under the torch profiler: device time per kernel and how much of the
+    step's wall time the GPU was busy (the gap is host overhead)."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        step()
+        _sync(device)
+        wall = time.perf_counter() - t
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0
+               and e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    busy_us = sum(e.device_time_total for e in kernels)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    return {"wall_s": wall, "gpu_busy_s": busy_us / 1e6,
+            "kernels": [{"name": e.key[:80], "count": e.count, "device_us": e.device_time_total}
+                        for e in kernels[:15]]}
+
+
 def run(args: argparse.Namespace) -> dict:
     bs, n_in, n_out = args.batch_size, args.input_len, args.output_len
     server_args = ServerArgs(model_path=args.model_path, load_format=args.load_format,
                              dtype=args.dtype, device=args.device,
-                             max_total_tokens=bs * (n_in + n_out) + 64,
+                             # +1 token per request: the optional profiled extra step
+                             max_total_tokens=bs * (n_in + n_out + 1) + 64,
                              max_running_requests=bs, context_length=n_in + n_out + 8,
-                             attention_backend=args.attention_backend)
+                             attention_backend=args.attention_backend,
+                             disable_cuda_graph=args.disable_cuda_graph,
+                             cuda_graph_max_bs=bs)
     runner = ModelRunner(server_args)
     dev = runner.device
     vocab = runner.model_config.vocab_size
@@ -109,40 +137,18 @@ def run(args: argparse.Namespace) -> dict:
         run_ = EngineRun(runner, prompts, n_out, per_group)
         prefill_s = timed(run_.prefill)
         steps = [timed(run_.decode_step) for _ in range(n_out - 1)]
+        if attempt == 1 and args.profile:
+            profile = profile_step(run_.decode_step, dev)
         run_.release()
     engine_decode = median(steps) if steps else 0.0
+    if not args.profile:
+        profile = None
 
     # Floor: the same batch, the same prefill grouping, static KV tensors.
-    floor = FloorModel(runner.model)
-    mc = runner.model_config
-    caches = [(torch.empty(bs, mc.num_kv_heads, n_in + n_out, mc.head_dim, dtype=runner.dtype,
-                           device=dev),
-               torch.empty(bs, mc.num_kv_heads, n_in + n_out, mc.head_dim, dtype=runner.dtype,
-                           device=dev)) for _ in range(mc.num_layers)]
-    ids_dev = prompts.to(dev)
-    last = torch.empty(bs, 1, dtype=torch.int64, device=dev)
-
-    def floor_prefill() -> None:
-        for g in _groups(bs, per_group):
-            logits, kv = floor.prefill(ids_dev[g.start:g.stop])
-            for (kc, vc), (k, v) in zip(caches, kv):
-                kc[g.start:g.stop, :, :n_in] = k
-                vc[g.start:g.stop, :, :n_in] = v
-            last[g.start:g.stop, 0] = logits.argmax(-1)
-            last[g.start:g.stop].tolist()  # the engine reads sampled ids back too
-
-    def floor_step(pos: int):
-        def step() -> None:
-            logits = floor.decode(last, pos, caches)
-            last[:, 0] = logits.argmax(-1)
-            last.tolist()
-        return step
-
-    for attempt in range(2):
-        floor_prefill_s = timed(floor_prefill)
-        floor_first = last[:, 0].tolist()
-        floor_steps = [timed(floor_step(n_in + i)) for i in range(n_out - 1)]
+    fl = measure_floor(runner, prompts, n_out, per_group)
+    floor_prefill_s, floor_steps, floor_first = fl.prefill_s, fl.decode_steps_s, fl.first_tokens
     floor_decode = median(floor_steps) if floor_steps else 0.0
+    mc = runner.model_config
 
     # Roofline of one decode step at the final context length.
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
@@ -178,6 +184,7 @@ def run(args: argparse.Namespace) -> dict:
                      "engine_fraction_of_roofline": (roofline_s / engine_decode
                                                      if roofline_s and engine_decode else None)},
         "engine_args": {k: v for k, v in vars(server_args).items()},
+        "decode_step_profile": profile,
         "model": {"architecture": mc.architecture, "layers": mc.num_layers,
                   "hidden": mc.hidden_size, "dtype": str(runner.dtype)},
     }
@@ -190,16 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--attention-backend", default=None)
+    p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="prefill whole requests in groups of at most this many tokens")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one decode step (kernel times, GPU busy fraction)")
     p.add_argument("--output", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     result = run(args)
-    result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(
-        argv if argv is not None else []))
+    result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(argv))
     path = write_json(args.output or default_output_path("one_batch"), result)
     e, f, r = result["engine"], result["floor"], result["ratio_engine_over_floor"]
     roof = result["roofline"]["engine_fraction_of_roofline"]

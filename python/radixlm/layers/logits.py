@@ -12,6 +12,7 @@ import torch
 
 from radixlm.managers.messages import TokenLogprob, TopLogprobs
 from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.utils.device import to_device
 
 
 @dataclass
@@ -27,7 +28,7 @@ def last_token_rows(fb: ForwardBatch) -> torch.Tensor:
     for n in fb.extend_seq_lens_cpu:
         acc += n
         ends.append(acc - 1)
-    return torch.tensor(ends, dtype=torch.int64, device=fb.input_ids.device)
+    return to_device(ends, torch.int64, fb.input_ids.device)
 
 
 def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,

@@ -1,9 +1,16 @@
-"""RMSNorm, with the residual add folded in (the fused form the GPU issue will turn into a kernel)."""
+"""RMSNorm, with the residual add folded in.
+
+On CUDA this runs one fused Triton kernel (radixlm/layers/kernels/norm_kernels.py: the add, the
+norm and both stores in one pass); elsewhere, or with RADIXLM_DISABLE_FUSED_OPS=1, the PyTorch
+code below, whose rounding the kernel follows.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from radixlm.layers.kernels import use_fused
 
 
 class RMSNorm(nn.Module):
@@ -20,6 +27,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x), or with a residual: (norm(x + residual), x + residual)."""
+        if use_fused(x):
+            from radixlm.layers.kernels import norm_kernels
+            if norm_kernels.supports(x, self.weight, residual):
+                return norm_kernels.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -1,4 +1,9 @@
-"""Rotary position embedding (the HF "rotate half" layout), with Llama-3 and linear scaling."""
+"""Rotary position embedding (the HF "rotate half" layout), with Llama-3 and linear scaling.
+
+On CUDA, q and k are rotated in place by one Triton kernel
+(radixlm/layers/kernels/rotary_kernels.py); elsewhere, or with RADIXLM_DISABLE_FUSED_OPS=1, the
+PyTorch code below returns rotated copies. Either way, use the returned tensors.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from radixlm.layers.kernels import use_fused
 
 
 def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -42,7 +49,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.cat([freqs.sin(), freqs.sin()], -1).float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hk, D]; returns rotated copies in the input dtype."""
+        """q: [T, Hq, D], k: [T, Hk, D]; returns them rotated, in the input dtype: in place on
+        the fused path (q/k may be strided views, e.g. of a fused qkv output), else copies."""
+        if use_fused(q):
+            from radixlm.layers.kernels import rotary_kernels
+            if rotary_kernels.supports(positions, q, k, self.cos, self.head_dim):
+                return rotary_kernels.rotary_embedding_(positions, q, k, self.cos, self.sin,
+                                                        self.head_dim, halves_equal=True)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -30,6 +30,7 @@ import torch
 from radixlm.layers.penalties import LogitAdjustments
 from radixlm.layers.sampling_noise import gumbel_argmax, row_key, token_keys
 from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.utils.device import to_device
 
 # Temperatures below this are treated as greedy (dividing by them would overflow float32).
 SAMPLING_EPS = 1e-6
@@ -48,6 +49,9 @@ class SamplingRequest:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]  # tokens generated so far; the sampled one is number len(output_ids)
     eos_token_ids: Sequence[int] = ()  # model EOS ids (only used by min_new_tokens)
+    # Tokens already sampled by a step still running on the GPU (overlap scheduler) and not yet in
+    # output_ids: the noise key counts them so a token's randomness does not depend on the lag.
+    num_pending: int = 0
 
 
 @dataclass
@@ -94,7 +98,7 @@ class SamplingBatchInfo:
             p = r.params
             g = is_greedy(p)
             greedy.append(g)
-            keys.append(row_key(r.seed, len(r.output_ids)))
+            keys.append(row_key(r.seed, len(r.output_ids) + r.num_pending))
             # Greedy rows get neutral filter values: they take argmax and must not widen the
             # batch-level decisions below (e.g. force a sort that no sampled row needs).
             k = vocab_size if (g or p.top_k < 0) else min(p.top_k, vocab_size)
@@ -112,9 +116,8 @@ class SamplingBatchInfo:
             need_min_p |= mp > 0.0
 
         # Two host->device copies instead of one per field.
-        floats = torch.tensor([temps, top_ps, log_min_ps], dtype=torch.float32).to(device)
-        ints = torch.tensor([top_ks, keys, [int(x) for x in greedy]],
-                            dtype=torch.int64).to(device)
+        floats = to_device([temps, top_ps, log_min_ps], torch.float32, device)
+        ints = to_device([top_ks, keys, [int(x) for x in greedy]], torch.int64, device)
         return cls(
             vocab_size=vocab_size,
             temperatures=floats[0].unsqueeze(1),

@@ -88,12 +88,29 @@ class WindowDecoder:
     _prefix_text: str | None = ""
     # decode(ids[prefix_offset:]) from the last pending() call, valid until ids change.
     _window_text: str | None = None
+    # len(tokenizer), looked up once (-1: unknown, no filtering).
+    _limit: int | None = None
+
+    def _tokenizer_len(self) -> int:
+        if self._limit is None:
+            try:
+                self._limit = len(self.tokenizer)
+            except TypeError:
+                self._limit = -1
+        return self._limit
 
     def decode(self, ids: Sequence[int]) -> str:
         if not ids:
             return ""
+        ids = list(ids)
+        # A model whose vocabulary is larger than its tokenizer's (a --load-format dummy config
+        # served with another model's tokenizer; padded embedding rows) samples ids that have
+        # no text: they decode as nothing. Fast tokenizers skip them already, slow ones raise.
+        limit = self._tokenizer_len()
+        if limit >= 0 and max(ids) >= limit:
+            ids = [i for i in ids if i < limit]
         return self.tokenizer.decode(
-            list(ids),
+            ids,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )

@@ -64,6 +64,7 @@ class SchedulerStats:
     cache_hit_rate: float            # cached prompt tokens / prompt tokens, since start
     num_retractions: int
     new_token_ratio: float
+    overlapped_steps: int = 0        # steps launched before the previous step's results were read
 
 
 @dataclass

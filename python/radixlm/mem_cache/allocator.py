@@ -38,7 +38,7 @@ class KVAllocator:
         if n > self._free_pages.numel():
             return None
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
-        self._is_free[pages] = False
+        self._is_free.index_fill_(0, pages, False)  # a Python-scalar index_put would sync
         return pages
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:

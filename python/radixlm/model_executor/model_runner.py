@@ -52,6 +52,16 @@ class ModelRunner:
                                 self.dtype, seed=args.random_seed)
         self._init_memory()
         self.attn_backend = create_attention_backend(self.attention_backend_name)
+        self.graph_runner = self._init_cuda_graphs()
+
+    def _init_cuda_graphs(self):
+        if (self.device.type != "cuda" or self.args.disable_cuda_graph
+                or not self.attn_backend.supports_cuda_graph):
+            return None
+        from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
+        graph_runner = CudaGraphRunner(self, self.args.cuda_graph_max_bs)
+        graph_runner.capture()
+        return graph_runner
 
     @property
     def attention_backend_name(self) -> str:
@@ -85,6 +95,10 @@ class ModelRunner:
             DEFAULT_MAX_RUNNING_REQUESTS, max(self.max_total_num_tokens // 2, 1))
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 1,
                                                 mc.context_len + 8, self.device)
+        # The last token sampled for each request slot: the next decode step reads its input ids
+        # from here on the device, so it can be launched before the host has seen them.
+        self.last_token_ids = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64,
+                                          device=self.device)
         self.kv_pool = KVPool(num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype,
                               self.device)
         self.allocator = KVAllocator(num_slots, ps, self.device)
@@ -97,9 +111,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, input_logprob_targets: list[list[int]] | None = None,
                 input_top_k: list[int] | None = None) -> ForwardOutput:
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return ForwardOutput(next_token_logits=self.graph_runner.replay(fb),
+                                 input_logprobs=None)
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
-        logits = self.model.compute_logits(hidden[last_token_rows(fb)])
+        last = hidden if fb.forward_mode.is_decode else hidden[last_token_rows(fb)]
+        logits = self.model.compute_logits(last)
         input_logprobs = None
         if fb.input_logprob_rows and any(fb.input_logprob_rows):
             input_logprobs = compute_input_logprobs(self.model, hidden, fb,

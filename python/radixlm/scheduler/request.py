@@ -45,6 +45,9 @@ class Req:
     last_node: "TreeNode | None" = None
     kv_committed_len: int = 0              # tokens of fill_ids whose KV is in the pool
     extend_input_len: int = 0              # tokens computed by the current extend step
+    # Tokens sampled by launched steps whose results the host has not processed yet (overlap
+    # scheduler: at most 1). They are on the device in ModelRunner.last_token_ids.
+    num_pending: int = 0
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
@@ -121,6 +124,15 @@ class Req:
     def wants_input_logprobs(self) -> bool:
         return (self.return_logprob and not self.input_logprobs_done
                 and self.effective_logprob_start < self.prompt_len)
+
+    @property
+    def sampling_reads_output(self) -> bool:
+        """Whether sampling the next token depends on the exact output so far (penalties,
+        min_new_tokens, a grammar): such requests can't be scheduled ahead of their results."""
+        p = self.sampling_params
+        return (self.grammar is not None or p.repetition_penalty != 1.0
+                or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+                or len(self.output_ids) + self.num_pending < p.min_new_tokens)
 
     def max_prefix_match(self) -> int:
         """How much of fill_ids may come from the cache: at least one token must be computed to

@@ -16,8 +16,8 @@ from radixlm.scheduler.request import Req
 from radixlm.scheduler.schedule_batch import ScheduleBatch, input_logprob_targets
 
 if TYPE_CHECKING:
-    from radixlm.layers.sampler import SampleOutput
     from radixlm.model_executor.model_runner import ForwardOutput
+    from radixlm.scheduler.launched_step import LaunchedStep
     from radixlm.scheduler.scheduler import Scheduler
 
 
@@ -38,40 +38,42 @@ class ResultProcessor:
 
     def samples_now(self, req: Req, batch: ScheduleBatch) -> bool:
         """Whether this step produces a token for req (not for a prefill chunk mid-prompt, and
-        not for max_new_tokens == 0, which only fills the cache)."""
+        not for max_new_tokens == 0, which only fills the cache). Called after the batch was
+        prepared, when kv_committed_len already counts this step's tokens."""
         if batch.forward_mode.is_decode:
             return True
-        done = req.kv_committed_len + req.extend_input_len >= req.seq_len
-        return done and req.max_new_tokens > 0
+        return req.kv_committed_len >= req.seq_len and req.max_new_tokens > 0
 
     # ------------------------------------------------------------------ after the forward
 
-    def process(self, batch: ScheduleBatch, out: "ForwardOutput", sample_rows: list[int],
-                sampled: "SampleOutput | None") -> None:
+    def process(self, step: "LaunchedStep") -> None:
         s = self.s
-        row_of = {i: j for j, i in enumerate(sample_rows)}
+        batch, out, sampled = step.batch, step.out, step.sampled
+        row_of = {i: j for j, i in enumerate(step.sample_rows)}
+        ids, lps = step.wait()
         jumped: list[Req] = []  # a list: they re-enter the queue in batch order
-        ids = sampled.next_token_ids.tolist() if sampled is not None else []
-        lps = sampled.next_token_logprobs.tolist() if sampled is not None else []
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
+            j = row_of.get(i)
+            if j is not None:
+                req.num_pending -= 1
+            if req.finished:
+                # Ended while this step ran (an abort, or, under the overlap scheduler, a stop
+                # found in the previous step's results): its token here is dropped.
+                continue
             if batch.forward_mode.is_extend:
                 self._record_input_logprobs(req, out, i)
-                req.kv_committed_len += req.extend_input_len
                 if not req.prompt_counted and req.kv_committed_len >= req.seq_len:
                     req.prompt_counted = True
                     s.prompt_tokens_total += req.prompt_len
                     s.cached_tokens_total += req.cached_tokens
-            else:
-                req.kv_committed_len += 1
             if req.kv_committed_len < req.seq_len:      # a chunk of a longer prompt
                 s.tree_cache.cache_unfinished_req(req)
                 continue
-            if i not in row_of:                         # max_new_tokens == 0
+            if j is None:                               # max_new_tokens == 0
                 self.finish(req, FinishReason("length"), send=False)
                 outputs.append(self._output(req))
                 continue
-            j = row_of[i]
             token = ids[j]
             req.output_ids.append(token)
             if req.return_logprob:
@@ -91,14 +93,11 @@ class ResultProcessor:
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
-            if batch.forward_mode.is_extend:
-                s.running.append(req)
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
-        if batch.forward_mode.is_decode:
-            gone = {id(r) for r in jumped}
-            s.running = [r for r in s.running if not r.finished and id(r) not in gone]
+        gone = {id(r) for r in jumped}
+        s.running = [r for r in s.running if not r.finished and id(r) not in gone]
         s.waiting[:0] = [r for r in jumped if not r.finished]  # prefill them next step
         if outputs:
             s.send(BatchReqOutput(outputs))
@@ -111,7 +110,7 @@ class ResultProcessor:
             req.input_token_logprobs.extend(got.token_logprobs)
             req.input_top_logprobs.extend(got.top_logprobs if req.top_logprobs_num else
                                           [None] * len(got.token_logprobs))
-        if req.kv_committed_len + req.extend_input_len >= req.prompt_len:
+        if req.kv_committed_len >= req.prompt_len:
             if req.effective_logprob_start == 0:   # the first prompt token has no context
                 req.input_token_logprobs.insert(0, (None, req.origin_input_ids[0]))
                 req.input_top_logprobs.insert(0, None)

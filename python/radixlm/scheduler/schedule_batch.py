@@ -15,6 +15,7 @@ import torch
 from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
+from radixlm.utils.device import to_device
 
 
 class OutOfKVMemory(RuntimeError):
@@ -48,7 +49,8 @@ class ScheduleBatch:
 
     def prepare_extend(self, runner: ModelRunner, tree_cache) -> ForwardBatch:
         """Each request computes fill_ids[kv_committed_len : kv_committed_len + extend_input_len]
-        on top of its cached prefix (already in its req_to_token row)."""
+        on top of its cached prefix (already in its req_to_token row). kv_committed_len advances
+        here, at launch: the slots are taken and the step will fill them."""
         pool = runner.req_to_token_pool
         input_ids, positions, locs, logprob_rows = [], [], [], []
         prefix_lens, extend_lens, seq_lens = [], [], []
@@ -68,45 +70,72 @@ class ScheduleBatch:
             extend_lens.append(n)
             seq_lens.append(start + n)
             logprob_rows.append(_input_logprob_rows(req, start, n))
-        return self._to_forward_batch(runner, ForwardMode.EXTEND, input_ids, positions,
-                                      torch.cat(locs), prefix_lens, extend_lens, seq_lens,
-                                      logprob_rows if any(logprob_rows) else [])
+            req.kv_committed_len = start + n
+        dev = runner.device
+        packed = to_device(input_ids + positions + [r.req_pool_idx for r in self.reqs] + seq_lens,
+                           torch.int64, dev)
+        t, bs = len(input_ids), len(self.reqs)
+        return self._forward_batch(runner, ForwardMode.EXTEND, packed[:t], packed[t:2 * t],
+                                   torch.cat(locs).to(dev), packed[2 * t:2 * t + bs],
+                                   packed[2 * t + bs:], prefix_lens, extend_lens, seq_lens,
+                                   logprob_rows if any(logprob_rows) else [])
 
     def prepare_decode(self, runner: ModelRunner, tree_cache) -> ForwardBatch:
-        """Each request feeds its last output token at position seq_len - 1."""
+        """Each request feeds its last sampled token at position kv_committed_len. The token is
+        read on the device from runner.last_token_ids (written by the sampler), so the batch can
+        be built while the step that samples it is still running (overlap scheduler)."""
         pool = runner.req_to_token_pool
-        input_ids, positions, locs, seq_lens = [], [], [], []
-        for req in self.reqs:
-            pos = req.seq_len - 1
-            assert req.kv_committed_len == pos, "decode request out of step with its KV"
-            new_loc = alloc_kv(runner, tree_cache, req, 1)
-            pool.write(req.req_pool_idx, pos, new_loc)
-            locs.append(new_loc)
-            input_ids.append(req.output_ids[-1])
-            positions.append(pos)
-            seq_lens.append(pos + 1)
-        bs = len(self.reqs)
-        return self._to_forward_batch(runner, ForwardMode.DECODE, input_ids, positions,
-                                      torch.cat(locs), [s - 1 for s in seq_lens], [1] * bs,
-                                      seq_lens, [])
+        positions = [req.kv_committed_len for req in self.reqs]
+        for req, pos in zip(self.reqs, positions):
+            assert pos == req.seq_len + req.num_pending - 1, "decode request out of step with its KV"
+            req.kv_committed_len = pos + 1
+        bs, dev = len(self.reqs), runner.device
+        seq_lens = [p + 1 for p in positions]
+        packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
+                           torch.int64, dev)
+        req_idx, pos_t, seq_t = packed[:bs], packed[bs:2 * bs], packed[2 * bs:]
+        locs = alloc_decode_slots(runner, tree_cache, req_idx, pos_t, positions)
+        pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
+        return self._forward_batch(runner, ForwardMode.DECODE, runner.last_token_ids[req_idx],
+                                   pos_t, locs, req_idx, seq_t, positions, [1] * bs, seq_lens, [])
 
-    def _to_forward_batch(self, runner: ModelRunner, mode: ForwardMode, input_ids: list[int],
-                          positions: list[int], out_cache_loc: torch.Tensor,
-                          prefix_lens: list[int], extend_lens: list[int], seq_lens: list[int],
-                          logprob_rows: list[list[int]]) -> ForwardBatch:
-        dev = runner.device
+    def _forward_batch(self, runner: ModelRunner, mode: ForwardMode, input_ids: torch.Tensor,
+                       positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                       req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       prefix_lens: list[int], extend_lens: list[int], seq_lens_cpu: list[int],
+                       logprob_rows: list[list[int]]) -> ForwardBatch:
         return ForwardBatch(
-            forward_mode=mode, batch_size=len(self.reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=out_cache_loc.to(dev),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64,
-                                          device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            seq_lens_cpu=seq_lens, extend_prefix_lens_cpu=prefix_lens,
+            forward_mode=mode, batch_size=len(self.reqs), input_ids=input_ids,
+            positions=positions, out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens, req_to_token_pool=runner.req_to_token_pool,
             kv_pool=runner.kv_pool, attn_backend=runner.attn_backend,
             input_logprob_rows=logprob_rows)
+
+
+def alloc_decode_slots(runner: ModelRunner, tree_cache, req_idx: torch.Tensor,
+                       pos_t: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """One slot per decoding request, for the token at positions[i], without reading anything
+    back from the device: with page size P, a request continues in its last page unless its
+    position starts a new page (known on the host), and the last page's slot is read on the
+    device from req_to_token."""
+    alloc = runner.allocator
+    ps = alloc.page_size
+    new_rows = [i for i, p in enumerate(positions) if p % ps == 0]
+    short = len(new_rows) * ps - alloc.available_size()
+    if short > 0:
+        tree_cache.evict(short)
+    fresh = alloc.alloc(len(new_rows) * ps)
+    if fresh is None:
+        raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} requests")
+    if ps == 1:
+        return fresh
+    table = runner.req_to_token_pool.req_to_token
+    locs = table[req_idx, (pos_t - 1).clamp_(min=0)].to(torch.int64) + 1
+    if new_rows:
+        rows = to_device(new_rows, torch.int64, locs.device)
+        locs[rows] = fresh[::ps]
+    return locs
 
 
 def _input_logprob_rows(req: Req, start: int, n: int) -> list[int]:

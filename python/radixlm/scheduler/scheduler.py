@@ -22,7 +22,7 @@ from radixlm import envs
 from radixlm.config import ServerArgs
 from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
-from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest
+from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest, is_greedy
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetLoadReq, ReqOutput, SchedulerStats,
                                        ShutdownReq, TokenizedGenerateReq)
@@ -35,8 +35,10 @@ from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefill import AddResult, PrefillAdder
 from radixlm.scheduler.request import Req
+from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+from radixlm.utils.device import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,11 @@ class Scheduler:
         self.stopped = False
         self._grammar_backend = None
         self.check_invariants = envs.check_invariants()
+        self.overlap = (not args.disable_overlap_schedule
+                        and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
+        self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
+        self.overlapped_steps = 0
+        self._greedy_infos: dict[int, SamplingBatchInfo] = {}
 
     # ------------------------------------------------------------------ loop
 
@@ -82,21 +89,51 @@ class Scheduler:
             self.step(block=True)
 
     def step(self, block: bool = False) -> bool:
-        """One scheduler iteration. Returns whether a batch ran."""
-        idle = not (self.waiting or self.running or self.chunked_req)
+        """One scheduler iteration. Returns whether a batch was launched.
+
+        Plain loop: launch a step, wait for it, process its results. Overlap loop: launch step
+        N+1, then process step N while N+1 runs on the device; step N+1's input tokens are read
+        on the device (ModelRunner.last_token_ids), and stop conditions found while processing
+        N end their requests one step late (the token N+1 computed for them is dropped).
+        """
+        idle = not self.has_work
         for msg in self.recv(0.05 if (block and idle) else 0.0):
             self.handle_message(msg)
+        if self.pending is not None and self._must_process_before_scheduling():
+            self._process_pending()
         batch = self.next_batch()
-        if batch is None:
-            return False
-        self.run_batch(batch)
+        launched = self.launch(batch) if batch is not None else None
+        if launched is not None and self.pending is not None:
+            self.overlapped_steps += 1
+        self._process_pending()
+        if launched is not None:
+            if self.overlap:
+                self.pending = launched
+            else:
+                self.results.process(launched)
         if self.check_invariants:
             self.check_memory_invariant()
-        return True
+        return launched is not None
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req)
+        return bool(self.waiting or self.running or self.chunked_req or self.pending)
+
+    def _process_pending(self) -> None:
+        if self.pending is not None:
+            step, self.pending = self.pending, None
+            self.results.process(step)
+
+    def _must_process_before_scheduling(self) -> bool:
+        """The next batch can be built ahead of the pending step's results only in the steady
+        decode state; anything that reads those results on the host waits for them."""
+        if self.pending.batch.forward_mode.is_extend:
+            return True  # new requests join decode with their first token known
+        if any(r.sampling_reads_output for r in self.running):
+            return True
+        alloc = self.runner.allocator
+        need = decode_tokens_needed(self.running, alloc.page_size)
+        return need > alloc.available_size() + self.tree_cache.evictable_size()  # retraction
 
     # ------------------------------------------------------------------ messages
 
@@ -176,6 +213,7 @@ class Scheduler:
             self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
 
     def flush_cache(self) -> FlushCacheResult:
+        self._process_pending()
         if self.has_work:
             return FlushCacheResult(False, "cannot flush the cache while requests are running")
         self.tree_cache.reset()
@@ -285,28 +323,52 @@ class Scheduler:
     # ------------------------------------------------------------------ run
 
     @torch.inference_mode()
-    def run_batch(self, batch: ScheduleBatch) -> None:
+    def launch(self, batch: ScheduleBatch) -> LaunchedStep:
+        """Queue the forward pass and the sampling of one batch on the device."""
+        runner = self.runner
         if batch.forward_mode.is_extend:
-            fb = batch.prepare_extend(self.runner, self.tree_cache)
+            fb = batch.prepare_extend(runner, self.tree_cache)
             targets, top_k = self.results.input_logprob_targets(batch, fb)
-            out = self.runner.forward(fb, targets, top_k)
+            out = runner.forward(fb, targets, top_k)
         else:
-            fb = batch.prepare_decode(self.runner, self.tree_cache)
-            out = self.runner.forward(fb)
+            fb = batch.prepare_decode(runner, self.tree_cache)
+            out = runner.forward(fb)
         sample_rows = [i for i, r in enumerate(batch.reqs) if self.results.samples_now(r, batch)]
         sampled = None
         if sample_rows:
             reqs = [batch.reqs[i] for i in sample_rows]
-            info = SamplingBatchInfo.build(
-                [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
-                                 self.runner.model_config.eos_token_ids) for r in reqs],
-                self.runner.model_config.vocab_size, self.runner.device)
+            info = self._sampling_info(reqs)
             # Filled on the CPU while the forward pass runs on the device.
             info.vocab_mask = self._grammar_mask(reqs)
-            logits = out.next_token_logits[torch.tensor(sample_rows, device=self.runner.device)]
+            logits, pool_rows = out.next_token_logits, fb.req_pool_indices
+            if len(sample_rows) < batch.batch_size:
+                rows = to_device(sample_rows, torch.int64, runner.device)
+                logits, pool_rows = logits[rows], pool_rows[rows]
             tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
             sampled = self.sampler(logits, info, tops if any(tops) else None)
-        self.results.process(batch, out, sample_rows, sampled)
+            runner.last_token_ids[pool_rows] = sampled.next_token_ids
+            for r in reqs:
+                r.num_pending += 1
+            if batch.forward_mode.is_extend:
+                self.running.extend(reqs)  # they decode from the next step on
+        return LaunchedStep.start(batch, out, sample_rows, sampled)
+
+    def _sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
+        """The batch's sampling tensors. Those of an all-greedy batch with no logit bias and
+        nothing that reads the outputs depend on its size alone, so they are built once per size
+        (building them is a per-request Python loop the host would otherwise pay every step)."""
+        mc = self.runner.model_config
+        plain_greedy = all(is_greedy(r.sampling_params) and not r.sampling_params.logit_bias
+                           and not r.sampling_reads_output for r in reqs)
+        if plain_greedy and len(reqs) in self._greedy_infos:
+            return self._greedy_infos[len(reqs)]
+        info = SamplingBatchInfo.build(
+            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
+                             mc.eos_token_ids, r.num_pending) for r in reqs],
+            mc.vocab_size, self.runner.device)
+        if plain_greedy:
+            self._greedy_infos[len(reqs)] = info
+        return info
 
     def _grammar_mask(self, reqs: list[Req]):
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
@@ -334,7 +396,8 @@ class Scheduler:
             token_usage=in_use / total if total else 0.0,
             cache_hit_rate=(self.cached_tokens_total / self.prompt_tokens_total
                             if self.prompt_tokens_total else 0.0),
-            num_retractions=self.num_retractions, new_token_ratio=self.ratio.value)
+            num_retractions=self.num_retractions, new_token_ratio=self.ratio.value,
+            overlapped_steps=self.overlapped_steps)
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""

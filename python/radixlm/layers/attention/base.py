@@ -35,15 +35,13 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward_decode(self, q, k, v, layer, forward_batch) -> torch.Tensor: ...
 
-    # CUDA-graph hooks (the GPU issue implements them; the reference backend does not capture).
-    def init_cuda_graph_state(self, max_bs: int) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+    # CUDA graphs (decode only). A backend that supports them computes its decode metadata with
+    # device ops whose shapes depend on the batch size alone, so the capture records the metadata
+    # computation too and a replay needs nothing but fresh inputs in the graph's static buffers.
+    supports_cuda_graph: bool = False
 
     def init_forward_metadata_capture(self, forward_batch: "ForwardBatch") -> None:
-        raise NotImplementedError
-
-    def init_forward_metadata_replay(self, forward_batch: "ForwardBatch") -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
 
 # name -> "module:Class", imported only when chosen (a CPU install never imports Triton).

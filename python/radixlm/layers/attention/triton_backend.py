@@ -13,11 +13,10 @@ forward_decode does no host-device synchronisation: every host-side number it ne
 the maximum number of splits) was decided in init_forward_metadata from the ForwardBatch's host
 lists, and the per-request quantities stay on the device.
 
-CUDA graphs (not implemented yet; the base-class hooks raise): the decode metadata was laid out
-for them. kv_indptr [B+1], num_kv_splits [B] and the partial buffers have a fixed shape per batch
-size, and the kernels' grid depends only on (batch size, max_kv_splits); a graph version would
-preallocate them for max_bs, a kv_indices buffer of max_bs x max_context slots and a fixed
-max_kv_splits, and refill them in init_forward_metadata_replay.
+CUDA graphs: init_forward_metadata_capture builds the same decode metadata with shapes that depend
+on the batch size only (kv_indices sized for every request at the full context length, a fixed
+max_kv_splits). It runs inside the capture, so every replay recomputes kv_indptr / kv_indices /
+num_kv_splits on the device from the graph's static req_pool_indices and seq_lens.
 """
 
 from __future__ import annotations
@@ -36,6 +35,8 @@ from radixlm.layers.attention.kernels import (
     per_request_kv_splits,
 )
 from radixlm.layers.attention.kernels.common import num_sms
+from radixlm.layers.attention.kernels.store_kv import store_kv
+from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
     from radixlm.layers.attention.radix_attention import RadixAttention
@@ -77,11 +78,27 @@ class TritonAttnBackend(AttentionBackend):
         for n in fb.extend_seq_lens_cpu:
             qo_indptr.append(qo_indptr[-1] + n)
         # One host-to-device copy for all the small per-request integers.
-        packed = torch.tensor(prefix + qo_indptr, dtype=torch.int32).to(table.device)
+        packed = to_device(prefix + qo_indptr, torch.int32, table.device)
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, packed[:bs],
                                                  sum(prefix))
         md.update(mode="extend", qo_indptr=packed[bs:], kv_indptr=kv_indptr,
                   kv_indices=kv_indices, max_extend_len=max(fb.extend_seq_lens_cpu, default=0))
+
+    supports_cuda_graph = True
+
+    def init_forward_metadata_capture(self, forward_batch: "ForwardBatch") -> None:
+        fb = forward_batch
+        md = fb.attn_metadata
+        md.clear()
+        table = fb.req_to_token_pool.req_to_token
+        max_ctx = fb.req_to_token_pool.max_context_len
+        kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
+                                                 fb.batch_size * max_ctx)
+        max_kv_splits = choose_max_kv_splits(fb.batch_size, fb.kv_pool.num_kv_heads, max_ctx,
+                                             num_sms(table.device))
+        md.update(mode="decode", kv_indptr=kv_indptr, kv_indices=kv_indices,
+                  num_kv_splits=per_request_kv_splits(fb.seq_lens, max_kv_splits),
+                  max_kv_splits=max_kv_splits)
 
     # ------------------------------------------------------------------ forward
 
@@ -129,12 +146,17 @@ class TritonAttnBackend(AttentionBackend):
     @staticmethod
     def _store_kv(k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
                   fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
-        # KVPool.set_kv is a device-side index_put (no host sync; test_gpu_decode_has_no_host_sync
-        # checks it); going through the pool keeps its dtype conversion in one place.
+        # One kernel for K and V (kernels/store_kv.py); no host sync
+        # (test_gpu_decode_has_no_host_sync checks it).
         hk, d = layer.num_kv_heads, layer.head_dim
-        fb.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d),
-                          v.reshape(-1, hk, d))
-        return fb.kv_pool.get_kv(layer.layer_id)
+        k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        k3, v3 = k.reshape(-1, hk, d), v.reshape(-1, hk, d)
+        if k3.stride(1) != d or k3.stride(2) != 1:
+            k3 = k3.contiguous()
+        if v3.stride(1) != d or v3.stride(2) != 1:
+            v3 = v3.contiguous()
+        store_kv(k3, v3, k_buf, v_buf, fb.out_cache_loc)
+        return k_buf, v_buf
 
     @staticmethod
     def _decode_buffers(md: dict[str, Any], bs: int, hq: int, d: int,

@@ -32,8 +32,9 @@ from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
 # Upper bound on splits per request: bounds the partial-output buffer
 # ([B, num_heads, max_kv_splits, head_dim] fp32) and stage 2's tile.
 MAX_KV_SPLITS = 64
-# A split shorter than this spends more on its partial write and the reduction than it saves.
-MIN_TOKENS_PER_SPLIT = 256
+# A split shorter than this spends more on its partial write and the reduction than it saves
+# (64: at batch 1 a 1k context gets 16 splits per KV head, enough programs to hide latency).
+MIN_TOKENS_PER_SPLIT = 64
 LOG2E = 1.4426950408889634
 
 
@@ -172,7 +173,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                      num_kv_splits: torch.Tensor, max_kv_splits: int, sm_scale: float,
                      mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, num_warps: int = 4,
+                     num_stages: int = 2) -> torch.Tensor:
     """q/out [B, Hq, D]; k_buf/v_buf [slots, Hk, D]; request b attends to the slots
     kv_indices[kv_indptr[b]:kv_indptr[b+1]], in num_kv_splits[b] <= max_kv_splits splits.
     mid_o/mid_lse come from alloc_decode_buffers (at least this batch size and max_kv_splits)."""
@@ -196,7 +198,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=4, num_stages=2,
+        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_reduce_kernel[(bs, hq)](
         mid_o, mid_lse, kv_indptr, num_kv_splits, out,

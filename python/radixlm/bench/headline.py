@@ -1,0 +1,137 @@
+"""`radixlm bench headline`: one batched `/generate` call to a running server against the
+plain-PyTorch floor, in one run (SGLang's talk workload: Llama-3.2-1B, batch 256, input 4096,
+output 16).
+
+1. Start `radixlm serve` on the model (or use `--base-url` of a server already running on this
+   machine with the same weights), warm it up with a small batch, flush its cache, and time one
+   `/generate` whose body holds all `--batch-size` prompts as input_ids (greedy, ignore_eos,
+   `--output-len` new tokens each): request sent to last byte of the response.
+2. Stop the server, load the same weights in this process and time the floor
+   (bench/floor.py: static batch, cuBLAS + SDPA) on the same prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+import httpx
+import torch
+
+from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.floor import measure_floor
+from radixlm.config import ServerArgs
+from radixlm.model_executor.model_runner import ModelRunner
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(ns: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
+           "--model-path", ns.model_path, "--load-format", ns.load_format, "--dtype", ns.dtype,
+           "--max-running-requests", str(ns.batch_size), "--log-level", "warning",
+           *(["--tokenizer-path", ns.tokenizer_path] if ns.tokenizer_path else []),
+           *ns.server_args]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + ns.startup_timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError("server did not become healthy in time")
+
+
+def generate(url: str, prompts: torch.Tensor, output_len: int) -> tuple[float, list[dict]]:
+    body = {"input_ids": prompts.tolist(),
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0,
+                                "ignore_eos": True}}
+    httpx.post(url + "/flush_cache", timeout=60)
+    t = time.perf_counter()
+    resp = httpx.post(url + "/generate", json=body, timeout=3600)
+    seconds = time.perf_counter() - t
+    resp.raise_for_status()
+    return seconds, resp.json()
+
+
+def run(ns: argparse.Namespace) -> dict:
+    bs, n_in, n_out = ns.batch_size, ns.input_len, ns.output_len
+    proc, url = (None, ns.base_url) if ns.base_url else start_server(ns)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, ns.max_token_id, (bs, n_in), generator=gen)
+        generate(url, prompts[: max(1, bs // 32)], n_out)          # warm-up
+        server_s, outs = generate(url, prompts, n_out)
+        server_s2, _ = generate(url, prompts, n_out)                 # a second timing
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    completion = [o["meta_info"]["completion_tokens"] for o in outs]
+    assert completion == [n_out] * bs, "every request must return exactly output_len tokens"
+
+    runner = ModelRunner(ServerArgs(model_path=ns.model_path, load_format=ns.load_format,
+                                    dtype=ns.dtype, disable_cuda_graph=True,
+                                    max_total_tokens=4096, max_running_requests=8,
+                                    context_length=n_in + n_out + 8))
+    fl = measure_floor(runner, prompts, n_out, max(1, ns.floor_prefill_tokens // n_in))
+    first_agree = sum(o["output_ids"][0] == f for o, f in zip(outs, fl.first_tokens)) / bs
+    best = min(server_s, server_s2)
+    return {
+        "batch_size": bs, "input_len": n_in, "output_len": n_out,
+        "server_e2e_s": [server_s, server_s2], "server_best_s": best,
+        "floor": {"total_s": fl.total_s, "prefill_s": fl.prefill_s,
+                  "decode_s": sum(fl.decode_steps_s)},
+        "ratio_server_over_floor": best / fl.total_s,
+        "first_token_agreement_with_floor": first_agree,
+        "config": {k: v for k, v in vars(ns).items()},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixlm bench headline", description=__doc__)
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--base-url", default=None, help="use this running server instead")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=4096)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--max-token-id", type=int, default=32000,
+                   help="prompt ids are drawn below this (must be inside the model's vocab)")
+    p.add_argument("--floor-prefill-tokens", type=int, default=16384,
+                   help="the floor prefills whole requests in groups of this many tokens")
+    p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
+                   help="the rest of the command line goes to `radixlm serve`")
+    p.add_argument("--output", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = p.parse_args(argv)
+    result = run(ns)
+    result.update(environment(None), command="radixlm bench headline " + " ".join(argv))
+    path = write_json(ns.output or default_output_path("headline"), result)
+    print_summary(f"headline bs {ns.batch_size} in {ns.input_len} out {ns.output_len}: server "
+                  f"{result['server_best_s']:.2f}s, floor {result['floor']['total_s']:.2f}s "
+                  f"({result['ratio_server_over_floor']:.2f}x floor) -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

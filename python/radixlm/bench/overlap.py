@@ -1,0 +1,186 @@
+"""`radixlm bench overlap`: decode throughput and GPU idle time with the overlap scheduler on vs
+off, in one process and one run.
+
+A Scheduler is driven directly (in-memory transport, no tokenizer or HTTP) over one ModelRunner:
+`--batch-size` requests are prefilled, then `--steps` decode steps are timed, and a window of
+`--profile-steps` steps runs under the torch profiler. GPU idle = 1 - (union of kernel intervals)
+/ (first kernel start to last kernel end) over that window: the time the device waited for the
+host. With the plain loop the host's per-step work (building the batch, reading results, stop
+checks) sits between kernels; with overlap it runs while the next step computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Sequence
+
+import torch
+
+from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.config import ServerArgs
+from radixlm.managers.messages import TokenizedGenerateReq
+from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.scheduler.scheduler import Scheduler
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gpu_idle_fraction(prof) -> float | None:
+    """1 - busy / span over the CUDA kernels the profiler saw (overlapping kernels merged)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return None
+    busy, cur_start, cur_end = 0.0, *spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    span = spans[-1][1] - spans[0][0]
+    return 1.0 - busy / span if span > 0 else 0.0
+
+
+def measure(runner: ModelRunner, args: ServerArgs, ns: argparse.Namespace) -> dict:
+    runner.allocator.clear()
+    runner.req_to_token_pool.clear()
+    outbox: list = []
+    sched = Scheduler(args, runner, lambda timeout: [], outbox.append)
+    vocab = runner.model_config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    total_steps = ns.steps + ns.profile_steps + 4
+    for i in range(ns.batch_size):
+        ids = torch.randint(0, vocab, (ns.input_len,), generator=gen).tolist()
+        params = SamplingParams(max_new_tokens=total_steps + 8, temperature=0, ignore_eos=True)
+        sched.handle_message(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids,
+                                                  sampling_params=params))
+    while sched.waiting or sched.chunked_req or len(sched.running) < ns.batch_size:
+        sched.step()
+    for _ in range(4):  # warm-up decode steps (and the pending prefill result)
+        sched.step()
+    dev = runner.device
+    syncs = trace_host_syncs(lambda: [sched.step() for _ in range(3)]) if ns.check_syncs else None
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(ns.steps):
+        sched.step()
+    _sync(dev)
+    seconds = time.perf_counter() - t
+    idle = None
+    if dev.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(ns.profile_steps):
+                sched.step()
+            _sync(dev)
+        idle = gpu_idle_fraction(prof)
+    while sched.has_work:
+        sched.step()
+    return {"decode_steps": ns.steps, "seconds": seconds,
+            "step_ms": seconds / ns.steps * 1e3,
+            "decode_tok_s": ns.batch_size * ns.steps / seconds,
+            "gpu_idle_fraction": idle, "overlapped_steps": sched.overlapped_steps,
+            "host_syncs_in_3_steps": syncs}
+
+
+def trace_host_syncs(fn) -> list[str] | None:
+    """Run fn with CUDA's sync debug mode on; return where each host synchronisation came from
+    (the one intended wait per step, LaunchedStep.wait, shows up too)."""
+    if not torch.cuda.is_available():
+        return None
+    import traceback
+    import warnings
+    seen: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        stack = [f for f in traceback.extract_stack()[:-1] if "radixlm" in f.filename]
+        seen.append(str(message)[:80] + " @ " + " <- ".join(
+            f"{f.filename.split('radixlm/')[-1]}:{f.lineno}" for f in reversed(stack[-4:])))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return seen
+
+
+def decode_roofline(runner: ModelRunner, ns: argparse.Namespace) -> dict | None:
+    """Bytes a decode step must read (weights + the batch's KV at the mean context of the timed
+    steps) / measured copy bandwidth, and the fraction of it each mode reached."""
+    if runner.device.type != "cuda":
+        return None
+    from radixlm.bench.one_batch import copy_bandwidth
+    mc = runner.model_config
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    context = ns.input_len + 4 + ns.steps // 2
+    kv_bytes = (ns.batch_size * context * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
+                * torch.empty((), dtype=runner.dtype).element_size())
+    bw = copy_bandwidth(runner.device)
+    return {"copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
+            "step_s": (weight_bytes + kv_bytes) / bw}
+
+
+def run(ns: argparse.Namespace) -> dict:
+    base = ServerArgs(model_path=ns.model_path, load_format=ns.load_format, dtype=ns.dtype,
+                      tokenizer_path=ns.model_path, disable_cuda_graph=ns.disable_cuda_graph,
+                      max_running_requests=ns.batch_size,
+                      max_total_tokens=ns.batch_size * (ns.input_len + ns.steps
+                                                        + ns.profile_steps + 16) + 256)
+    runner = ModelRunner(base)
+    results = {}
+    for name, off in (("overlap_off", True), ("overlap_on", False)):
+        results[name] = measure(runner, dataclasses.replace(base, disable_overlap_schedule=off), ns)
+    results["speedup_on_over_off"] = (results["overlap_on"]["decode_tok_s"]
+                                      / results["overlap_off"]["decode_tok_s"])
+    results["roofline"] = roof = decode_roofline(runner, ns)
+    if roof:
+        for name in ("overlap_on", "overlap_off"):
+            results[name]["fraction_of_roofline"] = roof["step_s"] / results[name]["seconds"] \
+                * results[name]["decode_steps"]
+    results["config"] = {k: v for k, v in vars(ns).items()}
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixlm bench overlap", description=__doc__)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--check-syncs", action="store_true",
+                   help="list the host synchronisations of 3 steps (CUDA sync debug mode)")
+    p.add_argument("--output", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = p.parse_args(argv)
+    result = run(ns)
+    result.update(environment(None), command="radixlm bench overlap " + " ".join(argv))
+    path = write_json(ns.output or default_output_path("overlap"), result)
+    on, off, roof = result["overlap_on"], result["overlap_off"], result["roofline"]
+    idle = (f", GPU idle {off['gpu_idle_fraction']:.1%} -> {on['gpu_idle_fraction']:.1%}"
+            if on["gpu_idle_fraction"] is not None else "")
+    print_summary(f"overlap bs {ns.batch_size}: decode {off['decode_tok_s']:.0f} -> "
+                  f"{on['decode_tok_s']:.0f} tok/s ({result['speedup_on_over_off']:.2f}x)"
+                  f"{idle}" + (f", {on['fraction_of_roofline']:.0%} of roofline" if roof else "")
+                  + f" -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

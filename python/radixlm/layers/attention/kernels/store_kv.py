@@ -1,0 +1,42 @@
+"""Writing a step's new K and V into the pool: one kernel for both tensors.
+
+Two PyTorch index_put calls per layer cost two launches of a generic scatter; at batch 1 that is
+~3 us each, ~0.2 ms per step of a 32-layer model. One program per new token copies its K and V
+rows (num_kv_heads * head_dim contiguous values each) to its slot, converting to the pool dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.layers.attention.kernels.common import next_pow2
+
+
+@triton.jit
+def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt, stride_vbt,
+                     ROW: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(locs + t).to(tl.int64)
+    for start in range(0, ROW, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < ROW
+        k = tl.load(K + t.to(tl.int64) * stride_kt + offs, mask=mask)
+        v = tl.load(V + t.to(tl.int64) * stride_vt + offs, mask=mask)
+        tl.store(K_buf + slot * stride_kbt + offs, k.to(K_buf.dtype.element_ty), mask=mask)
+        tl.store(V_buf + slot * stride_vbt + offs, v.to(V_buf.dtype.element_ty), mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+             locs: torch.Tensor) -> None:
+    """k/v [T, Hk, D] (each token's heads contiguous) -> k_buf/v_buf[locs[t]]."""
+    num_tokens = locs.numel()
+    if num_tokens == 0:
+        return
+    row = k.shape[1] * k.shape[2]
+    assert k.stride(2) == 1 and k.stride(1) == k.shape[2], "K rows must be contiguous"
+    assert v.stride(2) == 1 and v.stride(1) == v.shape[2], "V rows must be contiguous"
+    _store_kv_kernel[(num_tokens,)](k, v, k_buf, v_buf, locs, k.stride(0), v.stride(0),
+                                    k_buf.stride(0), v_buf.stride(0), ROW=row,
+                                    BLOCK=min(next_pow2(row), 2048), num_warps=4)

@@ -1,0 +1,40 @@
+"""Fused Triton kernels for the small per-token ops: RMSNorm (+ residual add), SiLU-and-mul and
+rotary embedding.
+
+This package's `__init__` does not import Triton; the kernel modules (`norm_kernels`,
+`activation_kernels`, `rotary_kernels`) do, so the layers import them only inside their fused
+branch, after `use_fused` said yes. A CPU install without Triton never imports them.
+
+The fused path is taken when all of these hold (`use_fused`):
+  * the tensor is on CUDA,
+  * RADIXLM_DISABLE_FUSED_OPS is not set (read at every call, like the other knobs in envs.py),
+  * Triton imports.
+Otherwise the layers run their plain PyTorch code, unchanged.
+
+All wrappers are CUDA-graph capturable: outputs are allocated from shapes only, launch grids
+depend on shapes only, and nothing reads device memory on the host. Each kernel must run once
+outside capture first (Triton compiles on first use), as any graph runner's warm-up does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from radixlm import envs
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # ImportError, or a broken install that fails while importing
+        return False
+    return True
+
+
+def use_fused(x: torch.Tensor) -> bool:
+    """Whether the layers should run their fused Triton kernel on `x` (see the module doc)."""
+    return x.is_cuda and not envs.disable_fused_ops() and triton_available()

@@ -1,0 +1,117 @@
+"""CUDA graphs for decode steps (`--disable-cuda-graph` turns them off).
+
+A decode step of a small batch is dominated by the CPU launching a few hundred small kernels.
+Capturing the whole step (attention metadata, every layer, the LM head) once per batch size and
+replaying it makes the launch cost one call.
+
+How a step runs through a graph:
+  * batch sizes 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs are captured at start-up,
+    largest first, all sharing one memory pool (only one graph ever runs at a time);
+  * a batch of B requests uses the smallest captured size >= B; the padded rows write their K/V
+    into the pool's padding slot 0, read one token of request row 0, and their logits are dropped;
+  * the inputs are copied into the graph's static buffers, the graph replays, and the logits come
+    out of the graph's static output buffer (valid until the next replay).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4) if s <= max_bs]
+    sizes += list(range(8, max_bs + 1, 8))
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sorted(set(sizes))
+
+
+class CudaGraphRunner:
+    def __init__(self, runner: "ModelRunner", max_bs: int):
+        self.runner = runner
+        self.max_bs = min(max_bs, runner.max_running_requests)
+        self.batch_sizes = capture_batch_sizes(self.max_bs)
+        dev = runner.device
+        # Static inputs; padded rows keep these values (slot 0 is the KV pool's padding slot).
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return (fb.forward_mode.is_decode and 0 < fb.batch_size <= self.max_bs
+                and not fb.input_logprob_rows)
+
+    # ------------------------------------------------------------------ capture
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        stream = torch.cuda.Stream(self.runner.device)
+        stream.wait_stream(torch.cuda.current_stream(self.runner.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.batch_sizes):
+                self._capture_one(bs)
+        torch.cuda.current_stream(self.runner.device).wait_stream(stream)
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        r = self.runner
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs], out_cache_loc=self.out_cache_loc[:bs],
+            req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
+            seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs,
+            req_to_token_pool=r.req_to_token_pool, kv_pool=r.kv_pool, attn_backend=r.attn_backend)
+
+    def _run_static(self, fb: ForwardBatch) -> torch.Tensor:
+        r = self.runner
+        r.attn_backend.init_forward_metadata_capture(fb)
+        hidden = r.model(fb.input_ids, fb.positions, fb)
+        return r.model.compute_logits(hidden)
+
+    def _capture_one(self, bs: int) -> None:
+        fb = self._static_batch(bs)
+        for _ in range(2):  # warm-up: Triton compiles and cuBLAS picks its kernels outside capture
+            self._run_static(fb)
+        torch.cuda.synchronize(self.runner.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):
+            logits = self._run_static(fb)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bs] = graph
+        self.logits[bs] = logits
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run a decode batch through its graph; returns [B, V] logits (a view of the graph's
+        output, overwritten by the next replay)."""
+        bs = fb.batch_size
+        padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+        if padded > bs:
+            self.out_cache_loc[bs:padded].zero_()
+            self.req_pool_indices[bs:padded].zero_()
+            self.seq_lens[bs:padded].fill_(1)
+        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(fb.positions, non_blocking=True)
+        self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
+        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
+        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]

@@ -1,0 +1,54 @@
+"""A step whose forward pass and sampling are queued on the device, results not yet read.
+
+The sampled ids (and their logprobs) are copied into pinned host memory by a non-blocking copy
+queued right after the sampler; `wait()` blocks on that copy alone. This is the one
+device-to-host synchronisation of a step: under the overlap scheduler it happens after the next
+step has been queued, so the GPU never waits for the host's bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.layers.sampler import SampleOutput
+from radixlm.model_executor.model_runner import ForwardOutput
+from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+
+@dataclass
+class LaunchedStep:
+    batch: ScheduleBatch
+    out: ForwardOutput
+    sample_rows: list[int]                 # rows of batch.reqs that sampled a token
+    sampled: SampleOutput | None
+    _ids_host: torch.Tensor | None = None
+    _logprobs_host: torch.Tensor | None = None
+    _copied: torch.cuda.Event | None = None
+
+    @classmethod
+    def start(cls, batch: ScheduleBatch, out: ForwardOutput, sample_rows: list[int],
+              sampled: SampleOutput | None) -> "LaunchedStep":
+        step = cls(batch, out, sample_rows, sampled)
+        if sampled is None:
+            return step
+        ids, lps = sampled.next_token_ids, sampled.next_token_logprobs
+        if ids.device.type == "cuda":
+            step._ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            step._logprobs_host = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+            step._ids_host.copy_(ids, non_blocking=True)
+            step._logprobs_host.copy_(lps, non_blocking=True)
+            step._copied = torch.cuda.Event()
+            step._copied.record()
+        else:
+            step._ids_host, step._logprobs_host = ids, lps
+        return step
+
+    def wait(self) -> tuple[list[int], list[float]]:
+        """Sampled ids and their logprobs, per sampled row (blocks until the copy is done)."""
+        if self._ids_host is None:
+            return [], []
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._ids_host.tolist(), self._logprobs_host.tolist()

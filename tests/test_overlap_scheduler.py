@@ -1,0 +1,80 @@
+"""The overlap scheduler (step N+1 launched before step N's results are read) gives the same
+outputs as the plain loop. On the CPU it only runs when RADIXLM_OVERLAP_ON_CPU=1 (on a GPU it is
+the default); the logic under test (input ids read on the device, stop conditions applied one
+step late, the extra token dropped, KV accounting) is the same on both."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import assert_pool_empty, hf_greedy
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+    "woman who kept bees. Every morning she",
+    "A list of three colours: red,",
+]
+
+
+@pytest.fixture
+def overlap_engine(make_engine, monkeypatch):
+    def make(**kwargs):
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+        return make_engine(**kwargs)
+    return make
+
+
+@pytest.mark.parametrize("engine_args", [
+    {},
+    {"page_size": 16, "chunked_prefill_size": 16},
+], ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "default")
+def test_overlap_greedy_matches_hf(overlap_engine, hf_model, tokenizer, engine_args):
+    engine = overlap_engine(max_total_tokens=4096, **engine_args)
+    # Different lengths, so requests finish (one step late under overlap) while others decode.
+    lengths = [5, 24, 9, 17]
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths]
+    outs = engine.generate(PROMPTS, params)
+    for prompt, n, out in zip(PROMPTS, lengths, outs):
+        assert out["output_ids"] == hf_greedy(hf_model, tokenizer(prompt).input_ids, n)
+        assert out["meta_info"]["completion_tokens"] == n
+    assert engine.get_stats().overlapped_steps > 10
+    assert_pool_empty(engine)
+
+
+def test_overlap_matches_plain_loop_on_stops_and_sampling(overlap_engine, make_engine):
+    params = [
+        {"max_new_tokens": 40, "temperature": 0},                             # may stop at EOS
+        {"max_new_tokens": 40, "temperature": 0, "stop": ["\n"]},             # stop string
+        {"max_new_tokens": 30, "temperature": 0.8, "top_p": 0.9, "sampling_seed": 7},
+        {"max_new_tokens": 30, "temperature": 0.7, "frequency_penalty": 0.5,  # forces a sync
+         "sampling_seed": 3, "min_new_tokens": 4},
+    ]
+    plain = make_engine(max_total_tokens=4096, disable_overlap_schedule=True)
+    want = plain.generate(PROMPTS, params)
+    overlapped = overlap_engine(max_total_tokens=4096)
+    got = overlapped.generate(PROMPTS, params)
+    for w, g in zip(want, got):
+        assert g["output_ids"] == w["output_ids"]
+        assert g["text"] == w["text"]
+        assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+    # Streaming under overlap delivers the same tokens.
+    chunks = list(overlapped.generate(PROMPTS[0], params[0], stream=True))
+    assert chunks[-1]["output_ids"] == want[0]["output_ids"]
+    assert_pool_empty(overlapped)
+
+
+def test_overlap_survives_memory_pressure(overlap_engine, make_engine):
+    """A pool too small for every request at once: retraction has to happen (after the pending
+    step is processed) and outputs still equal the plain loop's."""
+    params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    prompts = [p + f" ({i})" for i in range(3) for p in PROMPTS]
+    plain = make_engine(max_total_tokens=640, disable_overlap_schedule=True)
+    want = [o["output_ids"] for o in plain.generate(prompts, params)]
+    overlapped = overlap_engine(max_total_tokens=640)
+    got = [o["output_ids"] for o in overlapped.generate(prompts, params)]
+    assert got == want
+    stats = overlapped.get_stats()
+    assert stats.num_retractions > 0 and stats.overlapped_steps > 0
+    assert_pool_empty(overlapped)
