@@ -50,11 +50,15 @@ def test_overlap_matches_plain_loop_on_stops_and_sampling(overlap_engine, make_e
         {"max_new_tokens": 30, "temperature": 0.8, "top_p": 0.9, "sampling_seed": 7},
         {"max_new_tokens": 30, "temperature": 0.7, "frequency_penalty": 0.5,  # forces a sync
          "sampling_seed": 3, "min_new_tokens": 4},
+        # min_new_tokens alone: the EOS ban must count the token still on the device.
+        {"max_new_tokens": 30, "temperature": 0, "min_new_tokens": 3},
+        {"max_new_tokens": 0},                     # prefill only, in a pending step
     ]
+    prompts = PROMPTS + ["Hello!", "What is 2 + 2?"]
     plain = make_engine(max_total_tokens=4096, disable_overlap_schedule=True)
-    want = plain.generate(PROMPTS, params)
+    want = plain.generate(prompts, params)
     overlapped = overlap_engine(max_total_tokens=4096)
-    got = overlapped.generate(PROMPTS, params)
+    got = overlapped.generate(prompts, params)
     for w, g in zip(want, got):
         assert g["output_ids"] == w["output_ids"]
         assert g["text"] == w["text"]
@@ -69,7 +73,7 @@ def test_overlap_survives_memory_pressure(overlap_engine, make_engine):
     """A pool too small for every request at once: retraction has to happen (after the pending
     step is processed) and outputs still equal the plain loop's."""
     params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
-    prompts = [p + f" ({i})" for i in range(3) for p in PROMPTS]
+    prompts = [f"({i}) " + p for i in range(3) for p in PROMPTS]  # distinct from the start
     plain = make_engine(max_total_tokens=640, disable_overlap_schedule=True)
     want = [o["output_ids"] for o in plain.generate(prompts, params)]
     overlapped = overlap_engine(max_total_tokens=640)

@@ -22,7 +22,8 @@ def cache_dir() -> str:
 
 def disable_fused_ops() -> bool:
     """RADIXLM_DISABLE_FUSED_OPS=1: RMSNorm, SiLU-and-mul and rotary run their plain PyTorch code
-    on CUDA too, instead of the fused Triton kernels (A/B checks, debugging)."""
+    on CUDA too, instead of the fused Triton kernels (A/B checks, debugging). Read at each call;
+    decode CUDA graphs keep whichever path was active when they were captured (start-up)."""
     return _flag("RADIXLM_DISABLE_FUSED_OPS")
 
 

@@ -117,3 +117,11 @@ def pct(x: float | None) -> str:
 def print_summary(line: str) -> None:
     """The summary goes last on stdout, flushed, so a driver can take the final line."""
     print(line, flush=True)
+
+
+def sync_device(device) -> None:
+    """Wait for the device's queued work (timings on CUDA are taken after this)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.bench.common import sync_device
+
 
 def _rms(x: torch.Tensor, norm) -> torch.Tensor:
     xf = x.float()
@@ -112,12 +114,8 @@ def measure_floor(runner, prompts: torch.Tensor, output_len: int, prefill_group:
     ids = prompts.to(dev)
     last = torch.empty(bs, 1, dtype=torch.int64, device=dev)
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
     def prefill() -> float:
-        sync()
+        sync_device(dev)
         t = time.perf_counter()
         for lo in range(0, bs, prefill_group):
             hi = min(lo + prefill_group, bs)
@@ -127,16 +125,16 @@ def measure_floor(runner, prompts: torch.Tensor, output_len: int, prefill_group:
                 vc[lo:hi, :, :n_in] = v
             last[lo:hi, 0] = logits.argmax(-1)
             last[lo:hi].tolist()
-        sync()
+        sync_device(dev)
         return time.perf_counter() - t
 
     def step(pos: int) -> float:
-        sync()
+        sync_device(dev)
         t = time.perf_counter()
         logits = floor.decode(last, pos, caches)
         last[:, 0] = logits.argmax(-1)
         last.tolist()
-        sync()
+        sync_device(dev)
         return time.perf_counter() - t
 
     for _ in range(repeats):

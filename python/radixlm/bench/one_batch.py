@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from radixlm.bench.common import (default_output_path, environment, median, print_summary,
-                                  write_json)
+                                  sync_device, write_json)
 from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.chunk_cache import ChunkCache
@@ -25,11 +25,6 @@ from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.sampling_params import SamplingParams
 from radixlm.scheduler.schedule_batch import ScheduleBatch
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _groups(n: int, per: int) -> list[range]:
@@ -43,10 +38,10 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 5) -> 
     y.copy_(x)
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync_device(device)
         t = time.perf_counter()
         y.copy_(x)
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - t)
     return 2 * x.numel() / median(times)
 
@@ -93,11 +88,11 @@ def profile_step(step, device: torch.device) -> dict | None:
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
-    _sync(device)
+    sync_device(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         step()
-        _sync(device)
+        sync_device(device)
         wall = time.perf_counter() - t
     kernels = [e for e in prof.key_averages() if e.device_time_total > 0
                and e.device_type == torch.autograd.DeviceType.CUDA]
@@ -126,10 +121,10 @@ def run(args: argparse.Namespace) -> dict:
     per_group = max(1, args.max_prefill_tokens // n_in)
 
     def timed(fn) -> float:
-        _sync(dev)
+        sync_device(dev)
         t = time.perf_counter()
         fn()
-        _sync(dev)
+        sync_device(dev)
         return time.perf_counter() - t
 
     # Engine: one warm-up pass of the whole workload, then the timed one.
@@ -211,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args)
     result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(argv))
     path = write_json(args.output or default_output_path("one_batch"), result)
-    e, f, r = result["engine"], result["floor"], result["ratio_engine_over_floor"]
+    e, r = result["engine"], result["ratio_engine_over_floor"]
     roof = result["roofline"]["engine_fraction_of_roofline"]
     print_summary(
         f"one-batch bs {args.batch_size} in {args.input_len} out {args.output_len}: prefill "

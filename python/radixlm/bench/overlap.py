@@ -19,17 +19,13 @@ from typing import Sequence
 
 import torch
 
-from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.common import (default_output_path, environment, print_summary, sync_device,
+                                  write_json)
 from radixlm.config import ServerArgs
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.sampling_params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def gpu_idle_fraction(prof) -> float | None:
@@ -69,11 +65,11 @@ def measure(runner: ModelRunner, args: ServerArgs, ns: argparse.Namespace) -> di
         sched.step()
     dev = runner.device
     syncs = trace_host_syncs(lambda: [sched.step() for _ in range(3)]) if ns.check_syncs else None
-    _sync(dev)
+    sync_device(dev)
     t = time.perf_counter()
     for _ in range(ns.steps):
         sched.step()
-    _sync(dev)
+    sync_device(dev)
     seconds = time.perf_counter() - t
     idle = None
     if dev.type == "cuda":
@@ -81,7 +77,7 @@ def measure(runner: ModelRunner, args: ServerArgs, ns: argparse.Namespace) -> di
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(ns.profile_steps):
                 sched.step()
-            _sync(dev)
+            sync_device(dev)
         idle = gpu_idle_fraction(prof)
     while sched.has_work:
         sched.step()

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from radixlm.utils.device import to_device
+
 if TYPE_CHECKING:  # only for annotations: sampler.py imports this module
     from radixlm.layers.sampler import SamplingRequest
 
@@ -47,7 +49,7 @@ def _flat_token_index(rows: list[int], token_lists: list[Sequence[int]],
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+    return to_device(values, torch.float32, device).unsqueeze(1)
 
 
 @dataclass
@@ -101,7 +103,7 @@ class LogitAdjustments:
             if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
                 cnt_rows.append(i)
                 cnt_tokens.append(r.output_ids)
-            if len(r.output_ids) < p.min_new_tokens:
+            if len(r.output_ids) + r.num_pending < p.min_new_tokens:
                 banned = list(p.stop_token_ids)
                 if not p.ignore_eos:
                     banned += list(r.eos_token_ids)
@@ -111,17 +113,20 @@ class LogitAdjustments:
 
         num_rows = len(reqs)
         if bias_rows:
-            out.bias_index = _flat_token_index(bias_rows, bias_tokens, vocab_size).to(device)
-            out.bias_values = torch.tensor(bias_values, dtype=torch.float32, device=device)
+            out.bias_index = to_device(_flat_token_index(bias_rows, bias_tokens, vocab_size),
+                                       torch.int64, device)
+            out.bias_values = to_device(bias_values, torch.float32, device)
         if rep_rows:
-            idx = _flat_token_index(rep_rows, rep_tokens, vocab_size).to(device)
+            idx = to_device(_flat_token_index(rep_rows, rep_tokens, vocab_size), torch.int64,
+                            device)
             mask = torch.zeros(num_rows * vocab_size, dtype=torch.bool, device=device)
             mask[idx] = True
             out.repetition_mask = mask.view(num_rows, vocab_size)
             out.repetition_penalties = _column(
                 [float(r.params.repetition_penalty) for r in reqs], device)
         if cnt_rows:
-            idx = _flat_token_index(cnt_rows, cnt_tokens, vocab_size).to(device)
+            idx = to_device(_flat_token_index(cnt_rows, cnt_tokens, vocab_size), torch.int64,
+                            device)
             counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=device)
             counts.index_put_((idx,), torch.ones_like(idx, dtype=torch.float32), accumulate=True)
             out.output_counts = counts.view(num_rows, vocab_size)
@@ -130,7 +135,8 @@ class LogitAdjustments:
             out.presence_penalties = _column(
                 [float(r.params.presence_penalty) for r in reqs], device)
         if ban_rows:
-            out.banned_index = _flat_token_index(ban_rows, ban_tokens, vocab_size).to(device)
+            out.banned_index = to_device(_flat_token_index(ban_rows, ban_tokens, vocab_size),
+                                         torch.int64, device)
         return out
 
     def apply_(self, logits: torch.Tensor) -> torch.Tensor:

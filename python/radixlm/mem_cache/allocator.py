@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm import envs
+
 
 class KVAllocator:
     def __init__(self, num_slots: int, page_size: int, device: torch.device | str):
@@ -81,13 +83,25 @@ class KVAllocator:
         return -(-(seq_len + num_tokens) // ps) - (-(-seq_len // ps))
 
     def free(self, slots: torch.Tensor) -> None:
+        """Give back the pages of `slots`. Callers free whole pages, or a request's tail that
+        starts on a page boundary, in slot order, so every page's first slot sits at a multiple
+        of page_size in the tensor; no device value is read (freeing happens while the overlap
+        scheduler's next step runs). The double-free checks do read the device: they run on
+        CUDA only with RADIXLM_CHECK_INVARIANTS=1."""
         if slots.numel() == 0:
             return
-        pages = torch.unique(slots.to(device=self.device, dtype=torch.int64) // self.page_size)
+        slots = slots.to(device=self.device, dtype=torch.int64)
+        pages = slots[::self.page_size] // self.page_size
+        if self.device.type != "cuda" or envs.check_invariants():
+            self._check_free(slots, pages)
+        self._is_free.index_fill_(0, pages, True)
+        self._free_pages = torch.cat([self._free_pages, pages])
+
+    def _check_free(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
+        if not torch.equal(torch.unique(pages), torch.unique(slots // self.page_size)):
+            raise RuntimeError("freed slots do not start their pages: accounting bug")
         if bool(self._is_free[pages].any()) or bool((pages == 0).any()):
             raise RuntimeError("KV page freed twice (or the padding page freed): accounting bug")
-        self._is_free[pages] = True
-        self._free_pages = torch.cat([self._free_pages, pages])
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
         offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)

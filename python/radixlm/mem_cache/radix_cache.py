@@ -91,12 +91,18 @@ class RadixCache:
         return key[0] if self.page_size == 1 else tuple(key[:self.page_size])
 
     def _match_len(self, a: Sequence[int], b: Sequence[int]) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n - n % self.page_size
+        # Binary search on slice equality: list comparisons run in C, so matching a 4k-token
+        # prompt costs microseconds where a per-token Python loop costs a fraction of a ms.
+        lo, hi = 0, min(len(a), len(b))
+        if a[:hi] == b[:hi]:
+            lo = hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if a[:mid] == b[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo - lo % self.page_size
 
     def _aligned(self, n: int) -> int:
         return n - n % self.page_size
@@ -178,8 +184,8 @@ class RadixCache:
         req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
 
     def cache_unfinished_req(self, req: CachedRequest) -> None:
-        """A chunk of a prefill finished: insert what is computed so far and lock it, so the
-        request's KV becomes shareable and the next chunk starts from the tree's copy."""
+        """A prefill (or a chunk of one) finished: insert what is computed so far and lock it, so
+        the request's KV becomes shareable and the next chunk starts from the tree's copy."""
         kv_len = req.kv_committed_len
         self._commit(req, keep_tail=True)
         match = self.match_prefix(req.fill_ids[:kv_len])

@@ -56,7 +56,7 @@ class ModelRunner:
 
     def _init_cuda_graphs(self):
         if (self.device.type != "cuda" or self.args.disable_cuda_graph
-                or not self.attn_backend.supports_cuda_graph):
+                or self.args.cuda_graph_max_bs < 1 or not self.attn_backend.supports_cuda_graph):
             return None
         from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
         graph_runner = CudaGraphRunner(self, self.args.cuda_graph_max_bs)

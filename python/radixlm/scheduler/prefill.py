@@ -14,12 +14,17 @@ from radixlm.scheduler.request import Req
 
 # A request promising 100k new tokens should not block admission as if it will use them all.
 RESERVE_CLIP = 4096
+# In-batch prefix sharing: a request whose first this-many tokens equal those of a request
+# admitted in the same batch, and that finds less than that in the cache, waits one step; it
+# then reads the shared prefix from the radix cache instead of computing it a second time.
+SHARED_PREFIX_TOKENS = 32
 
 
 class AddResult(enum.Enum):
     ADDED = "added"
     CHUNKED = "chunked"        # admitted with part of its prompt; stop adding
     NO_ROOM = "no_room"        # stop adding
+    DEFERRED = "deferred"      # shares an uncached prefix with a request in this batch; next step
 
 
 def reserved_tokens(req: Req, new_token_ratio: float) -> int:
@@ -29,7 +34,7 @@ def reserved_tokens(req: Req, new_token_ratio: float) -> int:
 class PrefillAdder:
     def __init__(self, tree_cache, allocator, running: list[Req], new_token_ratio: float,
                  max_prefill_tokens: int, chunked_prefill_size: int | None,
-                 free_req_slots: int):
+                 free_req_slots: int, share_prefixes: bool = True):
         self.tree_cache = tree_cache
         self.page_size = allocator.page_size
         self.ratio = new_token_ratio
@@ -40,6 +45,8 @@ class PrefillAdder:
         self.free_req_slots = free_req_slots
         self.nothing_running = not running
         self.added: list[Req] = []
+        self.share_prefixes = share_prefixes
+        self._batch_prefixes: set[tuple[int, ...]] = set()
 
     def _budget(self) -> int | None:
         """How many prompt tokens one more request may compute this step (None: unlimited)."""
@@ -61,6 +68,12 @@ class PrefillAdder:
         if self.free_req_slots <= 0:
             return AddResult.NO_ROOM
         match = self.tree_cache.match_prefix(req.fill_ids[:req.max_prefix_match()])
+        head = tuple(req.fill_ids[:SHARED_PREFIX_TOKENS])
+        if (self.share_prefixes and len(head) == SHARED_PREFIX_TOKENS
+                and len(match.indices) < SHARED_PREFIX_TOKENS):
+            if head in self._batch_prefixes:
+                return AddResult.DEFERRED
+            self._batch_prefixes.add(head)
         extend = req.seq_len - len(match.indices)
         need = extend + reserved_tokens(req, self.ratio) + self.page_size
         first = not self.added

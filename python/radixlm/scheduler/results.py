@@ -93,6 +93,10 @@ class ResultProcessor:
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
+            if batch.forward_mode.is_extend:
+                # The prompt's KV goes into the tree now, not when the request ends: requests
+                # running alongside (or deferred by PrefillAdder) share it.
+                s.tree_cache.cache_unfinished_req(req)
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))

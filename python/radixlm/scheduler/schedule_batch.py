@@ -88,7 +88,6 @@ class ScheduleBatch:
         positions = [req.kv_committed_len for req in self.reqs]
         for req, pos in zip(self.reqs, positions):
             assert pos == req.seq_len + req.num_pending - 1, "decode request out of step with its KV"
-            req.kv_committed_len = pos + 1
         bs, dev = len(self.reqs), runner.device
         seq_lens = [p + 1 for p in positions]
         packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
@@ -96,6 +95,8 @@ class ScheduleBatch:
         req_idx, pos_t, seq_t = packed[:bs], packed[bs:2 * bs], packed[2 * bs:]
         locs = alloc_decode_slots(runner, tree_cache, req_idx, pos_t, positions)
         pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
+        for req, pos in zip(self.reqs, positions):
+            req.kv_committed_len = pos + 1
         return self._forward_batch(runner, ForwardMode.DECODE, runner.last_token_ids[req_idx],
                                    pos_t, locs, req_idx, seq_t, positions, [1] * bs, seq_lens, [])
 

@@ -275,7 +275,7 @@ class Scheduler:
                     max_running - len(self.running) - (1 if self.chunked_req else 0))
         adder = PrefillAdder(self.tree_cache, self.runner.allocator, self.running,
                              self.ratio.value, self.args.max_prefill_tokens, self.chunk_size,
-                             slots)
+                             slots, share_prefixes=not self.args.disable_radix_cache)
         chunked, self.chunked_req = self.chunked_req, None
         if chunked is not None and adder.add_chunked(chunked) is AddResult.CHUNKED:
             self.chunked_req = chunked
@@ -285,6 +285,8 @@ class Scheduler:
                 result = adder.add(req)
                 if result is AddResult.NO_ROOM:
                     break
+                if result is AddResult.DEFERRED:
+                    continue
                 self.waiting.remove(req)
                 if result is AddResult.CHUNKED:
                     self.chunked_req = req
@@ -366,7 +368,7 @@ class Scheduler:
             [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
                              mc.eos_token_ids, r.num_pending) for r in reqs],
             mc.vocab_size, self.runner.device)
-        if plain_greedy:
+        if plain_greedy and info.adjustments.is_noop:
             self._greedy_infos[len(reqs)] = info
         return info
 
@@ -404,7 +406,13 @@ class Scheduler:
         alloc, cache = self.runner.allocator, self.tree_cache
         ps = alloc.page_size
         owned = 0
-        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+        # Requests of a launched step not yet processed may be in neither list (a prefill with
+        # max_new_tokens 0): they own their new slots all the same.
+        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
+        if self.pending is not None:
+            holders += [r for r in self.pending.batch.reqs
+                        if not r.finished and r.req_pool_idx is not None]
+        for req in {id(r): r for r in holders}.values():
             tree_part = len(req.prefix_indices) - len(req.prefix_indices) % ps \
                 if isinstance(cache, RadixCache) else 0
             own = req.kv_committed_len - tree_part
