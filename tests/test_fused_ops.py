@@ -137,21 +137,6 @@ def check_rmsnorm(t: int, n: int, dtype, device, residual: bool, layout: str = "
     return _close(out, ref, what)
 
 
-def check_qk_norm(t: int, hq: int, hk: int, d: int, dtype, device, seed: int = 0) -> float:
-    """Qwen3's q-norm and k-norm as one launch over the adjacent q and k heads of the fused
-    projection (two weights), against the two RMSNorm modules."""
-    from radixlm.layers.kernels.norm_kernels import rms_norm
-
-    g = torch.Generator().manual_seed(seed)
-    qn, kn = _norm_module(d, dtype, device, g), _norm_module(d, dtype, device, g)
-    qkv, q, k = _qkv_views(t, hq, hk, d, dtype, device, g)
-    qk = qkv[:, :(hq + hk) * d].view(-1, hq + hk, d)
-    out = rms_norm(qk, qn.weight, qn.eps, weight2=kn.weight, split=hq)
-    what = f"qk-norm T={t} hq={hq} hk={hk} d={d} {str(dtype)[6:]}"
-    err = _close(out[:, :hq], _fallback(lambda: qn(q)), what + " (q)")
-    return max(err, _close(out[:, hq:], _fallback(lambda: kn(k)), what + " (k)"))
-
-
 def check_silu_and_mul(t: int, i: int, dtype, device, strided: bool = False,
                        seed: int = 0) -> float:
     from radixlm.layers.kernels.activation_kernels import silu_and_mul
@@ -216,7 +201,6 @@ def _interpreter_cases():
         yield f"rmsnorm+res heads {name}", lambda dt=dt: check_rmsnorm(5, 32, dt, "cpu", True,
                                                                          "heads")
         yield f"rmsnorm 1d {name}", lambda dt=dt: check_rmsnorm(1, 48, dt, "cpu", False, "1d")
-        yield f"qk-norm {name}", lambda dt=dt: check_qk_norm(5, 4, 2, 32, dt, "cpu")
         for t, i in ((0, 48), (1, 48), (5, 1100)):
             yield f"silu_and_mul T={t} I={i} {name}", lambda t=t, i=i, dt=dt: check_silu_and_mul(
                 t, i, dt, "cpu")
@@ -305,14 +289,6 @@ def test_gpu_rmsnorm(t, n, dtype):
 def test_gpu_rmsnorm_head_views(t, dtype):
     for d in (64, 128):
         check_rmsnorm(t, d, dtype, "cuda", residual=False, layout="heads", seed=d)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t", [0, 1, 7, 4096])
-def test_gpu_qk_norm_one_launch(t, dtype):
-    check_qk_norm(t, 16, 8, 128, dtype, "cuda")
-    check_qk_norm(t, 14, 2, 64, dtype, "cuda", seed=1)
 
 
 @pytest.mark.gpu

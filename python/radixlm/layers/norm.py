@@ -35,17 +35,3 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
-
-
-def qk_rms_norm(qk: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
-                num_q_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3's per-head norms of q and k. qk [T, Hq + Hk, D] views the adjacent q and k heads of
-    the fused projection; on CUDA one kernel normalises both (one launch instead of two per
-    layer). Returns (q [T, Hq, D], k [T, Hk, D])."""
-    if use_fused(qk) and q_norm.eps == k_norm.eps:
-        from radixlm.layers.kernels import norm_kernels
-        if norm_kernels.supports(qk, q_norm.weight) and k_norm.weight.is_contiguous():
-            out = norm_kernels.rms_norm(qk, q_norm.weight, q_norm.eps, weight2=k_norm.weight,
-                                        split=num_q_heads)
-            return out[:, :num_q_heads], out[:, num_q_heads:]
-    return q_norm(qk[:, :num_q_heads]), k_norm(qk[:, num_q_heads:])

@@ -16,7 +16,7 @@ from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.attention.radix_attention import RadixAttention
 from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from radixlm.layers.norm import RMSNorm, qk_rms_norm
+from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
 from radixlm.model_executor.forward_batch import ForwardBatch
 
@@ -59,13 +59,10 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            qk = qkv[:, :q_size + kv_size].view(-1, self.num_heads + self.num_kv_heads,
-                                                self.head_dim)
-            q, k = qk_rms_norm(qk, self.q_norm, self.k_norm, self.num_heads)
-        else:
-            q = q.reshape(-1, self.num_heads, self.head_dim)
-            k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q.reshape(-1, q_size), k.reshape(-1, kv_size), v.contiguous(), fb)
         return self.o_proj(out)

@@ -30,10 +30,9 @@ MAX_HIDDEN = 32768
 
 
 @triton.jit
-def _rmsnorm_kernel(X, R, W, W2, Out, ResOut, n_rows, n_cols, inner, split,
+def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
                     sx_outer, sx_inner, sr_outer, sr_inner, n_float, eps,
-                    HAS_RESIDUAL: tl.constexpr, HAS_W2: tl.constexpr, BLOCK_N: tl.constexpr,
-                    ROWS: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -53,11 +52,8 @@ def _rmsnorm_kernel(X, R, W, W2, Out, ResOut, n_rows, n_cols, inner, split,
         x = s.to(tl.float32)
     ms = tl.math.div_rn(tl.sum(x * x, axis=1), n_float)
     rstd = tl.math.rsqrt(ms + eps)
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    if HAS_W2:  # [T, H, N] rows whose head index is >= split use the second weight
-        w2 = tl.load(W2 + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.where((in_row < split)[:, None], w, w2)
-    y = w * (x * rstd[:, None])
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = w[None, :] * (x * rstd[:, None])
     tl.store(Out + out_off, y.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -100,11 +96,8 @@ def launch_config(n_cols: int) -> tuple[int, int, int]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None, weight2: torch.Tensor | None = None,
-             split: int = 0):
-    """norm(x), or with a residual (norm(x + residual), x + residual); see the module doc.
-    With weight2 (x [T, H, N], no residual): heads >= split are scaled by weight2 instead, so
-    Qwen3's q-norm and k-norm run as one launch over the adjacent q and k heads."""
+             residual: torch.Tensor | None = None):
+    """norm(x), or with a residual (norm(x + residual), x + residual); see the module doc."""
     n = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = None if residual is None else torch.empty_like(out)
@@ -116,10 +109,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     rv, _, sr0, sr1 = (xv, inner, 0, 0) if residual is None else _row_layout(residual)
     block_n, rows, num_warps = launch_config(n)
     grid = (triton.cdiv(n_rows, rows),)
-    assert weight2 is None or (residual is None and x.dim() == 3)
     _rmsnorm_kernel[grid](
-        xv, rv, weight, weight if weight2 is None else weight2, out,
-        out if res_out is None else res_out, n_rows, n, inner, split, sx0, sx1, sr0, sr1,
-        float(n), eps, HAS_RESIDUAL=residual is not None, HAS_W2=weight2 is not None,
-        BLOCK_N=block_n, ROWS=rows, num_warps=num_warps)
+        xv, rv, weight, out, out if res_out is None else res_out,
+        n_rows, n, inner, sx0, sx1, sr0, sr1, float(n), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=rows,
+        num_warps=num_warps)
     return out if residual is None else (out, res_out)
