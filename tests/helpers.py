@@ -28,51 +28,16 @@ def assert_pool_empty(engine) -> None:
 # ---------------------------------------------------------------------- real server processes
 
 import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
 
-import httpx  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# free_port and stop_server are re-exported for the tests.
+from radixlm.utils.server_process import free_port, launch_server, stop_server  # noqa: E402,F401
 
 
 def start_server(*extra: str, timeout_s: float = 240) -> tuple[subprocess.Popen, str]:
-    """`radixlm serve` on a free port, as a real subprocess; returns once /health answers."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-                             "--device", "cpu", "--log-level", "warning", *extra],
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError("server did not become healthy in time")
-
-
-def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
+    """`radixlm serve` on the CPU on a free port, as a real subprocess; returns once /health
+    answers."""
+    return launch_server(["--device", "cpu", "--log-level", "warning", *extra], timeout_s)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -107,3 +72,35 @@ def write_tiny_config(directory, vocab_size: int = 65536) -> str:
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     return str(directory)
+
+
+# ---------------------------------------------------------------------- Triton interpreter tier
+# A test file runs its small kernel cases under TRITON_INTERPRET=1 in a child process (the
+# variable is read when `@triton.jit` decorates a kernel, i.e. at import): the pytest test calls
+# run_file_under_interpreter(__file__), and the file's `__main__` calls run_interpreter_cases.
+
+def run_interpreter_cases(cases) -> int:
+    """Run (description, case) pairs; a case returns its max error (or None) and fails by
+    AssertionError. Prints one ok/FAIL line each; returns the process exit status."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before running"
+    torch.set_num_threads(1)
+    failed = 0
+    for desc, case in cases:
+        try:
+            err = case()
+            print(f"ok   {err if err is not None else 0.0:9.2e}  {desc}", flush=True)
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL {desc}: {e}", flush=True)
+    return 1 if failed else 0
+
+
+def run_file_under_interpreter(path: str, unset_env: tuple[str, ...] = ()) -> None:
+    import sys
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    for name in unset_env:
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True,
+                          timeout=600)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

@@ -22,12 +22,12 @@ dtype, and the fraction of elements that differ at all is bounded too.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from helpers import run_file_under_interpreter, run_interpreter_cases
 from radixlm.layers.activation import silu_and_mul as torch_silu_and_mul
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
@@ -216,18 +216,8 @@ def _interpreter_cases():
 
 def interpreter_main() -> int:
     global _interpreter_bf16
-    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before running"
-    torch.set_num_threads(1)
     _interpreter_bf16 = True
-    failed = 0
-    for desc, case in _interpreter_cases():
-        try:
-            err = case()
-            print(f"ok   {err if err is not None else 0.0:9.2e}  {desc}", flush=True)
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL {desc}: {e}", flush=True)
-    return 1 if failed else 0
+    return run_interpreter_cases(_interpreter_cases())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
@@ -235,12 +225,7 @@ def interpreter_main() -> int:
                            "real kernels")
 def test_interpreter_small_cases():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env.pop("RADIXLM_DISABLE_FUSED_OPS", None)
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                          timeout=600)
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    run_file_under_interpreter(__file__, unset_env=("RADIXLM_DISABLE_FUSED_OPS",))
 
 
 def test_cpu_layers_never_take_the_fused_path(monkeypatch):

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
+
+from helpers import free_port, launch_server, stop_server
 
 openai = pytest.importorskip("openai")
 try:
@@ -24,42 +22,16 @@ PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url():
     if os.environ.get("RADIXLM_TEST_SERVER_URL"):
         yield os.environ["RADIXLM_TEST_SERVER_URL"].rstrip("/")
         return
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-         "--max-total-tokens", "8192", "--log-level", "warning"],
-        start_new_session=True)  # its own process group, so no child can outlive the test
-    url = f"http://127.0.0.1:{port}"
+    proc, url = launch_server(["--max-total-tokens", "8192", "--log-level", "warning"], 180)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"the server exited with code {proc.returncode}"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become healthy in 180 s"
-            time.sleep(0.5)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +395,7 @@ def fake_server(tokenizer):
     from radixlm.entrypoints.http_server import create_app
 
     engine = _FakeEngine(tokenizer)
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(create_app(engine, ServerArgs(model_path="/models/fake-model")), host="127.0.0.1", port=port,
                             log_level="warning")
     server = uvicorn.Server(config)

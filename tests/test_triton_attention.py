@@ -15,8 +15,6 @@ kernels' own rounding, not the reference's.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from helpers import run_file_under_interpreter, run_interpreter_cases
 from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -207,25 +206,13 @@ INTERPRETER_SPLIT_CASES = [
 ]
 
 
-def interpreter_main() -> int:
-    assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before running"
-    torch.set_num_threads(1)
-    failed = 0
+def _interpreter_cases():
     for case, kwargs in INTERPRETER_CASES:
-        try:
-            print(f"ok   {run_case(case, 'cpu', **kwargs):9.2e}  {case}", flush=True)
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL {case}: {e}", flush=True)
+        yield str(case), lambda case=case, kwargs=kwargs: run_case(case, "cpu", **kwargs)
     for lens, splits, max_s, hq, hk, d, dt in INTERPRETER_SPLIT_CASES:
         desc = f"split-decode lens={lens} splits={splits} hq={hq} hk={hk} d={d} {str(dt)[6:]}"
-        try:
-            err = run_split_case(lens, splits, max_s, hq, hk, d, dt, "cpu", block_n=16)
-            print(f"ok   {err:9.2e}  {desc}", flush=True)
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL {desc}: {e}", flush=True)
-    return 1 if failed else 0
+        yield desc, lambda a=(lens, splits, max_s, hq, hk, d, dt): run_split_case(
+            *a, "cpu", block_n=16)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
@@ -233,11 +220,7 @@ def interpreter_main() -> int:
                            "real kernels (older Triton interpreters also differ)")
 def test_interpreter_small_cases():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                          timeout=600)
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    run_file_under_interpreter(__file__)
 
 
 def test_split_heuristic():
@@ -332,4 +315,4 @@ def test_gpu_decode_has_no_host_sync():
 
 
 if __name__ == "__main__":
-    sys.exit(interpreter_main())
+    sys.exit(run_interpreter_cases(_interpreter_cases()))

@@ -13,8 +13,6 @@ output 16).
 from __future__ import annotations
 
 import argparse
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,35 +25,15 @@ from radixlm.bench.common import default_output_path, environment, print_summary
 from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
 from radixlm.model_executor.model_runner import ModelRunner
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from radixlm.utils.server_process import launch_server, stop_server
 
 
 def start_server(ns: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-           "--model-path", ns.model_path, "--load-format", ns.load_format, "--dtype", ns.dtype,
-           "--max-running-requests", str(ns.batch_size), "--log-level", "warning",
-           *(["--tokenizer-path", ns.tokenizer_path] if ns.tokenizer_path else []),
-           *ns.server_args]
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + ns.startup_timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("server did not become healthy in time")
+    return launch_server(
+        ["--model-path", ns.model_path, "--load-format", ns.load_format, "--dtype", ns.dtype,
+         "--max-running-requests", str(ns.batch_size), "--log-level", "warning",
+         *(["--tokenizer-path", ns.tokenizer_path] if ns.tokenizer_path else []),
+         *ns.server_args], ns.startup_timeout, poll_s=1.0)
 
 
 def generate(url: str, prompts: torch.Tensor, output_len: int) -> tuple[float, list[dict]]:
@@ -81,8 +59,7 @@ def run(ns: argparse.Namespace) -> dict:
         server_s2, _ = generate(url, prompts, n_out)                 # a second timing
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            stop_server(proc, timeout_s=60)
     completion = [o["meta_info"]["completion_tokens"] for o in outs]
     assert completion == [n_out] * bs, "every request must return exactly output_len tokens"
 

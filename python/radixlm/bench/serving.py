@@ -64,15 +64,26 @@ class Settings:
     headers: dict[str, str]
 
 
+class _StreamError(Exception):
+    """The server answered with an HTTP error status or sent an error event."""
+
+
 async def _sse(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of a server-sent-event stream (without the closing [DONE])."""
+    """The JSON events of a server-sent-event stream (without the closing [DONE]). Raises
+    _StreamError for an HTTP error status or an event that carries an error."""
+    if response.status_code != 200:
+        raise _StreamError(f"HTTP {response.status_code}: "
+                           f"{(await response.aread()).decode()[:300]}")
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        yield json.loads(data)
+        event = json.loads(data)
+        if "error" in event:
+            raise _StreamError(json.dumps(event["error"])[:300])
+        yield event
 
 
 class _Clock:
@@ -105,19 +116,18 @@ async def send_radixlm(client: httpx.AsyncClient, s: Settings, req: BenchRequest
     else:
         body["input_ids"] = req.input_ids
     clock, seen, last = _Clock(res), 0, None
-    async with client.stream("POST", s.url + "/generate", json=body, headers=s.headers) as resp:
-        if resp.status_code != 200:
-            res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
-            return res
-        async for event in _sse(resp):
-            if "error" in event:
-                res.error = json.dumps(event["error"])[:300]
-                return res
-            last = event
-            count = event["meta_info"]["completion_tokens"]
-            if count > seen:   # the cumulative count: a chunk may hold several tokens
-                seen = count
-                clock.tokens_arrived()
+    try:
+        async with client.stream("POST", s.url + "/generate", json=body,
+                                 headers=s.headers) as resp:
+            async for event in _sse(resp):
+                last = event
+                count = event["meta_info"]["completion_tokens"]
+                if count > seen:   # the cumulative count: a chunk may hold several tokens
+                    seen = count
+                    clock.tokens_arrived()
+    except _StreamError as e:
+        res.error = str(e)
+        return res
     clock.done()
     if last is None:
         res.error = "empty stream"
@@ -140,21 +150,19 @@ async def send_openai(client: httpx.AsyncClient, s: Settings, req: BenchRequest,
     if s.ignore_eos:
         body["ignore_eos"] = True   # an extension that SGLang, vLLM and radixlm accept
     clock, text, usage, finish = _Clock(res), [], None, None
-    async with client.stream("POST", s.url + "/v1/completions", json=body,
-                             headers=s.headers) as resp:
-        if resp.status_code != 200:
-            res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:300]}"
-            return res
-        async for event in _sse(resp):
-            if "error" in event:
-                res.error = json.dumps(event["error"])[:300]
-                return res
-            usage = event.get("usage") or usage
-            for choice in event.get("choices") or []:
-                if choice.get("text"):
-                    text.append(choice["text"])
-                    clock.tokens_arrived()
-                finish = choice.get("finish_reason") or finish
+    try:
+        async with client.stream("POST", s.url + "/v1/completions", json=body,
+                                 headers=s.headers) as resp:
+            async for event in _sse(resp):
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or []:
+                    if choice.get("text"):
+                        text.append(choice["text"])
+                        clock.tokens_arrived()
+                    finish = choice.get("finish_reason") or finish
+    except _StreamError as e:
+        res.error = str(e)
+        return res
     clock.done()
     if finish is None:
         res.error = "the stream ended without a finish_reason"
