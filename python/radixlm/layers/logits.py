@@ -21,14 +21,16 @@ class InputLogprobs:
     top_logprobs: list[TopLogprobs]        # one per requested row (empty lists when k == 0)
 
 
-def last_token_rows(fb: ForwardBatch) -> torch.Tensor:
+def last_token_hidden(hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    """The hidden state of each request's last token this step ([B, H]); a decode step has one
+    token per request, so all of `hidden`."""
     if fb.forward_mode.is_decode:
-        return torch.arange(fb.batch_size, device=fb.input_ids.device)
+        return hidden
     ends, acc = [], 0
     for n in fb.extend_seq_lens_cpu:
         acc += n
         ends.append(acc - 1)
-    return to_device(ends, torch.int64, fb.input_ids.device)
+    return hidden[to_device(ends, torch.int64, fb.input_ids.device)]
 
 
 def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,

@@ -13,7 +13,7 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.layers.attention.base import create_attention_backend
-from radixlm.layers.logits import InputLogprobs, compute_input_logprobs, last_token_rows
+from radixlm.layers.logits import InputLogprobs, compute_input_logprobs, last_token_hidden
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.model_executor.forward_batch import ForwardBatch
@@ -116,8 +116,7 @@ class ModelRunner:
                                  input_logprobs=None)
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
-        last = hidden if fb.forward_mode.is_decode else hidden[last_token_rows(fb)]
-        logits = self.model.compute_logits(last)
+        logits = self.model.compute_logits(last_token_hidden(hidden, fb))
         input_logprobs = None
         if fb.input_logprob_rows and any(fb.input_logprob_rows):
             input_logprobs = compute_input_logprobs(self.model, hidden, fb,

@@ -150,12 +150,7 @@ class TritonAttnBackend(AttentionBackend):
         # (test_gpu_decode_has_no_host_sync checks it).
         hk, d = layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
-        k3, v3 = k.reshape(-1, hk, d), v.reshape(-1, hk, d)
-        if k3.stride(1) != d or k3.stride(2) != 1:
-            k3 = k3.contiguous()
-        if v3.stride(1) != d or v3.stride(2) != 1:
-            v3 = v3.contiguous()
-        store_kv(k3, v3, k_buf, v_buf, fb.out_cache_loc)
+        store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc)
         return k_buf, v_buf
 
     @staticmethod

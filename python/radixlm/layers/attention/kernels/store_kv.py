@@ -28,15 +28,19 @@ def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt,
         tl.store(V_buf + slot * stride_vbt + offs, v.to(V_buf.dtype.element_ty), mask=mask)
 
 
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
              locs: torch.Tensor) -> None:
-    """k/v [T, Hk, D] (each token's heads contiguous) -> k_buf/v_buf[locs[t]]."""
+    """k/v [T, Hk, D] -> k_buf/v_buf[locs[t]] (a token whose heads are not one contiguous row,
+    e.g. a strided view, is copied to one first)."""
     num_tokens = locs.numel()
     if num_tokens == 0:
         return
     row = k.shape[1] * k.shape[2]
-    assert k.stride(2) == 1 and k.stride(1) == k.shape[2], "K rows must be contiguous"
-    assert v.stride(2) == 1 and v.stride(1) == v.shape[2], "V rows must be contiguous"
+    k, v = _rows_contiguous(k), _rows_contiguous(v)
     _store_kv_kernel[(num_tokens,)](k, v, k_buf, v_buf, locs, k.stride(0), v.stride(0),
                                     k_buf.stride(0), v_buf.stride(0), ROW=row,
                                     BLOCK=min(next_pow2(row), 2048), num_warps=4)
