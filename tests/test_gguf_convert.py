@@ -331,3 +331,41 @@ def test_iter_safetensors_weights_honours_index(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     got = dict(iter_safetensors_weights(str(tmp_path)))
     assert sorted(got) == ["a", "b"] and got["b"].shape == (3,)
+
+
+def test_cache_is_keyed_by_content_and_cleans_leftovers(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
+    first = write_tiny_gguf(tmp_path / "a" / "tiny.gguf", "llama")
+    target = convert_gguf_to_hf_dir(str(first), str(cache))
+    # The same file elsewhere (another venv, a fresh clone), with another mtime: no new copy.
+    copy = tmp_path / "b" / "tiny.gguf"
+    shutil.copy(first, copy)
+    os.utime(copy, (1, 1))
+    start = time.perf_counter()
+    assert convert_gguf_to_hf_dir(str(copy), str(cache)) == target
+    assert time.perf_counter() - start < 0.5
+    with open(os.path.join(target, "radixlm_gguf_source.json")) as f:
+        assert json.load(f)["content_key"] in os.path.basename(target)
+    # Other content: another directory.
+    other = write_tiny_gguf(tmp_path / "c" / "tiny.gguf", "qwen2", qkv_bias=True)
+    parent = os.path.dirname(target)
+    # What earlier runs left: a half-built copy of a process that died, and a conversion
+    # under the old path+mtime key. The next conversion of this model removes both.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    half_built = os.path.join(parent, f".tiny-0123.tmp-{dead.pid}-abcd")
+    os.makedirs(half_built)
+    legacy = os.path.join(parent, "tiny-0123456789ab")
+    os.makedirs(legacy)
+    with open(os.path.join(legacy, "radixlm_gguf_source.json"), "w") as f:
+        json.dump({"gguf_path": "/old/venv/tiny.gguf", "converter_version": 2}, f)
+    other_target = convert_gguf_to_hf_dir(str(other), str(cache))
+    assert other_target != target
+    assert sorted(os.listdir(parent)) == sorted([os.path.basename(target),
+                                                 os.path.basename(other_target)])

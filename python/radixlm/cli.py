@@ -7,6 +7,7 @@ ServerArgs so that the CLI, Engine(**kwargs) and the server agree on every defau
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from typing import Sequence
@@ -14,7 +15,7 @@ from typing import Sequence
 from radixlm.config import ServerArgs
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="radixlm", description="A fast LLM serving engine.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -43,7 +44,27 @@ def _parser() -> argparse.ArgumentParser:
                            add_help=False)
     bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
-    return parser
+    return parser, {"serve": serve, "generate": gen, "bench": bench}
+
+
+def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """"unrecognized arguments: --prot 1 (did you mean --port?)": the nearest flag of the
+    subcommand for each unknown one."""
+    flags = [opt for action in parser._actions for opt in action.option_strings
+             if opt.startswith("--")]
+    hints: list[tuple[str, str]] = []
+    for arg in unknown:
+        if arg.startswith("--"):
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+            if close:
+                hints.append((flag, close[0]))
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    if len(hints) == 1:
+        message += f" (did you mean {hints[0][1]}?)"
+    elif hints:
+        message += " (did you mean: " + ", ".join(f"{a} -> {b}" for a, b in hints) + "?)"
+    return message
 
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
@@ -82,9 +103,13 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    ns = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
+    parser, commands = _parser()
+    # Unknown flags are reported by the subcommand's parser (its usage, the nearest flag), not
+    # by the top-level one, whose usage only lists the subcommands.
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands[ns.command].error(unknown_args_message(commands[ns.command], unknown))
     try:
         if ns.command == "generate":
             return _generate(ns)
@@ -93,10 +118,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             module = importlib.import_module(f"radixlm.bench.{ns.name.replace('-', '_')}")
             return module.main(ns.args)
         from radixlm.entrypoints.http_server import serve
-        return serve(ServerArgs.from_cli_args(ns))
+        code = serve(ServerArgs.from_cli_args(ns))
     except ValueError as e:  # ServerArgs validation names the bad flag
         parser.exit(2, f"radixlm {ns.command}: error: {e}\n")
+    if fast_exit:
+        # The engine and its children are stopped and the logs flushed: skip the interpreter's
+        # teardown of torch and friends (about a second), so the server exits promptly.
+        from radixlm.managers.ipc import exit_now
+        exit_now(code)
+    return code
+
+
+def run() -> None:
+    """The `radixlm` console script."""
+    sys.exit(main(fast_exit=True))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -59,6 +59,12 @@ class ServerArgs:
     log_requests: bool = False
     enable_metrics: bool = False
 
+    # Limits on what one HTTP request may ask for (the offline Engine is not limited)
+    max_request_body_mb: float = 64.0      # larger bodies get HTTP 413
+    max_n_per_request: int = 128           # `n` (OpenAI's own cap is 128)
+    max_prompts_per_request: int = 4096    # prompts in one batched request
+    max_stop_strings: int = 64             # entries of `stop`
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -100,6 +106,11 @@ class ServerArgs:
         if self.dp_size != 1:
             raise bad("dp-size", "data parallelism is not implemented yet; use 1 "
                                  "(run several servers behind `radixlm router`)")
+        if self.max_request_body_mb <= 0:
+            raise bad("max-request-body-mb", f"must be > 0, got {self.max_request_body_mb}")
+        for name in ("max_n_per_request", "max_prompts_per_request", "max_stop_strings"):
+            if getattr(self, name) < 1:
+                raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
         if not (0 < self.port < 65536):
             raise bad("port", f"must be in 1..65535, got {self.port}")
 

@@ -23,6 +23,7 @@ import torch
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
 from radixlm.bench.floor import measure_floor
+from radixlm.bench.progress import TokenProgress
 from radixlm.config import ServerArgs
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.utils.server_process import launch_server, stop_server
@@ -41,9 +42,14 @@ def generate(url: str, prompts: torch.Tensor, output_len: int) -> tuple[float, l
             "sampling_params": {"max_new_tokens": output_len, "temperature": 0,
                                 "ignore_eos": True}}
     httpx.post(url + "/flush_cache", timeout=60)
-    t = time.perf_counter()
-    resp = httpx.post(url + "/generate", json=body, timeout=3600)
-    seconds = time.perf_counter() - t
+
+    def generated() -> int:
+        return httpx.get(url + "/get_server_info", timeout=10).json()["generated_tokens_total"]
+
+    with TokenProgress(len(prompts) * output_len, generated):
+        t = time.perf_counter()
+        resp = httpx.post(url + "/generate", json=body, timeout=3600)
+        seconds = time.perf_counter() - t
     resp.raise_for_status()
     return seconds, resp.json()
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from radixlm.bench import common
+from radixlm.bench.progress import TokenProgress
 from radixlm.bench.datasets import (BenchRequest, DatasetArgs, add_dataset_args,
                                     dataset_args_from, make_requests)
 from radixlm.config import ServerArgs
@@ -81,8 +82,10 @@ def run_engine(server_args: ServerArgs, dargs: DatasetArgs, temperature: float
                                                           "ignore_eos": True}] * 2)
         engine.flush_cache()
         params = [_sampling_params(r, temperature) for r in requests]
-        outs, wall = common.timed(lambda: engine.generate(
-            input_ids=[r.input_ids for r in requests], sampling_params=params))
+        with TokenProgress(sum(r.output_len for r in requests),
+                           lambda: engine.get_stats().generated_tokens_total):
+            outs, wall = common.timed(lambda: engine.generate(
+                input_ids=[r.input_ids for r in requests], sampling_params=params))
         info = {"resolved_model_path": ready.model_path, "tokenizer_path": ready.tokenizer_path,
                 "device": ready.device, "dtype": ready.dtype, "vocab_size": ready.vocab_size,
                 "tokenizer_vocab_size": len(engine.tokenizer), "context_len": ready.context_len,

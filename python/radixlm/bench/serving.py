@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import httpx
 import numpy as np
+from tqdm import tqdm
 
 from radixlm.bench import common
 from radixlm.bench.datasets import (BenchRequest, DatasetArgs, add_dataset_args, attach_text,
@@ -185,9 +187,15 @@ SENDERS = {"radixlm": send_radixlm, "openai": send_openai}
 
 # ---------------------------------------------------------------------- load generation
 
+@dataclass
+class LoadOutcome:
+    results: list[RequestResult]    # the finished requests (all of them unless interrupted)
+    duration: float
+    interrupted: bool = False       # Ctrl-C / SIGTERM: the figures cover what finished
+
+
 async def run_load(s: Settings, requests: list[BenchRequest], tokenizer: Any, rate: float,
-                   max_concurrency: int | None, seed: int, timeout_s: float
-                   ) -> tuple[list[RequestResult], float]:
+                   max_concurrency: int | None, seed: int, timeout_s: float) -> LoadOutcome:
     send = SENDERS[s.backend]
     limit = max_concurrency or len(requests)
     gate = asyncio.Semaphore(limit)
@@ -195,29 +203,60 @@ async def run_load(s: Settings, requests: list[BenchRequest], tokenizer: Any, ra
     # httpx caps connections at 100 by default, which would cap the concurrency silently.
     limits = httpx.Limits(max_connections=limit + 8, max_keepalive_connections=limit + 8)
     timeout = httpx.Timeout(timeout_s, connect=60.0)
+    done: list[RequestResult] = []
+    progress = tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr,
+                    mininterval=1.0, dynamic_ncols=True)
+    # A run cut short (Ctrl-C, or SIGTERM from a time limit) still reports what finished.
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        async def one(req: BenchRequest) -> RequestResult:
+        async def one(req: BenchRequest, record: bool = True) -> RequestResult:
             async with gate:
                 try:
-                    return await send(client, s, req, tokenizer)
+                    result = await send(client, s, req, tokenizer)
                 except Exception as e:   # a failed request is a figure, not a crash
-                    return RequestResult(error=f"{type(e).__name__}: {e}"[:300],
-                                         requested_output_tokens=req.output_len)
+                    result = RequestResult(error=f"{type(e).__name__}: {e}"[:300],
+                                           requested_output_tokens=req.output_len)
+            if record:
+                done.append(result)
+                progress.update(1)
+            return result
 
-        warm = await one(BenchRequest(requests[0].input_ids[:16], 4,
-                                      prompt=(requests[0].prompt or "")[:64] or None))
-        if not warm.ok:
-            raise RuntimeError(f"the warm-up request failed: {warm.error}")
-        tasks = []
-        start = time.perf_counter()
-        for i, req in enumerate(requests):
-            tasks.append(asyncio.create_task(one(req)))
-            if math.isfinite(rate) and i + 1 < len(requests):
-                await asyncio.sleep(float(rng.exponential(1.0 / rate)))   # Poisson arrivals
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return list(results), duration
+        async def send_all() -> None:
+            tasks = []
+            for i, req in enumerate(requests):
+                tasks.append(asyncio.create_task(one(req)))
+                if math.isfinite(rate) and i + 1 < len(requests):
+                    await asyncio.sleep(float(rng.exponential(1.0 / rate)))   # Poisson arrivals
+            await asyncio.gather(*tasks)
+
+        try:
+            warm = await one(BenchRequest(requests[0].input_ids[:16], 4,
+                                          prompt=(requests[0].prompt or "")[:64] or None),
+                             record=False)
+            if not warm.ok:
+                raise RuntimeError(f"the warm-up request failed: {warm.error}")
+            start = time.perf_counter()
+            load = asyncio.ensure_future(send_all())
+            stop = asyncio.ensure_future(interrupted.wait())
+            await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+            duration = time.perf_counter() - start
+            # Requests still in flight after an interrupt: cancelled, their streams closed.
+            pending = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            progress.close()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    if interrupted.is_set():
+        print(f"interrupted: {len(done)} of {len(requests)} requests finished; reporting those",
+              file=sys.stderr)
+    return LoadOutcome(list(done), duration, interrupted.is_set())
 
 
 def _dist(seconds: Sequence[float]) -> dict[str, float | None]:
@@ -346,17 +385,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = Settings(ns.backend, url, model, ns.temperature, not ns.disable_ignore_eos,
                         prompt_format, headers)
-    results, duration = asyncio.run(run_load(settings, requests, tokenizer, ns.request_rate,
-                                             ns.max_concurrency, dargs.seed,
-                                             ns.request_timeout))
-    m = metrics(results, duration)
+    outcome = asyncio.run(run_load(settings, requests, tokenizer, ns.request_rate,
+                                   ns.max_concurrency, dargs.seed, ns.request_timeout))
+    results, duration = outcome.results, outcome.duration
+    m = metrics(results, max(duration, 1e-9))
     errors = [r.error for r in results if not r.ok]
     if errors:
         print(f"{len(errors)} requests failed, first: {errors[0]}", file=sys.stderr)
     server_info = _get_json(url + "/get_server_info", headers)
     line = _summary(ns.backend, dargs.dataset, m)
+    if outcome.interrupted:
+        line = f"(interrupted) {line}"
     result = {
-        "benchmark": "serving", "summary": line,
+        "benchmark": "serving", "summary": line, "interrupted": outcome.interrupted,
         "argv": list(sys.argv[1:] if argv is None else argv),
         # The client machine; the server's own device and settings are under server_info.
         **common.environment(None),
@@ -375,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = common.write_json(ns.output or common.default_output_path("serving"), result)
     print(f"results written to {path}", file=sys.stderr)
     common.print_summary(line)
-    return 0
+    return 130 if outcome.interrupted else 0
 
 
 if __name__ == "__main__":

@@ -84,6 +84,11 @@ class _Children:
             self._shutdown_sent = True
             self.send(ShutdownReq())
 
+    def kill(self) -> None:
+        for proc in (self.scheduler, self.detokenizer):
+            if proc.poll() is None:
+                proc.kill()
+
     def stop(self, timeout_s: float = 20.0) -> None:
         self.request_shutdown()
         for proc in (self.scheduler, self.detokenizer):
@@ -266,13 +271,21 @@ class Engine:
         if getattr(self, "_closed", True):
             return
         self._children.request_shutdown()
-        deadline = time.monotonic() + 10
-        while self.tokenizer_manager.states and time.monotonic() < deadline:
-            time.sleep(0.05)  # let the aborted requests' final outputs reach their callers
+        # Let the aborted requests' final outputs reach their callers. Wait for them to be
+        # finished, not gone: a caller that stopped reading never removes its state.
+        deadline = time.monotonic() + 5
+        while (self.tokenizer_manager.has_unfinished() and time.monotonic() < deadline
+               and self._children.dead_child() is None):
+            time.sleep(0.05)
         self._closed = True
         self._receiver.join(timeout=5)
         self._children.stop()
         self._stop_loop()
+
+    def kill(self) -> None:
+        """Stop the child processes at once (SIGKILL): for a second Ctrl-C during shutdown."""
+        self._closed = True
+        self._children.kill()
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -118,8 +119,10 @@ def serve(args: ServerArgs) -> int:
           f"(device {ready.device}, dtype {ready.dtype}, KV cache {ready.max_total_num_tokens} "
           f"tokens, context {ready.context_len}; started in {time.perf_counter() - started:.1f} s)",
           file=sys.stderr, flush=True)
+    # In-flight requests end within a step of abort_all(); the grace period only bounds a
+    # handler that does not.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=10, access_log=False)
+                            timeout_graceful_shutdown=5, access_log=False)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -136,5 +139,16 @@ def serve(args: ServerArgs) -> int:
     try:
         server.run()  # handles SIGINT/SIGTERM: stops accepting, then returns
     finally:
+        stopping = time.perf_counter()
+
+        def stop_now(sig, frame) -> None:  # a second SIGTERM / Ctrl-C while stopping
+            print("radixlm: stopping now", file=sys.stderr, flush=True)
+            engine.kill()
+            os._exit(128 + sig)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop_now)
         engine.shutdown()  # aborts in-flight requests (finish_reason abort) and stops children
+        print(f"radixlm stopped ({time.perf_counter() - stopping:.1f} s to stop the engine)",
+              file=sys.stderr, flush=True)
     return 0

@@ -13,18 +13,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from radixlm import __version__
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 from radixlm.entrypoints.errors import error_body, error_response
+from radixlm.entrypoints.openai.serving_base import served_model_name
+from radixlm.entrypoints.request_body import read_json_body
+from radixlm.entrypoints.request_limits import check_generate_limits
 from radixlm.managers.io_struct import GenerateReqInput
 from radixlm.managers.tokenizer_manager import EngineDeadError
 
 router = APIRouter()
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw or b"{}")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"malformed JSON body: {e}") from None
+def bad_request(e: ValueError) -> Response:
+    """A ValueError from reading or validating a request -> its HTTP error (413 for a body over
+    the size limit, else 400)."""
+    return error_response(str(e), getattr(e, "status", 400))
 
 
 def sse(obj: Any) -> str:
@@ -35,9 +36,10 @@ def sse(obj: Any) -> str:
 async def generate(request: Request):
     engine = request.app.state.engine
     try:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
+        check_generate_limits(request.app.state.server_args, body)
         obj = GenerateReqInput.from_dict(body)
         if not isinstance(obj.stream, bool):
             raise ValueError("`stream` must be a boolean")
@@ -51,7 +53,7 @@ async def generate(request: Request):
         stream = await call
         first = await anext(stream)  # validation errors surface here, before the 200 is sent
     except ValueError as e:
-        return error_response(str(e), 400)
+        return bad_request(e)
     except EngineDeadError as e:
         return error_response(str(e), 503)
     except ClientDisconnected:
@@ -84,14 +86,23 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=200)
 
 
+# SGLang serves both names: `/model_info` and `/server_info` are its current ones, which
+# sglang-router probes first; the `get_` names are the older ones its clients still use.
+
 @router.get("/get_model_info")
+@router.get("/model_info")
 async def get_model_info(request: Request) -> dict:
+    """model_path and tokenizer_path are directories a client can load a tokenizer from (a
+    GGUF is served from its converted directory)."""
     ready = request.app.state.engine.ready
     return {"model_path": ready.model_path, "tokenizer_path": ready.tokenizer_path,
-            "is_generation": True}
+            "is_generation": True, "served_model_name": served_model_name(request),
+            "preferred_sampling_params": None, "weight_version": "default",
+            "context_length": ready.context_len}
 
 
 @router.get("/get_server_info")
+@router.get("/server_info")
 async def get_server_info(request: Request):
     engine = request.app.state.engine
     try:
@@ -102,11 +113,28 @@ async def get_server_info(request: Request):
     args = dataclasses.asdict(request.app.state.server_args)
     if args.get("api_key"):
         args["api_key"] = "***"
+    gib = 1 << 30
+    # One entry per scheduler (one engine today; one per data-parallel engine later), with
+    # SGLang's keys: without speculative decoding every step accepts exactly one token.
+    internal_state = {
+        "last_gen_throughput": stats.last_gen_throughput,
+        "avg_spec_accept_length": 1.0,
+        "num_running_reqs": stats.num_running_reqs, "num_waiting_reqs": stats.num_waiting_reqs,
+        "token_usage": stats.token_usage, "cache_hit_rate": stats.cache_hit_rate,
+        "memory_usage": {"weight": stats.weight_bytes / gib,
+                         "kvcache": stats.kv_cache_bytes / gib,
+                         "token_capacity": stats.max_total_num_tokens},
+    }
     return {**args,
             **dataclasses.asdict(stats),
+            # what is served, not only what was asked for (None = the bundled model)
+            "model_path": ready.model_path, "requested_model_path": args["model_path"],
+            "tokenizer_path": ready.tokenizer_path,
+            "served_model_name": served_model_name(request),
             "max_running_requests": ready.max_running_requests,
             "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
-            "resolved_model_path": ready.model_path, "version": __version__}
+            "resolved_model_path": ready.model_path, "internal_states": [internal_state],
+            "version": __version__}
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
@@ -123,7 +151,7 @@ async def flush_cache(request: Request) -> Response:
 @router.post("/abort_request")
 async def abort_request(request: Request) -> Response:
     try:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         if isinstance(body, dict) and body.get("abort_all") is True:
             request.app.state.engine.abort_all()
             return Response(status_code=200)
@@ -131,7 +159,7 @@ async def abort_request(request: Request) -> Response:
         if not isinstance(rid, str) or not rid:
             raise ValueError("`rid` (the request id to abort) or `abort_all: true` is required")
     except ValueError as e:
-        return error_response(str(e), 400)
+        return bad_request(e)
     request.app.state.engine.abort_request(rid)
     return Response(status_code=200)
 
@@ -140,14 +168,14 @@ async def abort_request(request: Request) -> Response:
 async def tokenize(request: Request):
     engine = request.app.state.engine
     try:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(text, (str, list)) or (
                 isinstance(text, list) and not all(isinstance(t, str) for t in text)):
             raise ValueError("`prompt` must be a string or a list of strings")
         add_special = bool(body.get("add_special_tokens", True))
     except ValueError as e:
-        return error_response(str(e), 400)
+        return bad_request(e)
 
     def encode(t: str) -> list[int]:
         return engine.tokenizer(t, add_special_tokens=add_special).input_ids
@@ -161,13 +189,13 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     engine = request.app.state.engine
     try:
-        body = await _json_body(request)
+        body = await read_json_body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and 0 <= t < engine.ready.vocab_size for t in tokens):
             raise ValueError("`tokens` must be a list of token ids in the vocabulary")
     except ValueError as e:
-        return error_response(str(e), 400)
+        return bad_request(e)
     return {"text": engine.tokenizer.decode(tokens,
                                             skip_special_tokens=bool(body.get(
                                                 "skip_special_tokens", False)))}

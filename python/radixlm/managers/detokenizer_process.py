@@ -72,3 +72,4 @@ if __name__ == "__main__":
     import json
     import sys
     run_detokenizer_process(sys.argv[1], ipc.IpcEndpoints(**json.loads(sys.argv[2])), sys.argv[3])
+    ipc.exit_now(0)  # all sent and closed: skip the slow interpreter teardown

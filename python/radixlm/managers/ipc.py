@@ -7,7 +7,9 @@ are the dataclasses of messages.py, pickled.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import sys
 import pickle
 import signal
 import tempfile
@@ -59,6 +61,17 @@ def recv_all(sock: zmq.Socket, timeout_s: float | None) -> list[Any]:
             msgs.append(pickle.loads(sock.recv(zmq.NOBLOCK)))
         except zmq.Again:
             return msgs
+
+
+def exit_now(code: int) -> None:
+    """End a child process at once, after flushing its logs and standard streams."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def die_with_parent() -> None:

@@ -65,6 +65,10 @@ class SchedulerStats:
     num_retractions: int
     new_token_ratio: float
     overlapped_steps: int = 0        # steps launched before the previous step's results were read
+    generated_tokens_total: int = 0  # tokens sampled since start
+    last_gen_throughput: float = 0.0 # tokens/s over the last window of steps
+    weight_bytes: int = 0            # model parameters and buffers on the device
+    kv_cache_bytes: int = 0          # the KV pool
 
 
 @dataclass
@@ -93,9 +97,12 @@ class FinishReason:
     matched: int | str | None = None
     message: str | None = None
     status_code: int | None = None   # 400: the request itself was invalid (e.g. bad grammar)
+    length: int | None = None        # "length": the token budget that ended it (SGLang's key)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.length is not None:
+            out["length"] = self.length
         if self.message is not None:
             out["message"] = self.message
         if self.status_code is not None:

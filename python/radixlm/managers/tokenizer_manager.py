@@ -18,6 +18,7 @@ from radixlm.managers.io_struct import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetLoadReq, ReqOutput, SchedulerReady,
                                        SchedulerStats, TokenizedGenerateReq)
+from radixlm.managers.prompt_length import check_text_fits
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class TokenizerManager:
         if single.input_ids is not None:
             ids = single.input_ids
         else:
+            check_text_fits(single.text, self.tokenizer, self.context_len)
             ids = self.tokenizer(single.text).input_ids
         if not ids:
             raise ValueError("the prompt is empty (`text` / `input_ids` must not be empty)")
@@ -91,9 +93,13 @@ class TokenizerManager:
         self._check_alive()
         groups = obj.expand()
         prompts = [self.tokenize(g[0]) for g in groups]
-        for g in groups:
-            for s in g[1:]:
+        for g, ids in zip(groups, prompts):
+            for s in g:
                 s.sampling_params.validate(self.ready.vocab_size)
+                # As SGLang: a budget beyond what the context leaves is clamped to it (the
+                # finish reason then says "length" with the budget that applied).
+                params = s.sampling_params
+                params.max_new_tokens = min(params.max_new_tokens, self.context_len - len(ids))
         rids = [s.rid for g in groups for s in g]
         if len(set(rids)) != len(rids):
             raise ValueError("the request repeats a `rid`; each sequence needs its own")
@@ -219,6 +225,9 @@ class TokenizerManager:
         if finished:
             self.metrics.finished(now - st.created, st.prompt_tokens, st.completion_tokens,
                                   st.cached_tokens)
+
+    def has_unfinished(self) -> bool:
+        return any(not st.finished for st in list(self.states.values()))
 
     def mark_dead(self, reason: str) -> None:
         """The scheduler is gone: fail every request instead of letting callers hang."""

@@ -55,6 +55,10 @@ class KVPool:
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (*self.k_buffers, *self.v_buffers))
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

@@ -2,7 +2,7 @@
 
 The engine's loader only understands HF layouts (config.json + safetensors + tokenizer files).
 Rather than teaching every model class about GGUF, we dequantize a GGUF file once to float32
-safetensors under HF parameter names, and cache the result on disk keyed by the source file.
+safetensors under HF parameter names, and cache the result on disk keyed by the file's content.
 """
 
 from __future__ import annotations
@@ -95,25 +95,47 @@ def default_cache_root() -> str:
     return envs.cache_dir()
 
 
-def cached_dir_for(gguf_path: str, cache_dir: str | None = None) -> str:
-    """Where the conversion of `gguf_path` lives; changes when the file does."""
-    path = os.path.abspath(gguf_path)
-    stat = os.stat(path)
-    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|v{CONVERTER_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+# What the cache key reads of a GGUF: its size, head (metadata, tokenizer, first tensors), tail,
+# and evenly spaced blocks in between. For the bundled 98 MB file that is most of it; a 40 GB
+# file costs ~50 MB of reads per start instead of a full hash.
+_KEY_HEAD_TAIL = 16 * 1024**2
+_KEY_BLOCKS, _KEY_BLOCK = 16, 1024**2
+
+
+def content_key(gguf_path: str) -> str:
+    """A digest of the file's content, so every copy of the same GGUF (another venv, a fresh
+    clone, a touched mtime) maps to one conversion."""
+    size = os.path.getsize(gguf_path)
+    h = hashlib.sha256(f"{size}|v{CONVERTER_VERSION}|".encode())
+    with open(gguf_path, "rb") as f:
+        if size <= 2 * _KEY_HEAD_TAIL + _KEY_BLOCKS * _KEY_BLOCK:
+            h.update(f.read())
+        else:
+            offsets = [0] + [size * (i + 1) // (_KEY_BLOCKS + 1) for i in range(_KEY_BLOCKS)]
+            for offset, length in [(0, _KEY_HEAD_TAIL)] + [(o, _KEY_BLOCK) for o in offsets[1:]] \
+                    + [(size - _KEY_HEAD_TAIL, _KEY_HEAD_TAIL)]:
+                f.seek(offset)
+                h.update(f.read(length))
+    return h.hexdigest()[:16]
+
+
+def cached_dir_for(gguf_path: str, cache_dir: str | None = None, key: str | None = None) -> str:
+    """Where the conversion of `gguf_path` lives: keyed by the file's content."""
     root = cache_dir or default_cache_root()
-    return os.path.join(root, "gguf", f"{Path(path).stem}-{digest}")
+    return os.path.join(root, "gguf", f"{Path(gguf_path).stem}-{key or content_key(gguf_path)}")
 
 
 def convert_gguf_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
     """Convert `gguf_path` into an HF directory once and return its (cached) path."""
     if not os.path.isfile(gguf_path):
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
-    target = cached_dir_for(gguf_path, cache_dir)
+    key = content_key(gguf_path)
+    target = cached_dir_for(gguf_path, cache_dir, key)
     if os.path.isdir(target):
         return target
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
+    _remove_leftovers(parent, Path(gguf_path).stem)
     # Build next to the target (same filesystem) so the final rename is atomic: readers see
     # either nothing or a complete directory, even if we crash or race another process.
     tmp_name = f".{os.path.basename(target)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -122,6 +144,9 @@ def convert_gguf_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
     try:
         logger.info("Converting %s to a Hugging Face directory (one-time)", gguf_path)
         _convert_into(os.path.abspath(gguf_path), tmp)
+        source = {"gguf_path": os.path.abspath(gguf_path), "converter_version": CONVERTER_VERSION,
+                  "content_key": key}
+        _write_json(os.path.join(tmp, "radixlm_gguf_source.json"), source)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -131,6 +156,38 @@ def convert_gguf_to_hf_dir(gguf_path: str, cache_dir: str | None = None) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _remove_leftovers(parent: str, stem: str) -> None:
+    """Delete what earlier runs left in the cache for this model: half-built directories of
+    processes that died mid-conversion (killed, out of disk), and conversions keyed by the old
+    path+mtime scheme, which made a new ~0.5 GB copy for every fresh clone."""
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if name.startswith(f".{stem}-") and ".tmp-" in name:
+            pid = name.rsplit(".tmp-", 1)[1].split("-")[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(f"{stem}-") and _is_path_keyed(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _is_path_keyed(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, "radixlm_gguf_source.json")) as f:
+            return "content_key" not in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _convert_into(gguf_path: str, out_dir: str) -> None:
@@ -151,8 +208,6 @@ def _convert_into(gguf_path: str, out_dir: str) -> None:
     _write_json(os.path.join(out_dir, "generation_config.json"), _generation_config(meta))
     _write_weights(tensors, config, spec, out_dir)
     _write_tokenizer(gguf_path, meta, config, out_dir)
-    source = {"gguf_path": gguf_path, "converter_version": CONVERTER_VERSION}
-    _write_json(os.path.join(out_dir, "radixlm_gguf_source.json"), source)
 
 
 def _read_metadata(reader: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ nothing about requests, queues or the radix tree; the scheduler does.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -105,6 +106,11 @@ class ModelRunner:
         logger.info("KV cache: %d tokens (%.1f MiB), %d max running requests",
                     self.max_total_num_tokens, num_slots * per_token / 2**20,
                     self.max_running_requests)
+
+    @functools.cached_property
+    def weight_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # ------------------------------------------------------------------ forward
 

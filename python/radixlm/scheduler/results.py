@@ -53,6 +53,7 @@ class ResultProcessor:
         ids, lps = step.wait()
         jumped: list[Req] = []  # a list: they re-enter the queue in batch order
         outputs: list[ReqOutput] = []
+        generated = 0
         for i, req in enumerate(batch.reqs):
             j = row_of.get(i)
             if j is not None:
@@ -71,11 +72,12 @@ class ResultProcessor:
                 s.tree_cache.cache_unfinished_req(req)
                 continue
             if j is None:                               # max_new_tokens == 0
-                self.finish(req, FinishReason("length"), send=False)
+                self.finish(req, FinishReason("length", length=0), send=False)
                 outputs.append(self._output(req))
                 continue
             token = ids[j]
             req.output_ids.append(token)
+            generated += 1
             if req.return_logprob:
                 req.output_token_logprobs.append((lps[j], token))
                 if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
@@ -100,6 +102,7 @@ class ResultProcessor:
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
+        s.gen_throughput.add(generated)
         gone = {id(r) for r in jumped}
         s.running = [r for r in s.running if not r.finished and id(r) not in gone]
         s.waiting[:0] = [r for r in jumped if not r.finished]  # prefill them next step
@@ -123,9 +126,9 @@ class ResultProcessor:
     def _check_finished(self, req: Req, token: int) -> FinishReason | None:
         params = req.sampling_params
         if len(req.output_ids) >= params.max_new_tokens:
-            return FinishReason("length")
+            return FinishReason("length", length=params.max_new_tokens)
         if req.seq_len >= self.s.runner.model_config.context_len:
-            return FinishReason("length")
+            return FinishReason("length", length=len(req.output_ids))
         if len(req.output_ids) >= params.min_new_tokens:
             if token in params.stop_token_ids:
                 return FinishReason("stop", matched=token)
@@ -170,7 +173,7 @@ class ResultProcessor:
         req.output_ids.extend(jump.new_tokens)
         req.num_jump_forward_tokens += len(jump.new_tokens) - jump.num_replaced
         if len(req.output_ids) >= req.max_new_tokens:
-            self.finish(req, FinishReason("length"), send=False)
+            self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)
         elif req.grammar.is_terminated():
             self.finish(req, FinishReason("stop", matched=req.output_ids[-1]), send=False)
         return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,7 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
                      "repetition_penalty"):
             _check_type(name, getattr(self, name), (int, float))
+            _check_finite(name, getattr(self, name))
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
@@ -114,9 +116,10 @@ class SamplingParams:
             if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0 or (
                     vocab_size is not None and tid >= vocab_size):
                 raise ValueError(f"stop_token_ids contains an unknown token id: {tid!r}")
-        for tid in self.logit_bias:
+        for tid, bias in self.logit_bias.items():
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 raise ValueError(f"logit_bias names an unknown token id: {tid}")
+            _check_finite(f"logit_bias[{tid}]", bias)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
@@ -128,6 +131,12 @@ class SamplingParams:
         constraints = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
         if len(constraints) > 1:
             raise ValueError(f"only one of json_schema, regex, ebnf may be set, got {constraints}")
+
+
+def _check_finite(name: str, value: float) -> None:
+    # NaN passes every range check (all comparisons are false) and would sample garbage.
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
 
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:

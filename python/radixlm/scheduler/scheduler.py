@@ -38,6 +38,7 @@ from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Scheduler:
         self.num_retractions = 0
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
+        self.gen_throughput = GenThroughput()
         self.stopped = False
         self._grammar_backend = None
         self.check_invariants = envs.check_invariants()
@@ -399,7 +401,10 @@ class Scheduler:
             cache_hit_rate=(self.cached_tokens_total / self.prompt_tokens_total
                             if self.prompt_tokens_total else 0.0),
             num_retractions=self.num_retractions, new_token_ratio=self.ratio.value,
-            overlapped_steps=self.overlapped_steps)
+            overlapped_steps=self.overlapped_steps,
+            generated_tokens_total=self.gen_throughput.total_tokens,
+            last_gen_throughput=self.gen_throughput.read(),
+            weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes)
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""

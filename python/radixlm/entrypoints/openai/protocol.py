@@ -27,8 +27,6 @@ Bool = Annotated[bool, Strict()]
 Penalty = Annotated[float, Strict(), Field(ge=-2.0, le=2.0)]
 TopLogprobsNum = Annotated[int, Strict(), Field(ge=0, le=20)]
 
-MAX_N = 128  # OpenAI's own cap on `n`; it also bounds the work one request can ask for
-
 
 def now() -> int:
     return int(time.time())
@@ -49,11 +47,23 @@ class StreamOptions(_Request):
     include_usage: Bool = False
 
 
+class JsonSchemaSpec(_Request):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[Bool] = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
 class SamplingExtras(_Request):
     """Fields shared by completions and chat: OpenAI's sampling knobs plus SGLang's extras."""
 
     model: Optional[str] = None
-    n: Annotated[int, Strict(), Field(ge=1, le=MAX_N)] = 1
+    n: PosInt = 1  # the upper bound is a server setting (--max-n-per-request)
     temperature: Optional[Annotated[float, Strict(), Field(ge=0.0, le=2.0)]] = None
     top_p: Optional[Annotated[float, Strict(), Field(gt=0.0, le=1.0)]] = None
     presence_penalty: Optional[Penalty] = None
@@ -78,6 +88,7 @@ class SamplingExtras(_Request):
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -195,25 +206,12 @@ class ChatMessage(BaseModel):
     tool_calls: Optional[list[dict[str, Any]]] = None
 
 
-class JsonSchemaSpec(_Request):
-    name: Optional[str] = None
-    description: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
-    strict: Optional[Bool] = None
-
-
-class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaSpec] = None
-
-
 class ChatCompletionRequest(SamplingExtras):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Optional[NonNegInt] = None
     max_completion_tokens: Optional[NonNegInt] = None
     logprobs: Bool = False
     top_logprobs: Optional[TopLogprobsNum] = None
-    response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None  # accepted; tool-call parsing is not implemented
     continue_final_message: Bool = False

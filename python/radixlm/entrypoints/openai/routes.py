@@ -3,9 +3,14 @@ RequestValidationError handler turns pydantic errors in these bodies into OpenAI
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
 from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  ModelCard, ModelList)
 from radixlm.entrypoints.openai.serving_base import served_model_name
@@ -36,14 +41,35 @@ async def retrieve_model(model_id: str, request: Request):
     return card
 
 
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[Body]) -> Body:
+    """The body through the server's one JSON reader (size, depth and finite-number checks),
+    then the pydantic model; a ValidationError becomes the app's OpenAI-shaped 400."""
+    obj = await read_json_body(request)
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors(include_url=False)) from None
+
+
 # The `model` field of a request is not checked against the served name: SGLang accepts any
 # (clients commonly send "default"), and the response names the model that answered.
 
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request):
+async def create_completion(request: Request):
+    try:
+        body = await parse_body(request, CompletionRequest)
+    except ValueError as e:
+        return error_response(str(e), getattr(e, "status", 400))
     return await CompletionServing(request, body).handle()
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+async def create_chat_completion(request: Request):
+    try:
+        body = await parse_body(request, ChatCompletionRequest)
+    except ValueError as e:
+        return error_response(str(e), getattr(e, "status", 400))
     return await ChatServing(request, body).handle()

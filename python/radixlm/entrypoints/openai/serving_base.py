@@ -17,7 +17,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from radixlm.entrypoints.errors import error_body, error_response
+from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
 from radixlm.entrypoints.openai.protocol import SamplingExtras, Usage
+from radixlm.managers.prompt_length import check_text_fits
 from radixlm.managers.tokenizer_manager import EngineDeadError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
@@ -87,6 +89,33 @@ def sse(obj: BaseModel | dict, exclude: Optional[set[str]] = None) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def structured_output(req: SamplingExtras) -> dict[str, Any]:
+    """The one output constraint of a request as sampling_params: OpenAI's response_format or
+    SGLang's json_schema / regex / ebnf. Two at once is a 400 (the native API agrees), never one
+    silently winning."""
+    given = {name: getattr(req, name) for name in ("json_schema", "regex", "ebnf")
+             if getattr(req, name) is not None}
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            schema: Any = {"type": "object"}
+        elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise OpenAIError("response_format of type json_schema needs json_schema.schema",
+                              400, param="response_format")
+        else:
+            schema = fmt.json_schema.schema_
+        if given:
+            raise OpenAIError(f"response_format cannot be combined with {', '.join(given)}: "
+                              f"give one output constraint", 400, param="response_format")
+        return {"json_schema": json.dumps(schema)}
+    if len(given) > 1:
+        raise OpenAIError(f"only one of json_schema, regex, ebnf may be set, got "
+                          f"{sorted(given)}", 400, param=sorted(given)[1])
+    if isinstance(given.get("json_schema"), dict):
+        given["json_schema"] = json.dumps(given["json_schema"])
+    return given
+
+
 def finish_type(meta: dict[str, Any]) -> Optional[str]:
     reason = meta.get("finish_reason")
     return reason.get("type") if reason else None
@@ -132,23 +161,33 @@ class OpenAIServing:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # Tokenized here rather than in the engine so the length checks below can run first.
         # Chat templates render their own special tokens, hence add_special_tokens=False there.
+        try:
+            check_text_fits(text, self.engine.tokenizer, self.context_len)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, param=self.prompt_field) from None
         return list(self.engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
     def max_new_tokens(self, prompt_len: int, requested: Optional[int], field: str) -> int:
-        """The completion budget for one prompt. Asking for more than the context leaves is a
-        400 (as OpenAI does) rather than a silent cut: a "length" finish must mean max_tokens."""
+        """The completion budget for one prompt: what was asked for, clamped to what the context
+        leaves (as SGLang and the native API do; the response then ends with finish_reason
+        "length"). A prompt that leaves no room at all is a 400."""
         room = self.context_len - prompt_len
         if room <= 0:
             raise OpenAIError(f"the prompt has {prompt_len} tokens, which does not fit the "
                               f"model's context length of {self.context_len} tokens",
                               400, param=self.prompt_field)
-        if requested is None:
-            return room
-        if requested > room:
-            raise OpenAIError(f"this model's context length is {self.context_len} tokens; the "
-                              f"prompt has {prompt_len} tokens, so {field} can be at most "
-                              f"{room}, got {requested}", 400, param=field)
-        return requested
+        return room if requested is None else min(requested, room)
+
+    def check_limits(self, num_prompts: int) -> None:
+        """The server's per-request limits (--max-n-per-request, ...), before any tokenizing."""
+        body = self.body
+        stops = [body.stop] if isinstance(body.stop, list) else []
+        try:
+            check_request_limits(self.http_request.app.state.server_args, num_prompts,
+                                 [body.n], stops)
+        except LimitExceeded as e:
+            param = self.prompt_field if e.field == "prompts" else e.field
+            raise OpenAIError(str(e), 400, param=param) from None
 
     @staticmethod
     def sampling_params(req: SamplingExtras, max_new_tokens: int) -> dict[str, Any]:
@@ -163,9 +202,7 @@ class OpenAIServing:
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "no_stop_trim": req.no_stop_trim, "sampling_seed": req.seed,
-            "logit_bias": req.logit_bias, "regex": req.regex, "ebnf": req.ebnf,
-            "json_schema": json.dumps(req.json_schema) if isinstance(req.json_schema, dict)
-            else req.json_schema,
+            "logit_bias": req.logit_bias, **structured_output(req),
         }
         if req.min_tokens is not None and req.min_tokens > max_new_tokens:
             raise OpenAIError(f"min_tokens ({req.min_tokens}) must be <= max_tokens "

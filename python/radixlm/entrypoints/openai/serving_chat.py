@@ -6,7 +6,6 @@ prompt's KV through the radix cache; the engine returns them in choice order.
 
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
@@ -51,6 +50,7 @@ class ChatServing(OpenAIServing):
 
     async def handle(self):
         try:
+            self.check_limits(1)
             kwargs = self._engine_kwargs(self.tokenize(self._render(), add_special_tokens=False))
             if self.body.stream:
                 first, rest = await self.open_stream(**kwargs)
@@ -83,24 +83,12 @@ class ChatServing(OpenAIServing):
             raise OpenAIError("the chat template did not render to text", 500)
         return text
 
-    def _structured_output(self) -> dict[str, Any]:
-        """response_format -> sampling_params (json_schema; the grammar backend enforces it)."""
-        fmt = self.body.response_format
-        if fmt is None or fmt.type == "text":
-            return {}
-        if fmt.type == "json_object":
-            return {"json_schema": json.dumps({"type": "object"})}
-        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-            raise OpenAIError("response_format of type json_schema needs "
-                              "json_schema.schema", 400, param="response_format")
-        return {"json_schema": json.dumps(fmt.json_schema.schema_)}
-
     def _engine_kwargs(self, ids: list[int]) -> dict[str, Any]:
         max_new = self.max_new_tokens(len(ids), self.body.max_new_tokens,
                                       "max_completion_tokens"
                                       if self.body.max_completion_tokens is not None
                                       else "max_tokens")
-        params = {**self.sampling_params(self.body, max_new), **self._structured_output()}
+        params = self.sampling_params(self.body, max_new)
         kwargs: dict[str, Any] = {"input_ids": [ids], "sampling_params": [params],
                                   "rid": [self.request_id]}
         if self.body.logprobs:

@@ -38,6 +38,7 @@ class CompletionServing(OpenAIServing):
 
     async def handle(self):
         try:
+            self.check_limits(self._num_prompts())
             prompts = self._prompts()
             kwargs = self._engine_kwargs(prompts)
             if self.body.stream:
@@ -51,15 +52,20 @@ class CompletionServing(OpenAIServing):
 
     # ------------------------------------------------------------------ request -> engine
 
-    def _prompts(self) -> _Prompts:
-        prompt, out = self.body.prompt, _Prompts()
+    def _prompt_items(self) -> list[Any]:
+        prompt = self.body.prompt
         if isinstance(prompt, str):
-            items: list[Any] = [prompt]
-        elif all(isinstance(p, int) for p in prompt):
-            items = [prompt]                      # one prompt given as token ids
-        else:
-            items = list(prompt)                  # a batch of strings or of id lists
-        for item in items:
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [prompt]                       # one prompt given as token ids
+        return list(prompt)                       # a batch of strings or of id lists
+
+    def _num_prompts(self) -> int:
+        return len(self._prompt_items())
+
+    def _prompts(self) -> _Prompts:
+        out = _Prompts()
+        for item in self._prompt_items():
             if isinstance(item, str):
                 out.ids.append(self.tokenize(item))
                 out.texts.append(item)

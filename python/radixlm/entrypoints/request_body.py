@@ -1,0 +1,101 @@
+"""Reading a request's JSON body: one reader for every endpoint, native and OpenAI.
+
+It bounds what a client can make the server do before any validation runs: the body's size
+(HTTP 413 beyond `--max-request-body-mb`), its nesting depth, and it rejects numbers that are not
+finite (NaN, Infinity, or a literal like 1e999 that overflows to infinity), naming the field.
+Python's json module accepts all of those, and a NaN temperature would otherwise sample garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from fastapi import Request
+
+# Deep enough for any real request (a JSON schema nests two levels per object level), far below
+# the interpreter's recursion limit that later code (validation, serialization) would hit.
+MAX_JSON_DEPTH = 100
+
+_SCALARS = {int, str, bool, type(None)}
+
+
+class BodyError(ValueError):
+    """A body that cannot be accepted; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+async def read_json_body(request: Request) -> Any:
+    """The parsed JSON body of `request` (an empty body reads as {}); raises BodyError."""
+    limit = max_body_bytes(request)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # a chunked body that did not declare its length
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+def max_body_bytes(request: Request) -> int:
+    return int(request.app.state.server_args.max_request_body_mb * 1024 * 1024)
+
+
+def _too_large(limit: int) -> BodyError:
+    return BodyError(f"the request body is larger than the server's limit of {limit} bytes "
+                     f"(--max-request-body-mb)", 413)
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        obj = json.loads(raw or b"{}")
+    except RecursionError:
+        raise BodyError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep") \
+            from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BodyError(f"malformed JSON body: {e}") from None
+    check_json_values(obj)
+    return obj
+
+
+def check_json_values(obj: Any) -> None:
+    """Raise BodyError for nesting deeper than MAX_JSON_DEPTH or a non-finite number; the
+    message names the field (e.g. `sampling_params.temperature`)."""
+    stack: list[tuple[Any, tuple]] = [(obj, ())]
+    _check_scalar(obj, ())
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if len(path) >= MAX_JSON_DEPTH:
+            raise BodyError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(node, list) and set(map(type, node)) <= _SCALARS:
+            continue  # the common case of token ids or strings: nothing to look into
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((value, path + (key,)))
+            else:
+                _check_scalar(value, path + (key,))
+
+
+def _check_scalar(value: Any, path: tuple) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        where = field_path(path) or "the body"
+        raise BodyError(f"`{where}` must be a finite number, got {value}")
+
+
+def field_path(path: tuple) -> str:
+    """('sampling_params', 'temperature') -> 'sampling_params.temperature'; list indices as
+    [i]."""
+    out = ""
+    for key in path:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out

@@ -1,0 +1,55 @@
+"""Upper bounds on the work one HTTP request may ask for (`n`, prompts per batch, stop strings),
+checked before anything is tokenized. They are server settings (ServerArgs.max_*); the offline
+Engine applies none, since there the caller is the operator."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from radixlm.config import ServerArgs
+
+
+class LimitExceeded(ValueError):
+    """A request over a server limit; `field` is what is over it: "prompts", "n" or "stop"."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check_request_limits(args: ServerArgs, num_prompts: int, ns: Sequence[Any],
+                         stops: Sequence[Any], n_field: str = "n",
+                         stop_field: str = "stop") -> None:
+    """Raise LimitExceeded naming the setting that a request exceeds. `ns` and `stops` are the
+    requested `n` and `stop` of each prompt (as given: ints / strings / lists / None)."""
+    if num_prompts > args.max_prompts_per_request:
+        raise LimitExceeded(f"the request has {num_prompts} prompts; this server accepts at "
+                            f"most {args.max_prompts_per_request} per request "
+                            f"(--max-prompts-per-request)", "prompts")
+    for n in ns:
+        if isinstance(n, int) and not isinstance(n, bool) and n > args.max_n_per_request:
+            raise LimitExceeded(f"{n_field} must be <= {args.max_n_per_request} "
+                                f"(--max-n-per-request), got {n}", "n")
+    for stop in stops:
+        count = len(stop) if isinstance(stop, list) else 0
+        if count > args.max_stop_strings:
+            raise LimitExceeded(f"{stop_field} has {count} entries; at most "
+                                f"{args.max_stop_strings} are allowed (--max-stop-strings)",
+                                "stop")
+
+
+def check_generate_limits(args: ServerArgs, body: dict[str, Any]) -> None:
+    """The limits for a native /generate body (single or batch)."""
+    prompts = body.get("text", body.get("prompt"))
+    if prompts is None:
+        ids = body.get("input_ids")
+        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        num_prompts = len(ids) if batch else 1
+    else:
+        num_prompts = len(prompts) if isinstance(prompts, list) else 1
+    params = body.get("sampling_params")
+    params = params if isinstance(params, list) else [params]
+    params = [p for p in params if isinstance(p, dict)]
+    check_request_limits(args, num_prompts, [p.get("n") for p in params],
+                         [p.get("stop") for p in params], "sampling_params.n",
+                         "sampling_params.stop")

@@ -1,0 +1,21 @@
+"""A length check that runs before tokenizing: a text so long that it cannot fit the context
+whatever its tokens are is rejected at once (tokenizing megabytes costs seconds of CPU)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+@functools.lru_cache(maxsize=8)
+def max_chars_per_token(tokenizer: Any) -> int:
+    """An upper bound on the characters one token stands for: its vocabulary entry's length
+    (byte-level entries spell each byte as one character, so never fewer than it decodes to)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+
+
+def check_text_fits(text: str, tokenizer: Any, context_len: int) -> None:
+    """Raise ValueError when `text` has more characters than `context_len` tokens can hold."""
+    if len(text) > context_len * max_chars_per_token(tokenizer):
+        raise ValueError(f"the prompt has {len(text)} characters, more than the context "
+                         f"length of {context_len} tokens can hold")

@@ -1,0 +1,100 @@
+"""Unit tests of the request checks that need no server: the JSON body reader, the request
+limits, non-finite sampling parameters, the CLI's unknown-flag message, the throughput meter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from radixlm.cli import main as cli_main
+from radixlm.config import ServerArgs
+from radixlm.entrypoints.request_body import MAX_JSON_DEPTH, BodyError, parse_json
+from radixlm.entrypoints.request_limits import check_generate_limits
+from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.scheduler.throughput import GenThroughput
+
+
+def test_parse_json_names_the_non_finite_field():
+    with pytest.raises(BodyError, match=r"`sampling_params\[1\]\.top_p` must be a finite"):
+        parse_json(b'{"sampling_params": [{"top_p": 0.5}, {"top_p": -Infinity}]}')
+    with pytest.raises(BodyError, match="`the body`|finite"):
+        parse_json(b"NaN")
+    with pytest.raises(BodyError, match="`x` must be a finite number, got inf"):
+        parse_json(b'{"x": 1e400}')
+    # Large but finite numbers and long lists of ids are fine.
+    assert parse_json(b'{"x": 1e300, "ids": [' + b",".join([b"7"] * 10000) + b"]}")["x"] == 1e300
+
+
+def test_parse_json_bounds_nesting_and_reports_malformed_input():
+    ok = b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)
+    parse_json(ok)
+    for depth in (MAX_JSON_DEPTH + 1, 100_000):
+        with pytest.raises(BodyError, match="nested") as e:
+            parse_json(b"[" * depth + b"]" * depth)
+        assert e.value.status == 400
+    with pytest.raises(BodyError, match="malformed JSON"):
+        parse_json(b'{"a": ')
+    with pytest.raises(BodyError, match="malformed JSON"):
+        parse_json(b'{"a": "\xff"}')
+    assert parse_json(b"") == {}
+
+
+def test_generate_limits_count_prompts_n_and_stops():
+    args = ServerArgs(max_n_per_request=2, max_prompts_per_request=3, max_stop_strings=1)
+    check_generate_limits(args, {"text": ["a", "b", "c"], "sampling_params": {"n": 2}})
+    check_generate_limits(args, {"input_ids": [1, 2, 3, 4, 5]})  # one prompt of five ids
+    bad = [({"text": ["a"] * 4}, "prompts"),
+           ({"input_ids": [[1]] * 4}, "prompts"),
+           ({"text": "a", "sampling_params": {"n": 3}}, "sampling_params.n"),
+           ({"text": ["a", "b"], "sampling_params": [{}, {"n": 3}]}, "sampling_params.n"),
+           ({"text": "a", "sampling_params": {"stop": ["x", "y"]}}, "sampling_params.stop")]
+    for body, word in bad:
+        with pytest.raises(ValueError, match=word):
+            check_generate_limits(args, body)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "frequency_penalty",
+                                   "presence_penalty", "repetition_penalty"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_sampling_params_reject_non_finite(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+        SamplingParams.from_dict({field: value}).validate()
+
+
+def test_logit_bias_must_be_finite():
+    with pytest.raises(ValueError, match=r"logit_bias\[5\] must be a finite"):
+        SamplingParams.from_dict({"logit_bias": {"5": math.nan}}).validate()
+
+
+def test_cli_unknown_flag_names_the_subcommand_and_the_nearest_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["serve", "--prot", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: radixlm serve" in err and "did you mean --port?" in err
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "Hi", "--max-tokens", "5"])
+    err = capsys.readouterr().err
+    assert "usage: radixlm generate" in err and "--max-new-tokens" in err
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--zzzzzzzz"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzzzz" in err and "did you mean" not in err
+
+
+def test_gen_throughput_excludes_idle_time():
+    now = [0.0]
+    meter = GenThroughput(window_s=1.0, window_steps=1000, clock=lambda: now[0])
+    for _ in range(11):          # 10 steps of 8 tokens after the first, 0.01 s apart
+        meter.add(8)
+        now[0] += 0.01
+    assert meter.read() == pytest.approx(8 / 0.01)
+    now[0] += 100.0              # idle for a long time, then a slower burst
+    for _ in range(5):
+        meter.add(4)
+        now[0] += 0.02
+    assert meter.read() == pytest.approx(4 / 0.02)
+    assert meter.total_tokens == 11 * 8 + 5 * 4
+    meter.add(0)                 # a step without tokens changes nothing
+    assert meter.read() == pytest.approx(4 / 0.02)

@@ -1,0 +1,75 @@
+"""radixlm workers behind SGLang's own router (the `sglang-router` package from PyPI): it
+discovers the model and tokenizer from /model_info and routes native and OpenAI requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from helpers import free_port, start_server, stop_server
+
+pytest.importorskip("sglang_router")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory):
+    proc, worker = start_server("--max-total-tokens", "4096")
+    port = free_port()
+    log = tmp_path_factory.mktemp("router") / "router.log"
+    with open(log, "w") as out:
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", worker,
+             "--port", str(port), "--host", "127.0.0.1", "--log-level", "info",
+             "--prometheus-port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert router.poll() is None, log.read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.3)
+        yield url, worker, log
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+        stop_server(proc)
+
+
+def test_router_registers_model_and_routes(routed):
+    url, worker, log = routed
+    body = {"text": "The capital of France is",
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    direct = httpx.post(worker + "/generate", json=body, timeout=60).json()
+    via = httpx.post(url + "/generate", json=body, timeout=60)
+    assert via.status_code == 200, via.text
+    assert via.json()["output_ids"] == direct["output_ids"]
+
+    with httpx.stream("POST", url + "/generate", timeout=60,
+                      json={**body, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["output_ids"] == direct["output_ids"]
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    chat = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4, temperature=0)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens == 4
+
+    text = log.read_text()
+    assert "No tokenizer_path or model_path found" not in text
+    assert "SmolLM2-135M-Instruct" in text  # the worker's model was discovered by name
