@@ -18,17 +18,25 @@ from typing import Any, Iterator
 from radixlm.lang.backends.base import Backend, PromptContext
 from radixlm.lang.chat import ChatRenderer
 from radixlm.lang.errors import LangError, VariableNotFoundError
-from radixlm.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text
+from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text,
+                             VarScopeBegin, VarScopeEnd)
+from radixlm.lang.speculative import ApiSpeculator
 
 # Regexes that make a gen's text parse as the requested type.
 DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?"}
 
 
 class StreamExecutor:
-    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False):
+    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False,
+                 num_api_spec_tokens: int | None = None):
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens
+        # API speculative execution (see speculative.py); streaming programs do not speculate.
+        self._spec = ApiSpeculator(num_api_spec_tokens) \
+            if num_api_spec_tokens is not None and not stream else None
+        self._scopes: dict[str, int] = {}        # var_scope name -> where its text starts
         self.text = ""
         self.messages: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
@@ -114,7 +122,7 @@ class StreamExecutor:
         return forks
 
     def _copy(self) -> "StreamExecutor":
-        child = StreamExecutor(self.backend, self.defaults, self.stream)
+        child = StreamExecutor(self.backend, self.defaults, self.stream, self.num_api_spec_tokens)
         child.text, child.fork_point = self.text, len(self.text)
         child.messages = [dict(m) for m in self.messages]
         child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
@@ -179,10 +187,20 @@ class StreamExecutor:
             self._role_begin_(expr.role)
         elif isinstance(expr, RoleEnd):
             self._role_end(expr.role)
+        elif isinstance(expr, VarScopeBegin):
+            self._scopes[expr.name] = len(self.text)
+        elif isinstance(expr, VarScopeEnd):
+            if expr.name not in self._scopes:
+                raise LangError(f"var_scope({expr.name!r}) ends without having begun")
+            self._set_result(expr.name, self.text[self._scopes.pop(expr.name):], {})
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, speculated: bool = False) -> None:
+        # Text from the kept speculative text was consumed when it was taken; anything else
+        # must match what is kept, or the kept text is dropped.
+        if self._spec is not None and not speculated:
+            self._spec.on_append(text)
         with self._cond:
             self.text += text
             self._chunks.append((var, text))
@@ -211,7 +229,13 @@ class StreamExecutor:
                 self._append(chunk.delta, expr.name)
                 meta = chunk.meta_info or meta
             text = "".join(parts)
+        elif self._spec is not None and self.backend.supports_api_speculation(ctx):
+            res = self._spec.generate(self.backend, ctx, args)
+            text, meta = res.text, res.meta_info
+            self._append(text, expr.name, speculated=True)
         else:
+            if self._spec is not None:
+                self._spec.reset()
             res = self.backend.generate(ctx, args)
             text, meta = res.text, res.meta_info
             self._append(text, expr.name)

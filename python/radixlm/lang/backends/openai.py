@@ -111,6 +111,11 @@ class OpenAI(Backend):
 
     # ------------------------------------------------------------------ Backend
 
+    def supports_api_speculation(self, ctx: PromptContext) -> bool:
+        # Completions continue the text, so one call can run past a gen's stop into the
+        # template's next fields. A chat call writes one whole message instead.
+        return not self._use_chat(ctx)
+
     def generate(self, ctx: PromptContext, args: SamplingArgs) -> GenResult:
         resp, chat = self._create(ctx, args, stream=False)
         choice = resp.choices[0]
