@@ -87,9 +87,11 @@ class StreamExecutor:
         self.get_var(name)
         return self.meta_info.get(name, {})
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: Any, meta: Any = None) -> None:
         with self._cond:
             self.variables[name] = value
+            if meta is not None:
+                self.meta_info[name] = meta
             self._cond.notify_all()
 
     def fail(self, error: BaseException) -> None:

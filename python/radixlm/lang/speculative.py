@@ -132,8 +132,9 @@ class ApiSpeculator:
             return None  # might be longer than the gen's max_tokens: cannot tell without tokens
         # The stop string stays kept: the program's next text usually starts with it.
         kept.text = kept.text[pos:]
-        meta = {"id": kept.meta.get("id"), "finish_reason": reason, "speculative": True}
-        if kept.fresh:
-            meta.update({k: v for k, v in kept.meta.items() if k.endswith("_tokens")})
+        if kept.fresh:   # this gen's own call, which ran on past its stop
+            meta = {**kept.meta, "finish_reason": reason, "speculative_call": True}
+        else:            # answered by an earlier gen's call: no call of its own
+            meta = {"id": kept.meta.get("id"), "finish_reason": reason, "speculative": True}
         kept.fresh = False
         return GenResult(value, meta)

@@ -185,7 +185,8 @@ class ProgramStateGroup:
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every fork. Then, by mode:
         - "gather_variable": each variable a fork set becomes a list on the parent state
-          (`s["judgement"] == [fork0's, fork1's, ...]`, None where a fork did not set it);
+          (`s["judgement"] == [fork0's, fork1's, ...]`, None where a fork did not set it),
+          and `s.get_meta_info("judgement")` the list of the forks' meta_info;
         - "concate_and_append": each fork's new text is appended to the parent, in order.
         The forks stay readable afterwards (`forks[i]["judgement"]`).
         """
@@ -202,7 +203,9 @@ class ProgramStateGroup:
                 names += [n for n, v in ex.variables.items()
                           if n not in names and (n not in base or base[n] is not v)]
             for name in names:
-                self.src._ex.set_var(name, [ex.variables.get(name) for ex in executors])
+                # Each fork's meta_info too, so that get_meta_info(name) shows every branch.
+                self.src._ex.set_var(name, [ex.variables.get(name) for ex in executors],
+                                     meta=[ex.meta_info.get(name) for ex in executors])
         else:
             for ex in executors:
                 self.src += ex.text[ex.fork_point:]
