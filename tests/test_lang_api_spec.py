@@ -2,7 +2,8 @@
 against a real `radixlm serve`'s /v1, counting the HTTP requests the official client sends
 (an httpx event hook on the client the backend is given): with speculation a template the
 model follows costs fewer calls and yields the same values as separate calls (greedy); a
-template it does not follow falls back to normal calls with the same values."""
+template it does not follow falls back to normal calls with the same values. On the chat
+endpoint, an assistant message made of text and several gens is written by one call."""
 
 from __future__ import annotations
 
@@ -89,3 +90,27 @@ def test_chat_programs_make_their_usual_calls(url):
     state = multi_turn.run(backend=counted.backend, temperature=0)
     assert counted.calls["/v1/chat/completions"] == 2
     assert state["answer_1"] and state["answer_2"]
+
+
+@rl.function(num_api_spec_tokens=16)
+def character_chat(s):
+    s += rl.system("You write characters in the format shown.")
+    s += rl.user("Make a character.")
+    s += rl.assistant("Name: Ada Lovelace\nJob: mathematician")
+    s += rl.user("Make another character.")
+    s += rl.assistant("Name: Louis Armstrong\nJob: trumpeter")
+    s += rl.user("Make another character.")
+    s += rl.assistant("Name:" + rl.gen("name", stop="\n") + "\nJob:" + rl.gen("job", stop="\n"))
+
+
+def test_chat_message_with_several_gens_in_one_call(url):
+    counted = CountingOpenAI(url)
+    state = character_chat.run(backend=counted.backend, temperature=0)
+    assert counted.calls["/v1/chat/completions"] == 1
+    assert state["name"].strip() and state["job"].strip()
+    assert state.messages()[-1] == {"role": "assistant",
+                                    "content": "Name:" + state["name"] + "\nJob:" + state["job"]}
+    # Without speculation a chat endpoint cannot continue the half-written message at all.
+    plain = rl.function(character_chat.func)
+    with pytest.raises(rl.UnsupportedByBackendError, match="assistant"):
+        plain.run(backend=counted.backend, temperature=0)

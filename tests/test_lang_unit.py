@@ -324,8 +324,8 @@ class CompletionLike(ScriptedBackend):
         self.continuation = continuation
         self.calls = 0
 
-    def supports_api_speculation(self, ctx):
-        return True
+    def api_speculation(self, ctx):
+        return "completion"
 
     def generate(self, ctx, args):
         self.calls += 1
@@ -371,3 +371,29 @@ def test_api_speculation_merges_calls_and_falls_back():
     assert run(64, ["Name"], "Character:\n" + model, max_tokens=3) == (2, {"name": " Ad"})
     with pytest.raises(ValueError, match="num_api_spec_tokens"):
         rl.function(num_api_spec_tokens=0)(lambda s: None)
+
+
+def test_api_speculation_on_a_chat_endpoint_writes_the_message_in_one_call():
+    class ChatLike(ScriptedBackend):
+        def api_speculation(self, ctx):
+            return "chat"
+
+    @rl.function(num_api_spec_tokens=32)
+    def character(s):
+        s += rl.user("Make up a character.")
+        s += rl.assistant("Name:" + rl.gen("name", stop="\n") + "\nJob:"
+                          + rl.gen("job", stop="\n"))
+
+    seen = []
+
+    def reply(ctx, args):
+        seen.append((ctx.messages[-1]["role"], args.stop, args.max_new_tokens))
+        return "Name: Ada\nJob: mathematician\n"
+
+    state = character.run(backend=ChatLike(reply=reply), max_new_tokens=8)
+    assert seen == [("user", None, 32)]                  # one call for the whole message
+    assert (state["name"], state["job"]) == (" Ada", " mathematician")
+    assert state.messages()[-1] == {"role": "assistant",
+                                    "content": "Name: Ada\nJob: mathematician"}
+    with pytest.raises(rl.LangError, match="does not follow"):
+        character.run(backend=ChatLike(reply="I am Ada, a mathematician."))

@@ -138,3 +138,47 @@ class ApiSpeculator:
             meta = {"id": kept.meta.get("id"), "finish_reason": reason, "speculative": True}
         kept.fresh = False
         return GenResult(value, meta)
+
+
+# ---------------------------------------------------------------------- chat endpoints
+# A chat call cannot continue a partly written assistant message, so under speculation the
+# message `assistant("Name:" + gen("name", stop="\n") + "\nJob:" + gen("job", stop="\n"))` is
+# collected whole, sent as one call when the role ends (the model writes the whole message,
+# typically following a format shown earlier in the conversation), and the reply is parsed
+# against the collected template: literal text must match, each gen takes the text up to its
+# stop (the last one may take the rest).
+
+def chat_call_args(gens_args: list[SamplingArgs], num_tokens: int) -> SamplingArgs:
+    """The one call's settings: the first gen's, without stop, long enough for every gen."""
+    for args in gens_args:
+        if args.regex is not None or args.json_schema is not None:
+            from radixlm.lang.errors import UnsupportedByBackendError
+            raise UnsupportedByBackendError(
+                "a constrained gen (regex, json_schema, dtype) cannot be part of an assistant "
+                "message written by API speculative execution on a chat endpoint")
+    first = gens_args[0]
+    return dataclasses.replace(first, stop=None, max_new_tokens=max(first.max_new_tokens or 0,
+                                                                    num_tokens))
+
+
+def match_chat_template(reply: str, items: list[str | SamplingArgs]) -> list[str] | None:
+    """The gens' values if `reply` follows the template (str: literal text; SamplingArgs: a
+    gen with those settings), else None."""
+    values: list[str] = []
+    rest = reply
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if not rest.startswith(item):
+                return None
+            rest = rest[len(item):]
+            continue
+        cuts = [pos for stop in _stops(item) if (pos := rest.find(stop)) >= 0]
+        if cuts:
+            values.append(rest[:min(cuts)])
+            rest = rest[min(cuts):]
+        elif all(isinstance(later, str) and not later.strip() for later in items[i + 1:]):
+            values.append(rest)          # the last gen (only whitespace after it): the rest
+            rest = ""
+        else:
+            return None
+    return values

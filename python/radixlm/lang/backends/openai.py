@@ -111,10 +111,10 @@ class OpenAI(Backend):
 
     # ------------------------------------------------------------------ Backend
 
-    def supports_api_speculation(self, ctx: PromptContext) -> bool:
+    def api_speculation(self, ctx: PromptContext) -> str | None:
         # Completions continue the text, so one call can run past a gen's stop into the
-        # template's next fields. A chat call writes one whole message instead.
-        return not self._use_chat(ctx)
+        # template's next fields; a chat call writes one whole assistant message.
+        return "chat" if self._use_chat(ctx) else "completion"
 
     def generate(self, ctx: PromptContext, args: SamplingArgs) -> GenResult:
         resp, chat = self._create(ctx, args, stream=False)
