@@ -264,3 +264,136 @@ def test_async_text_iter_and_missing_backend():
     if rl.get_default_backend() is None:
         with pytest.raises(ValueError, match="set_default_backend"):
             prog.run()
+
+
+def test_fork_group_idioms_of_sglang_programs():
+    be = ScriptedBackend(reply=lambda ctx, args: ctx.text.split()[-1])
+
+    @rl.function
+    def prog(s, dims):
+        s += "Article. "
+        forks = s.fork(len(dims))
+        for i in range(len(dims)):
+            forks[i] += "judge " + dims[i] + " "        # __iadd__ then __setitem__
+            forks[i] += rl.gen("judgement")
+        forks += lambda i: f" #{i}"                      # one item per fork, by index
+        forks += [" a", " b"]                            # or as a list
+        forks.join()
+        for i in range(len(dims)):
+            s += forks[i]["judgement"] + ";"
+        with s.user():
+            s += "hi"
+        with s.var_scope("tail"):
+            s += "xyz"
+
+    state = prog.run(dims=["clarity", "style"], backend=be)
+    assert state["judgement"] == ["clarity", "style"]
+    assert state.text() == "Article. clarity;style;User: hi\nxyz"
+    assert state["tail"] == "xyz"
+
+    @rl.function
+    def bad(s):
+        forks = s.fork(2)
+        forks[0] = "text"
+
+    with pytest.raises(TypeError, match="cannot be replaced"):
+        bad.run(backend=be)
+
+    @rl.function
+    def wrong_len(s):
+        s.fork(2).__iadd__(["only one"])
+
+    with pytest.raises(ValueError, match="one item per fork"):
+        wrong_len.run(backend=be)
+
+    @rl.function
+    def wrong_mode(s):
+        s.fork(2).join("merge")
+
+    with pytest.raises(ValueError, match="join mode"):
+        wrong_mode.run(backend=be)
+
+
+class CompletionLike(ScriptedBackend):
+    """A 'model' that knows one document: a prompt that is a prefix of it continues with the
+    rest, any other prompt with " ?" and a newline. Stop strings and max tokens (one token a
+    character) are honoured as a completions endpoint would."""
+
+    def __init__(self, continuation: str):
+        super().__init__()
+        self.continuation = continuation
+        self.calls = 0
+
+    def api_speculation(self, ctx):
+        return "completion"
+
+    def generate(self, ctx, args):
+        self.calls += 1
+        full = self.continuation
+        out = full[len(ctx.text):] if full.startswith(ctx.text) else " ?\n"
+        reason = "stop"
+        if len(out) > args.max_new_tokens:
+            out, reason = out[:args.max_new_tokens], "length"
+        stops = [args.stop] if isinstance(args.stop, str) else (args.stop or [])
+        cuts = [out.find(st) for st in stops if st in out]
+        if cuts:
+            out, reason = out[:min(cuts)], "stop"
+        return GenResult(out, {"finish_reason": {"type": reason}})
+
+
+def test_api_speculation_merges_calls_and_falls_back():
+    def run(spec, template_fields, model_text, max_tokens=30):
+        be = CompletionLike(model_text)
+
+        @rl.function(num_api_spec_tokens=spec)
+        def character(s):
+            s += "Character:\n"
+            for field in template_fields:
+                s += field + ":" + rl.gen(field.lower(), stop="\n", max_tokens=max_tokens) + "\n"
+
+        state = character.run(backend=be)
+        return be.calls, state.variables()
+
+    model = "Name: Ada\nAge: 36\nJob: mathematician\n"
+    assert run(None, ["Name", "Age", "Job"], "Character:\n" + model) == \
+        (3, {"name": " Ada", "age": " 36", "job": " mathematician"})
+    # One call covers all three fields when the model follows the template.
+    calls, values = run(64, ["Name", "Age", "Job"], "Character:\n" + model)
+    assert (calls, values) == (1, {"name": " Ada", "age": " 36", "job": " mathematician"})
+    # The template differs from what the model wrote after Name: the kept text is dropped and
+    # the later fields make normal calls, with the same values as without speculation.
+    calls, values = run(64, ["Name", "Job"], "Character:\n" + model)
+    assert (calls, values) == (2, {"name": " Ada", "job": " ?"})
+    assert run(None, ["Name", "Job"], "Character:\n" + model)[1] == values
+    # A speculative call cut before the stop, or a value that may exceed the gen's own
+    # max_tokens: the gen falls back to a normal call, which returns what it always would.
+    assert run(4, ["Name"], "Character:\n" + model, max_tokens=3) == (2, {"name": " Ad"})
+    assert run(64, ["Name"], "Character:\n" + model, max_tokens=3) == (2, {"name": " Ad"})
+    with pytest.raises(ValueError, match="num_api_spec_tokens"):
+        rl.function(num_api_spec_tokens=0)(lambda s: None)
+
+
+def test_api_speculation_on_a_chat_endpoint_writes_the_message_in_one_call():
+    class ChatLike(ScriptedBackend):
+        def api_speculation(self, ctx):
+            return "chat"
+
+    @rl.function(num_api_spec_tokens=32)
+    def character(s):
+        s += rl.user("Make up a character.")
+        s += rl.assistant("Name:" + rl.gen("name", stop="\n") + "\nJob:"
+                          + rl.gen("job", stop="\n"))
+
+    seen = []
+
+    def reply(ctx, args):
+        seen.append((ctx.messages[-1]["role"], args.stop, args.max_new_tokens))
+        return "Name: Ada\nJob: mathematician\n"
+
+    state = character.run(backend=ChatLike(reply=reply), max_new_tokens=8)
+    assert seen == [("user", None, 32)]                  # one call for the whole message
+    assert (state["name"], state["job"]) == (" Ada", " mathematician")
+    assert state.messages()[-1] == {"role": "assistant",
+                                    "content": "Name: Ada\nJob: mathematician"}
+    with pytest.raises(rl.LangError, match="does not follow"):
+        character.run(backend=ChatLike(reply="I am Ada, a mathematician."))

@@ -18,17 +18,29 @@ from typing import Any, Iterator
 from radixlm.lang.backends.base import Backend, PromptContext
 from radixlm.lang.chat import ChatRenderer
 from radixlm.lang.errors import LangError, VariableNotFoundError
-from radixlm.lang.ir import Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text
+from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text,
+                             VarScopeBegin, VarScopeEnd)
+from radixlm.lang.errors import UnsupportedByBackendError
+from radixlm.lang.speculative import ApiSpeculator, chat_call_args, match_chat_template
 
 # Regexes that make a gen's text parse as the requested type.
 DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?"}
 
 
 class StreamExecutor:
-    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False):
+    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False,
+                 num_api_spec_tokens: int | None = None):
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens
+        # API speculative execution (see speculative.py); streaming programs do not speculate.
+        self._spec = ApiSpeculator(num_api_spec_tokens) \
+            if num_api_spec_tokens is not None and not stream else None
+        self._scopes: dict[str, int] = {}        # var_scope name -> where its text starts
+        # Under speculation on a chat endpoint: the assistant message being collected (text
+        # and gens), sent as one call at its end (see speculative.py).
+        self._chat_items: list[Text | Gen] | None = None
         self.text = ""
         self.messages: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
@@ -79,9 +91,11 @@ class StreamExecutor:
         self.get_var(name)
         return self.meta_info.get(name, {})
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str, value: Any, meta: Any = None) -> None:
         with self._cond:
             self.variables[name] = value
+            if meta is not None:
+                self.meta_info[name] = meta
             self._cond.notify_all()
 
     def fail(self, error: BaseException) -> None:
@@ -114,7 +128,7 @@ class StreamExecutor:
         return forks
 
     def _copy(self) -> "StreamExecutor":
-        child = StreamExecutor(self.backend, self.defaults, self.stream)
+        child = StreamExecutor(self.backend, self.defaults, self.stream, self.num_api_spec_tokens)
         child.text, child.fork_point = self.text, len(self.text)
         child.messages = [dict(m) for m in self.messages]
         child.variables, child.meta_info = dict(self.variables), dict(self.meta_info)
@@ -166,7 +180,13 @@ class StreamExecutor:
                     self._cond.notify_all()
 
     def _execute(self, expr: Expr) -> None:
-        if isinstance(expr, ExprList):
+        if self._chat_items is not None and isinstance(expr, (Text, Gen, Select)):
+            if isinstance(expr, Select):
+                raise UnsupportedByBackendError(
+                    "select() cannot be part of an assistant message written by API "
+                    "speculative execution on a chat endpoint")
+            self._chat_items.append(expr)
+        elif isinstance(expr, ExprList):
             for item in expr.items:
                 self._execute(item)
         elif isinstance(expr, Text):
@@ -179,10 +199,20 @@ class StreamExecutor:
             self._role_begin_(expr.role)
         elif isinstance(expr, RoleEnd):
             self._role_end(expr.role)
+        elif isinstance(expr, VarScopeBegin):
+            self._scopes[expr.name] = len(self.text)
+        elif isinstance(expr, VarScopeEnd):
+            if expr.name not in self._scopes:
+                raise LangError(f"var_scope({expr.name!r}) ends without having begun")
+            self._set_result(expr.name, self.text[self._scopes.pop(expr.name):], {})
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, speculated: bool = False) -> None:
+        # Text from the kept speculative text was consumed when it was taken; anything else
+        # must match what is kept, or the kept text is dropped.
+        if self._spec is not None and not speculated:
+            self._spec.on_append(text)
         with self._cond:
             self.text += text
             self._chunks.append((var, text))
@@ -211,7 +241,13 @@ class StreamExecutor:
                 self._append(chunk.delta, expr.name)
                 meta = chunk.meta_info or meta
             text = "".join(parts)
+        elif self._spec is not None and self.backend.api_speculation(ctx) == "completion":
+            res = self._spec.generate(self.backend, ctx, args)
+            text, meta = res.text, res.meta_info
+            self._append(text, expr.name, speculated=True)
         else:
+            if self._spec is not None:
+                self._spec.reset()
             res = self.backend.generate(ctx, args)
             text, meta = res.text, res.meta_info
             self._append(text, expr.name)
@@ -235,8 +271,46 @@ class StreamExecutor:
         begin = self._renderer_().begin(self.messages, role)
         self._append(begin)
         self._role, self._role_begin, self._role_start = role, begin, len(self.text)
+        if role == "assistant" and self._spec is not None and \
+                self.backend.api_speculation(self._context()) == "chat":
+            self._chat_items = []
+
+    def _write_chat_message(self) -> None:
+        """Speculation on a chat endpoint: one call writes the collected assistant message,
+        and its reply is parsed into the message's gens."""
+        items, self._chat_items = self._chat_items or [], None
+        gens = [item for item in items if isinstance(item, Gen)]
+        if not gens or items == gens[:1]:
+            # No gen, or a message that is one gen: nothing to merge, run it as written.
+            for item in items:
+                self._execute(item)
+            return
+        args = [gen.sampling.merged(self.defaults) for gen in gens]
+        template = [item.text if isinstance(item, Text) else a
+                    for item, a in zip(items, _gen_args_in_order(items, args))]
+        assert self._spec is not None
+        res = self.backend.generate(self._context(),
+                                    chat_call_args(args, self._spec.num_tokens))
+        values = match_chat_template(res.text, template)
+        if values is None:
+            raise LangError(
+                f"API speculative execution: the assistant's reply does not follow the "
+                f"message's template, so its gens ({', '.join(repr(g.name) for g in gens)}) "
+                f"cannot be read from it; show the format in an earlier turn, or drop "
+                f"num_api_spec_tokens. Template: {_describe(items)}; reply: {res.text!r}")
+        values_iter = iter(values)
+        for item in items:
+            if isinstance(item, Text):
+                self._append(item.text)
+                continue
+            value = next(values_iter)
+            self._append(value, item.name)
+            self._set_result(item.name, _convert(value, item.dtype, item.name),
+                             {**res.meta_info, "speculative_call": True})
 
     def _role_end(self, role: str) -> None:
+        if self._chat_items is not None and role == self._role:
+            self._write_chat_message()
         if self._role != role:
             raise LangError(f"{role}_end() without a matching {role}_begin()"
                             + (f" (the open role is {self._role})" if self._role else ""))
@@ -244,6 +318,17 @@ class StreamExecutor:
         self._append(self._renderer_().end(self.messages, role, self._role_begin, content))
         self.messages.append({"role": role, "content": content})
         self._role = None
+
+
+def _gen_args_in_order(items: list[Text | Gen], args: list[SamplingArgs]) -> list[Any]:
+    """`args` (one per gen) spread over `items`, None at the texts."""
+    it = iter(args)
+    return [next(it) if isinstance(item, Gen) else None for item in items]
+
+
+def _describe(items: list[Text | Gen]) -> str:
+    return " + ".join(repr(item.text) if isinstance(item, Text) else f"gen({item.name!r})"
+                      for item in items)
 
 
 def _convert(text: str, dtype: type | None, name: str | None) -> Any:

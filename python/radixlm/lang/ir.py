@@ -120,6 +120,20 @@ class RoleEnd(Expr):
 
 
 @dataclass(eq=False)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(eq=False)
+class VarScopeEnd(Expr):
+    """Sets variable `name` to the text appended since the matching VarScopeBegin."""
+    name: str
+
+    def defined_vars(self) -> list[str]:
+        return [self.name]
+
+
+@dataclass(eq=False)
 class ExprList(Expr):
     items: list[Expr] = field(default_factory=list)
 

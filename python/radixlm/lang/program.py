@@ -46,7 +46,11 @@ class Program:
     def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
                  bind_arguments: dict[str, Any] | None = None):
         self.func = func
-        self.num_api_spec_tokens = num_api_spec_tokens   # accepted for compatibility; unused
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int)
+                                                or num_api_spec_tokens < 1):
+            raise ValueError(f"num_api_spec_tokens must be a positive integer, got "
+                             f"{num_api_spec_tokens!r}")
+        self.num_api_spec_tokens = num_api_spec_tokens   # API speculative execution (speculative.py)
         self.bind_arguments = dict(bind_arguments or {})
         self.arg_names = list(inspect.signature(func).parameters)[1:]
         functools.update_wrapper(self, func)
@@ -78,7 +82,7 @@ class Program:
         return state
 
     def _start(self, backend: Backend, defaults: SamplingArgs, stream: bool) -> ProgramState:
-        return ProgramState(StreamExecutor(backend, defaults, stream))
+        return ProgramState(StreamExecutor(backend, defaults, stream, self.num_api_spec_tokens))
 
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
                  raise_errors: bool) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, AsyncIterator, Iterator
 
 from radixlm.lang.executor import StreamExecutor
-from radixlm.lang.ir import to_expr
+from radixlm.lang.ir import (Expr, ExprList, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd,
+                             to_expr)
 
 
 class ProgramState:
@@ -31,6 +33,45 @@ class ProgramState:
         shared text is committed to the backend's prefix cache first, once."""
         forks = [ProgramState(ex) for ex in self._ex.fork(size)]
         return ProgramStateGroup(forks, self)
+
+    # Roles as methods, as in SGLang: `s.user("hi")` appends a user message; without an
+    # argument it is a block: `with s.user(): s += "hi"`.
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is not None:
+            self += ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)])
+            return None
+        return self._role_block(role)
+
+    @contextlib.contextmanager
+    def _role_block(self, role: str) -> Iterator[None]:
+        self += RoleBegin(role)
+        yield
+        self += RoleEnd(role)
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """`with s.var_scope("x"): s += ...`: variable x is the text appended inside the block."""
+        self += VarScopeBegin(name)
+        yield
+        self += VarScopeEnd(name)
+
+    @contextlib.contextmanager
+    def copy(self) -> Iterator["ProgramState"]:
+        """`with s.copy() as c: ...`: a single fork, joined (variables gathered) at the end."""
+        forks = self.fork(1)
+        try:
+            yield forks[0]
+        finally:
+            forks.join()
 
     # ------------------------------------------------------------------ reading
 
@@ -95,7 +136,14 @@ class ProgramState:
 
 
 class ProgramStateGroup:
-    """The forks of a state. `forks += x` appends x to every fork (they run in parallel)."""
+    """The forks of a state, as `s.fork(n)` returns them.
+
+    - `forks += x` appends x to every fork (they run in parallel); x may also be a list with one
+      item per fork, or a function `i -> item` (SGLang's `forks += lambda i: ...`);
+    - `forks[i] += x` appends to fork i (Python calls `__setitem__` after the `+=`, with the same
+      state back, which is all `__setitem__` accepts);
+    - `forks.join()` waits for every fork and gathers their variables onto the parent.
+    """
 
     def __init__(self, states: list[ProgramState], src: ProgramState):
         self.states = states
@@ -107,20 +155,44 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, value: Any) -> None:
+        # `forks[i] += x` is `tmp = forks[i]; tmp += x; forks[i] = tmp`: the state comes back.
+        if value is not self.states[i]:
+            raise TypeError("the forks of a state cannot be replaced: `forks[i] += x` appends "
+                            "to fork i; assigning anything else to forks[i] is not supported")
+
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
     def __iadd__(self, other: Any) -> "ProgramStateGroup":
-        for state in self.states:
-            state += other
+        if callable(other) and not isinstance(other, Expr):
+            items = [other(i) for i in range(len(self.states))]
+        elif isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"`forks += [...]` needs one item per fork: got {len(other)} "
+                                 f"items for {len(self.states)} forks")
+            items = list(other)
+        else:
+            items = [other] * len(self.states)
+        exprs = [to_expr(item) for item in items]  # convert all first: a bad item appends none
+        for state, expr in zip(self.states, exprs):
+            state += expr
         return self
+
+    def __repr__(self) -> str:
+        return f"ProgramStateGroup({len(self.states)} forks)"
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every fork. Then, by mode:
         - "gather_variable": each variable a fork set becomes a list on the parent state
-          (`s["judgement"] == [fork0's, fork1's, ...]`, None where a fork did not set it);
+          (`s["judgement"] == [fork0's, fork1's, ...]`, None where a fork did not set it),
+          and `s.get_meta_info("judgement")` the list of the forks' meta_info;
         - "concate_and_append": each fork's new text is appended to the parent, in order.
+        The forks stay readable afterwards (`forks[i]["judgement"]`).
         """
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or "
+                             f"'concate_and_append'")
         for state in self.states:
             state.sync()
         executors = [state._ex for state in self.states]
@@ -131,10 +203,9 @@ class ProgramStateGroup:
                 names += [n for n, v in ex.variables.items()
                           if n not in names and (n not in base or base[n] is not v)]
             for name in names:
-                self.src._ex.set_var(name, [ex.variables.get(name) for ex in executors])
-        elif mode == "concate_and_append":
+                # Each fork's meta_info too, so that get_meta_info(name) shows every branch.
+                self.src._ex.set_var(name, [ex.variables.get(name) for ex in executors],
+                                     meta=[ex.meta_info.get(name) for ex in executors])
+        else:
             for ex in executors:
                 self.src += ex.text[ex.fork_point:]
-        else:
-            raise ValueError(f"unknown join mode {mode!r}; use 'gather_variable' or "
-                             f"'concate_and_append'")

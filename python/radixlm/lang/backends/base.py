@@ -100,6 +100,14 @@ class Backend(ABC):
             f"{type(self).__name__} cannot run select(): it needs prompt logprobs, which this "
             f"backend does not provide; use gen() with a regex instead, or a radixlm backend")
 
+    def api_speculation(self, ctx: PromptContext) -> str | None:
+        """How `@function(num_api_spec_tokens=N)` may merge this state's gens into fewer calls
+        (speculative.py): "completion" (one call runs on past a gen's stop), "chat" (one call
+        writes a whole assistant message, parsed into its gens), or None (no speculation).
+        Only worth it where each call is billed and recomputes the prompt; a radix-cached
+        backend answers the separate calls cheaply and exactly."""
+        return None
+
     def cache_prefix(self, text: str) -> None:
         """Commit `text` to the server's prefix cache (before forks / a batch share it).
         Backends without a controllable cache do nothing."""

@@ -111,6 +111,11 @@ class OpenAI(Backend):
 
     # ------------------------------------------------------------------ Backend
 
+    def api_speculation(self, ctx: PromptContext) -> str | None:
+        # Completions continue the text, so one call can run past a gen's stop into the
+        # template's next fields; a chat call writes one whole assistant message.
+        return "chat" if self._use_chat(ctx) else "completion"
+
     def generate(self, ctx: PromptContext, args: SamplingArgs) -> GenResult:
         resp, chat = self._create(ctx, args, stream=False)
         choice = resp.choices[0]
