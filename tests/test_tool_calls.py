@@ -29,6 +29,9 @@ OUTPUTS = [
     ("qwen25", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n'
                '</tool_call>',
      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n</tool_call>', []),
+    ("qwen25", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+               '"Paris", "unit": "celsius"}}\n</tool_call>', "Let me check.",
+     [("get_weather", WEATHER)]),
     ("qwen25", "The weather in Paris is mild, around 18 degrees.",
      "The weather in Paris is mild, around 18 degrees.", []),
     ("qwen25", '<tool_call>\n{"name": "say", "arguments": {"text": "a } and \\" and '

@@ -50,6 +50,7 @@ class HermesParser(ToolCallParser):
             else:                       # malformed: left as written
                 pieces.append(text[start:end])
             if end >= len(text):
+                pieces.append("")       # marks the piece before as followed by a call
                 break
             pos = end
         return Scan(join_content(pieces, final), calls)

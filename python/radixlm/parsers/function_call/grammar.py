@@ -10,6 +10,7 @@ server that never forces a call never loads it in the HTTP process.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from radixlm.parsers.function_call.base import ForcedFormat
@@ -36,6 +37,12 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _reason(e: Exception) -> str:
+    """xgrammar's message without its "[time] file.cc:line: " prefix."""
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0])
+
+
 def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]]) -> str:
     """EBNF for exactly one call in format `fmt`. Raises ValueError when a function's
     parameters are not a schema the grammar backend understands."""
@@ -47,7 +54,8 @@ def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]]) -> str:
         # a small model to wander into.
         parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with the reason
-        raise ValueError(f"the tools' parameters are not a usable JSON schema: {e}") from None
+        raise ValueError(f"the tools' parameters are not a usable JSON schema: "
+                         f"{_reason(e)}") from None
     if fmt.prefix:
         parts.insert(0, xgr.Grammar.from_ebnf(f"root ::= {_literal(fmt.prefix)}"))
     if fmt.suffix:
