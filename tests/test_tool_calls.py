@@ -302,6 +302,14 @@ def test_plan_for_template_with_tools(tokenizer):
     assert isinstance(forced.parser, JsonParser) and forced.forced
 
 
+def test_special_token_markers(tokenizer):
+    """Markers that are special tokens (llama3's <|python_tag|>, mistral's [TOOL_CALLS] in their
+    tokenizers) make the request keep special tokens in its text."""
+    from radixlm.entrypoints.openai.tool_calls import is_special_token
+    assert is_special_token(tokenizer, "<|im_start|>")
+    assert not is_special_token(tokenizer, "<tool_call>") and not is_special_token(tokenizer, "")
+
+
 @pytest.mark.parametrize("body,param", [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
