@@ -269,6 +269,37 @@ def test_chat_content_parts_and_roles(client, model):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
+def test_tools_need_a_parser_on_a_template_without_tools(client, model):
+    """SmolLM2's template ignores `tools` and this server has no --tool-call-parser: asking for
+    tools is a 400 that says so (not a silent plain answer); tool_choice "none" is fine."""
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
+            client.chat.completions.create(model=model, messages=CHAT, tools=tools,
+                                           tool_choice=choice, max_tokens=2)
+    ok = client.chat.completions.create(model=model, messages=CHAT, tools=tools,
+                                        tool_choice="none", max_tokens=2)
+    assert ok.choices[0].message.tool_calls is None and ok.choices[0].message.content
+
+
+def test_cached_tokens_in_usage(client, model):
+    """usage.prompt_tokens_details.cached_tokens: the second request with a long shared prefix
+    finds it in the radix cache (non-streamed and in the streamed usage chunk)."""
+    prompt = "Once upon a time, " * 40
+    first = client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    again = client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    assert first.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
+    assert again.usage.prompt_tokens - 1 <= again.usage.prompt_tokens_details.cached_tokens \
+        < again.usage.prompt_tokens
+    messages = [{"role": "user", "content": prompt}]
+    client.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                                 stream=True,
+                                                 stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1 > 100
+
+
 # ---------------------------------------------------------------------------- errors
 
 BAD_REQUESTS = [

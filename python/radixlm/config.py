@@ -65,6 +65,10 @@ class ServerArgs:
     max_prompts_per_request: int = 4096    # prompts in one batched request
     max_stop_strings: int = 64             # entries of `stop`
 
+    # Chat output parsing (SGLang's flags); names in radixlm/parsers/
+    tool_call_parser: str | None = None    # qwen25 | llama3 | mistral | pythonic
+    reasoning_parser: str | None = None    # deepseek-r1 | qwen3
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -113,6 +117,13 @@ class ServerArgs:
                 raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
         if not (0 < self.port < 65536):
             raise bad("port", f"must be in 1..65535, got {self.port}")
+        from radixlm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS  # stdlib-only
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise bad("tool-call-parser", f"must be one of {sorted(TOOL_CALL_PARSERS)}, "
+                                          f"got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
+                                          f"got {self.reasoning_parser!r}")
 
     # ------------------------------------------------------------------ CLI
 

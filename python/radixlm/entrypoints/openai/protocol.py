@@ -156,10 +156,15 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0     # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
 
 
 class CompletionChoice(BaseModel):
@@ -206,16 +211,55 @@ class ChatMessage(BaseModel):
     tool_calls: Optional[list[dict[str, Any]]] = None
 
 
+class FunctionDefinition(_Request):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[Bool] = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
 class ChatCompletionRequest(SamplingExtras):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Optional[NonNegInt] = None
     max_completion_tokens: Optional[NonNegInt] = None
     logprobs: Bool = False
     top_logprobs: Optional[TopLogprobsNum] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Any = None  # accepted; tool-call parsing is not implemented
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None   # None: "auto" with tools, else "none"
+    parallel_tool_calls: Optional[Bool] = None  # accepted; a forced call is always one call
     continue_final_message: Bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    separate_reasoning: Bool = True   # SGLang's: False keeps thinking inside `content`
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tool(cls, v: Optional[ToolChoice],
+                                info: ValidationInfo) -> Optional[ToolChoice]:
+        tools = info.data.get("tools") or []
+        if v == "required" and not tools:
+            raise invalid("tool_choice 'required' needs at least one tool in `tools`")
+        if isinstance(v, NamedToolChoice) and v.function.name not in {
+                t.function.name for t in tools}:
+            raise invalid(f"tool_choice names the function {v.function.name!r}, which is not "
+                          f"in `tools`")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
@@ -256,18 +300,30 @@ class ChoiceLogprobs(BaseModel):
     refusal: Optional[list[ChatTokenLogprob]] = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str      # a JSON object, as text (OpenAI's shape)
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
     refusal: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    reasoning_content: Optional[str] = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length"]] = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
     matched_stop: Union[None, int, str] = None
 
 
@@ -281,16 +337,32 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed call: the first names it (id, type, name), the next carry
+    arguments text; the client joins them by `index`."""
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[DeltaFunctionCall] = None
+
+
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
 
 class ChatStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length"]] = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
     matched_stop: Union[None, int, str] = None
 
     @field_serializer("delta")

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
-from radixlm.entrypoints.openai.protocol import SamplingExtras, Usage
+from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits
 from radixlm.managers.tokenizer_manager import EngineDeadError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
@@ -126,10 +126,15 @@ def matched_stop(meta: dict[str, Any]) -> Any:
     return reason.get("matched") if reason and reason.get("type") == "stop" else None
 
 
-def make_usage(prompt_tokens: list[int], completion_tokens: list[int]) -> Usage:
-    """prompt_tokens: one per prompt (not per choice); completion_tokens: one per choice."""
+def make_usage(prompt_tokens: list[int], completion_tokens: list[int],
+               cached_tokens: Optional[list[int]] = None) -> Usage:
+    """prompt_tokens and cached_tokens (prompt tokens served from the prefix cache): one per
+    prompt (not per choice); completion_tokens: one per choice. Cached tokens are reported by
+    default (SGLang and vLLM hide them behind a flag; clients ask for them)."""
     p, c = sum(prompt_tokens), sum(completion_tokens)
-    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+    details = PromptTokensDetails(cached_tokens=sum(cached_tokens or ()))
+    return Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c,
+                 prompt_tokens_details=details)
 
 
 @dataclass
@@ -238,6 +243,7 @@ class OpenAIServing:
         the engine failed, and [DONE]. Closing the outputs aborts the engine's requests."""
         n = self.body.n
         prompt_tokens = [0] * num_prompts
+        cached_tokens = [0] * num_prompts   # as the prompt's first choice saw it
         outputs = chain(first, rest)
         try:
             for chunk in preamble:
@@ -250,13 +256,16 @@ class OpenAIServing:
                 if finish_type(meta) == "abort":
                     raise abort_error(meta)
                 prompt_tokens[i // n] = meta["prompt_tokens"]
+                if i % n == 0:
+                    cached_tokens[i // n] = meta.get("cached_tokens", 0)
                 st.completion_tokens = meta["completion_tokens"]
                 chunk = render(i, out, st)
                 if chunk is not None:
                     yield chunk
             if self.body.include_usage:
                 yield usage_chunk(make_usage(prompt_tokens,
-                                             [s.completion_tokens for s in states]))
+                                             [s.completion_tokens for s in states],
+                                             cached_tokens))
         except asyncio.CancelledError:
             raise  # the client went away; closing `outputs` below aborts the requests
         except Exception as e:

@@ -11,33 +11,17 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from radixlm.entrypoints.openai.chat_output import ChoiceDeltas, OutputParsing
+from radixlm.entrypoints.openai.chat_template import render_chat
 from radixlm.entrypoints.openai.logprobs import chat_logprobs
 from radixlm.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
                                                  ChatCompletionRequest, ChatCompletionResponse,
-                                                 ChatMessage, ChatResponseMessage,
                                                  ChatStreamChoice, ChoiceLogprobs, DeltaMessage,
                                                  now)
 from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
-
-# Keys of apply_chat_template that this handler controls; chat_template_kwargs may not set them.
-_RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tokenize", "add_generation_prompt",
-                             "continue_final_message", "tools", "return_dict"}
-
-
-def template_message(m: ChatMessage) -> dict[str, Any]:
-    """A message as the chat template sees it: content parts joined into one string (templates
-    of text models expect a string), `developer` as `system` (OpenAI's newer name for it), and
-    every other key (tool_calls, tool_call_id, name, ...) passed through as given."""
-    d = {k: v for k, v in m.model_dump().items() if v is not None}
-    d["role"] = "system" if m.role == "developer" else m.role
-    if isinstance(m.content, list):
-        d["content"] = "\n".join(part.text for part in m.content)
-    else:
-        # null content (an assistant turn that only calls tools) as "": templates that know
-        # nothing of tools concatenate content and would fail on None.
-        d["content"] = m.content or ""
-    return d
+from radixlm.entrypoints.openai.tool_calls import ToolPlan, plan_tools
+from radixlm.parsers.reasoning import get_reasoning_parser
 
 
 class ChatServing(OpenAIServing):
@@ -47,11 +31,18 @@ class ChatServing(OpenAIServing):
     def __init__(self, request: Request, body: ChatCompletionRequest):
         super().__init__(request)
         self.body = body
+        self.args = request.app.state.server_args
+        self.tools = ToolPlan()
+        self.parsing = OutputParsing()
+        self._deltas: list[ChoiceDeltas] = []   # per streamed choice
 
     async def handle(self):
         try:
             self.check_limits(1)
-            kwargs = self._engine_kwargs(self.tokenize(self._render(), add_special_tokens=False))
+            self.tools = plan_tools(self.body, self.engine.tokenizer, self.args.tool_call_parser)
+            prompt = render_chat(self.engine.tokenizer, self.body, self.tools)
+            self.parsing = self._output_parsing(prompt)
+            kwargs = self._engine_kwargs(self.tokenize(prompt, add_special_tokens=False))
             if self.body.stream:
                 first, rest = await self.open_stream(**kwargs)
                 return StreamingResponse(self._stream(first, rest),
@@ -62,33 +53,25 @@ class ChatServing(OpenAIServing):
 
     # ------------------------------------------------------------------ request -> engine
 
-    def _render(self) -> str:
-        body = self.body
-        kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
-                  if k not in _RESERVED_TEMPLATE_KWARGS}
-        if body.tools:
-            kwargs["tools"] = body.tools
-        # continue_final_message: the reply goes on from the last assistant message instead of
-        # starting a new turn after it.
-        kwargs["add_generation_prompt"] = not body.continue_final_message
-        if body.continue_final_message:
-            kwargs["continue_final_message"] = True
-        messages = [template_message(m) for m in body.messages]
-        try:
-            text = self.engine.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        except Exception as e:  # a template that rejects the conversation is bad input
-            raise OpenAIError(f"the chat template could not render these messages: "
-                              f"{type(e).__name__}: {e}", 400, param="messages") from None
-        if not isinstance(text, str):
-            raise OpenAIError("the chat template did not render to text", 500)
-        return text
+    def _output_parsing(self, prompt: str) -> OutputParsing:
+        reasoning = None
+        if self.args.reasoning_parser and self.body.separate_reasoning:
+            reasoning = get_reasoning_parser(self.args.reasoning_parser)
+        # Output forced into a format (a tool call, response_format) leaves no room for a
+        # thinking block, so it does not start inside one whatever the prompt says.
+        fmt = self.body.response_format
+        forced = self.tools.forced or (fmt is not None and fmt.type != "text")
+        inside = reasoning is not None and not forced and reasoning.starts_inside(prompt)
+        return OutputParsing(reasoning, inside, self.tools.parser)
 
     def _engine_kwargs(self, ids: list[int]) -> dict[str, Any]:
         max_new = self.max_new_tokens(len(ids), self.body.max_new_tokens,
                                       "max_completion_tokens"
                                       if self.body.max_completion_tokens is not None
                                       else "max_tokens")
-        params = self.sampling_params(self.body, max_new)
+        params = {**self.sampling_params(self.body, max_new), **self.tools.constraint}
+        if self.tools.keep_special_tokens:
+            params["skip_special_tokens"] = False   # the call marker is a special token
         kwargs: dict[str, Any] = {"input_ids": [ids], "sampling_params": [params],
                                   "rid": [self.request_id]}
         if self.body.logprobs:
@@ -110,11 +93,15 @@ class ChatServing(OpenAIServing):
         for i, out in enumerate(results):
             meta = out["meta_info"]
             logprobs = self._logprobs(meta)[0] if self.body.logprobs else None
-            choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=out["text"]),
-                                      logprobs=logprobs, finish_reason=finish_type(meta),
-                                      matched_stop=matched_stop(meta)))
+            message = self.parsing.message(out["text"])
+            reason = finish_type(meta)
+            if message.tool_calls and reason == "stop":
+                reason = "tool_calls"
+            choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
+                                      finish_reason=reason, matched_stop=matched_stop(meta)))
         usage = make_usage([results[0]["meta_info"]["prompt_tokens"]],
-                           [r["meta_info"]["completion_tokens"] for r in results])
+                           [r["meta_info"]["completion_tokens"] for r in results],
+                           [results[0]["meta_info"].get("cached_tokens", 0)])
         return ChatCompletionResponse(id=self.request_id, model=self.model_name,
                                       choices=choices, usage=usage)
 
@@ -133,13 +120,20 @@ class ChatServing(OpenAIServing):
         # As OpenAI does: each choice opens with a delta that only names the role.
         preamble = [self._chunk(created, [ChatStreamChoice(
             index=i, delta=DeltaMessage(role="assistant", content=""))]) for i in range(n)]
+        self._deltas = [ChoiceDeltas(self.parsing) for _ in range(n)]
         return self.stream_sse(first, rest, [ChoiceStream() for _ in range(n)], 1, render,
                                lambda usage: self._chunk(created, [], usage), preamble)
 
     def _stream_choice(self, index: int, out: dict,
                        st: ChoiceStream) -> Optional[ChatStreamChoice]:
         meta, reason = out["meta_info"], finish_type(out["meta_info"])
-        text = out["text"][st.text_len:]
+        if self.parsing.active:
+            deltas = self._deltas[index]
+            delta = deltas.delta(out["text"], final=reason is not None)
+            if reason == "stop" and deltas.called:
+                reason = "tool_calls"
+        else:
+            delta = DeltaMessage(content=out["text"][st.text_len:] or None)
         st.text_len = len(out["text"])
         logprobs = None
         if self.body.logprobs:
@@ -148,8 +142,8 @@ class ChatServing(OpenAIServing):
             if not sent:
                 logprobs = None
         st.finished = reason is not None
-        if not text and logprobs is None and reason is None:
+        if delta == DeltaMessage() and logprobs is None and reason is None:
             return None
-        return ChatStreamChoice(index=index, delta=DeltaMessage(content=text or None),
+        return ChatStreamChoice(index=index, delta=delta,
                                 logprobs=logprobs, finish_reason=reason,
                                 matched_stop=matched_stop(meta))

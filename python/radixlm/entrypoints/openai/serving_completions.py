@@ -113,7 +113,9 @@ class CompletionServing(OpenAIServing):
                                             matched_stop=matched_stop(meta)))
         usage = make_usage([results[p * n]["meta_info"]["prompt_tokens"]
                             for p in range(len(prompts.ids))],
-                           [r["meta_info"]["completion_tokens"] for r in results])
+                           [r["meta_info"]["completion_tokens"] for r in results],
+                           [results[p * n]["meta_info"].get("cached_tokens", 0)
+                            for p in range(len(prompts.ids))])
         return CompletionResponse(id=self.request_id, model=self.model_name, choices=choices,
                                   usage=usage)
 

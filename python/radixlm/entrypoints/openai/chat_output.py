@@ -1,0 +1,113 @@
+"""Response side of the chat parsers: one choice's generated text -> reasoning_content,
+content and tool_calls, whole (a message) or streamed (deltas).
+
+Both go through `OutputParsing.split`, a pure function of the text so far: a stream sends the
+differences between successive splits of the cumulative text, so the client accumulates exactly
+the non-streamed message. Calls stream in OpenAI's shape: the first delta of a call carries its
+index, id, type and name, the next ones pieces of its arguments.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from radixlm.entrypoints.openai.protocol import (ChatResponseMessage, DeltaFunctionCall,
+                                                 DeltaMessage, DeltaToolCall, FunctionCall,
+                                                 ToolCall)
+from radixlm.parsers.function_call import PartialCall, ToolCallParser
+from radixlm.parsers.reasoning import ReasoningParser
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class Split:
+    reasoning: str
+    content: str
+    calls: list[PartialCall]
+
+
+@dataclass(frozen=True)
+class OutputParsing:
+    """The parsers that apply to one request (either may be None)."""
+    reasoning: Optional[ReasoningParser] = None
+    inside_reasoning: bool = False      # the output starts inside a thinking block
+    tools: Optional[ToolCallParser] = None
+
+    @property
+    def active(self) -> bool:
+        return self.reasoning is not None or self.tools is not None
+
+    def split(self, text: str, final: bool) -> Split:
+        reasoning, rest = "", text
+        if self.reasoning is not None:
+            r = self.reasoning.split(text, self.inside_reasoning, final)
+            reasoning, rest = r.reasoning, r.content
+        if self.tools is None:
+            return Split(reasoning, rest, [])
+        scan = self.tools.scan(rest, final)
+        return Split(reasoning, scan.content, scan.calls)
+
+    def message(self, text: str) -> ChatResponseMessage:
+        """The finished choice's message. A finished scan holds only complete calls."""
+        if not self.active:
+            return ChatResponseMessage(content=text)
+        s = self.split(text, final=True)
+        calls = [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+                 for c in s.calls if c.complete and c.name is not None]
+        return ChatResponseMessage(content=(s.content or None) if calls else s.content,
+                                   reasoning_content=s.reasoning or None,
+                                   tool_calls=calls or None)
+
+
+@dataclass
+class _SentCall:
+    id: str
+    arguments: str = ""
+
+
+@dataclass
+class ChoiceDeltas:
+    """What one streamed choice has sent; `delta` gives the next piece."""
+    parsing: OutputParsing
+    reasoning: str = ""
+    content: str = ""
+    calls: list[_SentCall] = field(default_factory=list)
+
+    @property
+    def called(self) -> bool:
+        return bool(self.calls)
+
+    def delta(self, text: str, final: bool) -> DeltaMessage:
+        s = self.parsing.split(text, final)
+        reasoning = _grow(self.reasoning, s.reasoning)
+        content = _grow(self.content, s.content)
+        self.reasoning += reasoning
+        self.content += content
+        pieces = []
+        for i, call in enumerate(s.calls):
+            if call.name is None:
+                break       # calls go out in order, each opened by its name
+            if i == len(self.calls):
+                sent = _SentCall(call_id(), call.arguments)
+                self.calls.append(sent)
+                pieces.append(DeltaToolCall(index=i, id=sent.id, type="function",
+                                            function=DeltaFunctionCall(name=call.name,
+                                                                       arguments=call.arguments)))
+                continue
+            more = _grow(self.calls[i].arguments, call.arguments)
+            if more:
+                self.calls[i].arguments += more
+                pieces.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=more)))
+        return DeltaMessage(reasoning_content=reasoning or None, content=content or None,
+                            tool_calls=pieces or None)
+
+
+def _grow(sent: str, now: str) -> str:
+    """The new end of `now` past what was sent. A text that no longer extends what was sent
+    (output that turned out malformed only at its end) adds nothing: sent text stays sent."""
+    return now[len(sent):] if now.startswith(sent) else ""

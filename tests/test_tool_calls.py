@@ -1,0 +1,333 @@
+"""Tool-call and reasoning parsers on representative outputs of each model family's format, the
+forced-call grammar, and the request-side plan (template support, prompt, history). No server:
+see test_tool_calls_api.py for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixlm.config import ServerArgs
+from radixlm.entrypoints.openai.chat_output import ChoiceDeltas, OutputParsing
+from radixlm.parsers.function_call import TOOL_CALL_PARSERS, JsonParser, get_tool_call_parser
+from radixlm.parsers.function_call.grammar import forced_call_ebnf
+from radixlm.parsers.reasoning import get_reasoning_parser
+
+# ---------------------------------------------------------------------------- outputs
+# (parser, output, expected content, expected [(name, arguments dict)])
+
+WEATHER = {"city": "Paris", "unit": "celsius"}
+OUTPUTS = [
+    # qwen25 / Hermes (Qwen2.5): one call, several calls, text before, malformed left as is
+    ("qwen25", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+               '"unit": "celsius"}}\n</tool_call>', "", [("get_weather", WEATHER)]),
+    ("qwen25", 'I will look both up.\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+               '{"city": "Paris", "unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": '
+               '"get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>',
+     "I will look both up.", [("get_weather", WEATHER), ("get_time", {"tz": "Europe/Paris"})]),
+    ("qwen25", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n'
+               '</tool_call>',
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris",}}\n</tool_call>', []),
+    ("qwen25", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+               '"Paris", "unit": "celsius"}}\n</tool_call>', "Let me check.",
+     [("get_weather", WEATHER)]),
+    ("qwen25", "The weather in Paris is mild, around 18 degrees.",
+     "The weather in Paris is mild, around 18 degrees.", []),
+    ("qwen25", '<tool_call>\n{"name": "say", "arguments": {"text": "a } and \\" and '
+               '</tool_call> inside"}}\n</tool_call>', "",
+     [("say", {"text": 'a } and " and </tool_call> inside'})]),
+    # llama3 (Llama 3.1/3.2 JSON): bare object, python_tag, several joined by ";"
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
+     "", [("get_weather", WEATHER)]),
+    ("llama3", 'Let me check. <|python_tag|>{"name": "get_weather", "parameters": {"city": '
+               '"Paris", "unit": "celsius"}}; {"name": "get_time", "parameters": {}}',
+     "Let me check.", [("get_weather", WEATHER), ("get_time", {})]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"',
+     '{"name": "get_weather", "parameters": {"city": "Paris"', []),
+    ("llama3", "Paris is the capital of France.", "Paris is the capital of France.", []),
+    # mistral: [TOOL_CALLS] and a JSON list; arguments given as a JSON string are accepted
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"unit": "celsius"}}, {"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}]',
+     "", [("get_weather", WEATHER), ("get_time", {"tz": "UTC"})]),
+    ("mistral", 'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"unit": "celsius"}}]', "Sure.", [("get_weather", WEATHER)]),
+    ("mistral", '[TOOL_CALLS] [{"arguments": {"city": "Paris"}}]',
+     '[TOOL_CALLS] [{"arguments": {"city": "Paris"}}]', []),
+    # pythonic (Llama 3.2 / Llama 4)
+    ("pythonic", '[get_weather(city="Paris", unit="celsius"), get_time()]', "",
+     [("get_weather", WEATHER), ("get_time", {})]),
+    ("pythonic", "Checking now. [get_weather(city='Paris', unit='celsius')]", "Checking now.",
+     [("get_weather", WEATHER)]),
+    ("pythonic", '<|python_start|>[count(n=3, flags=[True, None], opts={"a": 1.5})]'
+                 '<|python_end|>', "", [("count", {"n": 3, "flags": [True, None],
+                                                   "opts": {"a": 1.5}})]),
+    ("pythonic", "[get_weather(city=Paris)]", "[get_weather(city=Paris)]", []),
+    ("pythonic", "Lists like [1, 2] are not calls.", "Lists like [1, 2] are not calls.", []),
+    # json: the forced form without a parser
+    ("json", '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}', "",
+     [("get_weather", WEATHER)]),
+]
+
+
+def _parser(name):
+    return JsonParser() if name == "json" else get_tool_call_parser(name)
+
+
+@pytest.mark.parametrize("name,text,content,calls", OUTPUTS,
+                         ids=[f"{o[0]}-{i}" for i, o in enumerate(OUTPUTS)])
+def test_parse_recorded_outputs(name, text, content, calls):
+    message = OutputParsing(tools=_parser(name)).message(text)
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert got == calls
+    assert (message.content or "") == content
+    assert all(c.id.startswith("call_") and c.type == "function" for c in message.tool_calls or [])
+
+
+def _stream(parsing: OutputParsing, text: str, step: int = 1):
+    """Feed growing prefixes as a stream would; return what a client accumulates."""
+    deltas = ChoiceDeltas(parsing)
+    content, reasoning, calls, first_pieces = "", "", {}, []
+    cuts = list(range(step, len(text), step)) + [len(text)]
+    for k in cuts:
+        d = deltas.delta(text[:k], final=k == len(text))
+        content += d.content or ""
+        reasoning += d.reasoning_content or ""
+        for piece in d.tool_calls or []:
+            if piece.index not in calls:
+                # The first piece of a call names it; later pieces only add arguments.
+                assert piece.id and piece.type == "function" and piece.function.name
+                calls[piece.index] = [piece.function.name, ""]
+                first_pieces.append(piece)
+            else:
+                assert piece.id is None and piece.function.name is None
+            calls[piece.index][1] += piece.function.arguments or ""
+    return content, reasoning, [tuple(calls[i]) for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("name,text,content,calls", OUTPUTS,
+                         ids=[f"{o[0]}-{i}" for i, o in enumerate(OUTPUTS)])
+def test_stream_accumulates_to_message(name, text, content, calls):
+    """Character by character (and in 5-character steps), the deltas add up to the
+    non-streamed message, except for malformed output, whose calls never complete."""
+    parsing = OutputParsing(tools=_parser(name))
+    message = parsing.message(text)
+    want = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    malformed = not calls and content == text and any(c in text for c in "{(")
+    for step in (1, 5):
+        got_content, _, got_calls = _stream(parsing, text, step)
+        if not malformed:
+            assert got_calls == want
+            assert got_content == (message.content or "")
+
+
+def test_stream_sends_arguments_in_pieces():
+    parsing = OutputParsing(tools=get_tool_call_parser("qwen25"))
+    text = OUTPUTS[0][1]
+    deltas = ChoiceDeltas(parsing)
+    pieces = [p for k in range(1, len(text) + 1)
+              for p in deltas.delta(text[:k], k == len(text)).tool_calls or []]
+    assert pieces[0].function.name == "get_weather" and len(pieces) > 5
+
+
+def test_stream_holds_back_partial_markers():
+    deltas = ChoiceDeltas(OutputParsing(tools=get_tool_call_parser("qwen25")))
+    assert deltas.delta("Sure <tool_", final=False).content == "Sure"
+    d = deltas.delta("Sure <tool_call>\n{\"name\": \"f\"", final=False)
+    assert d.content is None and d.tool_calls[0].function.name == "f"
+
+
+# ---------------------------------------------------------------------------- reasoning
+
+REASONING = [
+    # (parser, prompt, output, reasoning, content)
+    ("deepseek-r1", "<｜Assistant｜>", "The user wants 2+2. That is 4.\n</think>\n\nIt is 4.",
+     "The user wants 2+2. That is 4.", "It is 4."),
+    ("deepseek-r1", "<｜Assistant｜><think>\n", "<think>\nhmm\n</think>The answer.",
+     "hmm", "The answer."),
+    ("deepseek-r1", "<｜Assistant｜>", "Still thinking when the budget ran out",
+     "Still thinking when the budget ran out", ""),
+    ("qwen3", "<|im_start|>assistant\n", "<think>\nSimple.\n</think>\n\nHello!", "Simple.",
+     "Hello!"),
+    ("qwen3", "<|im_start|>assistant\n", "Hello there, no thinking.", "",
+     "Hello there, no thinking."),
+    # enable_thinking=false: Qwen3's template closes an empty block in the prompt
+    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", "Hi.", "", "Hi."),
+    # an always-thinking template opens the block in the prompt
+    ("qwen3", "<|im_start|>assistant\n<think>\n", "Okay.\n</think>\n\nDone.", "Okay.", "Done."),
+]
+
+
+@pytest.mark.parametrize("name,prompt,text,reasoning,content", REASONING)
+def test_reasoning_split_and_stream(name, prompt, text, reasoning, content):
+    parser = get_reasoning_parser(name)
+    parsing = OutputParsing(reasoning=parser, inside_reasoning=parser.starts_inside(prompt))
+    message = parsing.message(text)
+    assert (message.reasoning_content or "") == reasoning
+    assert (message.content or "") == content
+    for step in (1, 3):
+        got_content, got_reasoning, _ = _stream(parsing, text, step)
+        assert (got_reasoning, got_content) == (reasoning, content)
+
+
+def test_reasoning_then_tool_call():
+    parser = get_reasoning_parser("qwen3")
+    parsing = OutputParsing(reasoning=parser, tools=get_tool_call_parser("qwen25"))
+    text = "<think>Need the weather.</think>\n" + OUTPUTS[0][1]
+    message = parsing.message(text)
+    assert message.reasoning_content == "Need the weather."
+    assert message.tool_calls[0].function.name == "get_weather" and message.content is None
+    content, reasoning, calls = _stream(parsing, text)
+    assert reasoning == "Need the weather." and content == "" and calls[0][0] == "get_weather"
+
+
+# ---------------------------------------------------------------------------- forced calls
+
+FUNCTIONS = [
+    {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}},
+    {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+]
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_CALL_PARSERS) + ["json"])
+def test_forced_grammar_accepts_only_valid_calls(name):
+    """The grammar accepts the format's own rendering of a valid call and nothing else: not
+    another function, not arguments against the schema, not text around the call."""
+    xgr_testing = pytest.importorskip("xgrammar.testing")
+    import xgrammar as xgr
+
+    parser = _parser(name).forced_parser()
+    grammar = xgr.Grammar.from_ebnf(forced_call_ebnf(parser.forced, FUNCTIONS))
+    f = parser.forced
+
+    def call(fn, args):
+        body = json.dumps({"name": fn, f.args_key: args}, separators=(", ", ": "))
+        return f.prefix + body + f.suffix
+
+    accepts = lambda s: xgr_testing._is_grammar_accept_string(grammar, s)  # noqa: E731
+    good = call("get_weather", WEATHER)
+    assert accepts(good) and accepts(call("get_time", {}))
+    assert parser.parse(good).calls[0].name == "get_weather"
+    assert not accepts(call("get_weather", {"city": "Paris"}))            # missing required
+    assert not accepts(call("get_weather", {**WEATHER, "unit": "kelvin"}))  # not in enum
+    assert not accepts(call("delete_all", {}))                            # unknown function
+    assert not accepts("Sure! " + good)
+    named = xgr.Grammar.from_ebnf(forced_call_ebnf(f, FUNCTIONS[1:]))
+    assert not xgr_testing._is_grammar_accept_string(named, good)
+
+
+# ---------------------------------------------------------------------------- requests
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
+    return load_tokenizer(resolve_model_dir(None, "auto")[0])
+
+
+# A minimal template that renders tools and calls (as tool-aware HF templates do) and honours
+# an enable_thinking kwarg (as Qwen3's does).
+TOOL_TEMPLATE = (
+    "{% if tools %}TOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    "{% endif %}")
+
+
+def _request(**kw):
+    from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
+    return ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "Weather in Paris?"}], **kw})
+
+
+TOOLS = [{"type": "function", "function": f} for f in FUNCTIONS]
+HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps(WEATHER)}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}]
+
+
+def test_plan_for_template_without_tools(tokenizer):
+    from radixlm.entrypoints.openai.chat_template import render_chat
+    from radixlm.entrypoints.openai.serving_base import OpenAIError
+    from radixlm.entrypoints.openai.tool_calls import plan_tools, template_supports_tools
+
+    assert not template_supports_tools(tokenizer)        # SmolLM2: plain ChatML
+    with pytest.raises(OpenAIError) as e:
+        plan_tools(_request(tools=TOOLS), tokenizer, None)
+    assert e.value.status == 400 and "--tool-call-parser" in e.value.message
+    assert plan_tools(_request(tools=TOOLS, tool_choice="none"), tokenizer, None).parser is None
+
+    body = _request(tools=TOOLS, messages=HISTORY)
+    plan = plan_tools(body, tokenizer, "qwen25")
+    assert plan.parser.name == "qwen25" and not plan.forced and plan.template_tools is None
+    prompt = render_chat(tokenizer, body, plan)
+    # The tools are described in a system prompt, the past call written in the parser's format
+    # and the tool's answer kept.
+    system = prompt.split("<|im_end|>")[0]
+    assert '"name": "get_time"' in system and '<tool_call>\n{"name": "function_name"' in system
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"' in prompt
+    assert "<|im_start|>tool\n18 degrees" in prompt
+
+    named = plan_tools(_request(tools=TOOLS, tool_choice={"type": "function",
+                                                          "function": {"name": "get_time"}}),
+                       tokenizer, "qwen25")
+    assert "get_time" in named.constraint["ebnf"] and "get_weather" not in named.constraint["ebnf"]
+    assert "get_weather" not in named.system_prompt
+
+
+def test_plan_for_template_with_tools(tokenizer):
+    from radixlm.entrypoints.openai.chat_template import render_chat
+    from radixlm.entrypoints.openai.tool_calls import plan_tools, template_supports_tools
+
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = TOOL_TEMPLATE
+    assert template_supports_tools(tok)
+    body = _request(tools=TOOLS, messages=HISTORY,
+                    chat_template_kwargs={"enable_thinking": False})
+    plan = plan_tools(body, tok, None)    # the template shows tools; no parser: no parsing
+    assert plan.parser is None and plan.system_prompt is None and plan.history_format is None
+    prompt = render_chat(tok, body, plan)
+    assert prompt.startswith("TOOLS: get_weather get_time<user>")
+    # arguments reach the template as an object, as HF templates expect
+    assert 'CALL get_weather {"city": "Paris", "unit": "celsius"}' in prompt
+    assert prompt.endswith("<assistant><think></think>")
+    forced = plan_tools(_request(tools=TOOLS, tool_choice="required"), tok, None)
+    assert isinstance(forced.parser, JsonParser) and forced.forced
+
+
+def test_special_token_markers(tokenizer):
+    """Markers that are special tokens (llama3's <|python_tag|>, mistral's [TOOL_CALLS] in their
+    tokenizers) make the request keep special tokens in its text."""
+    from radixlm.entrypoints.openai.tool_calls import is_special_token
+    assert is_special_token(tokenizer, "<|im_start|>")
+    assert not is_special_token(tokenizer, "<tool_call>") and not is_special_token(tokenizer, "")
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+])
+def test_invalid_tools_rejected(body, param):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError) as e:
+        _request(**body)
+    assert e.value.errors()[0]["loc"][0] == param
+
+
+def test_server_args_validate_parser_names():
+    assert ServerArgs(tool_call_parser="pythonic", reasoning_parser="qwen3")
+    for flag, kw in (("--tool-call-parser", {"tool_call_parser": "hermes2"}),
+                     ("--reasoning-parser", {"reasoning_parser": "r1"})):
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(**kw)
