@@ -80,6 +80,19 @@ def test_non_finite_numbers_are_rejected(url, path, raw, field):
     assert_error(post_raw(url, path, raw.encode()), 400, field, "finite")
 
 
+@pytest.mark.parametrize("path,raw,words", [
+    ("/generate", b'{"text": "\\ud800 hi", "sampling_params": {"max_new_tokens": 2}}',
+     ("text", "surrogate")),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
+     ("messages[0].content", "surrogate")),
+    ("/tokenize", b'{"prompt": "\\ud800"}', ("prompt", "surrogate")),
+    ("/generate", b'{"text": "hi", "rid": 123}', ("rid",)),
+])
+def test_odd_strings_are_a_400(url, path, raw, words):
+    assert_error(post_raw(url, path, raw), 400, *words)
+    assert_serving(url)
+
+
 def test_after_non_finite_the_server_serves(url):
     assert_error(post_raw(url, "/generate",
                           b'{"text": "hi", "sampling_params": {"temperature": NaN}}'), 400)

@@ -98,3 +98,11 @@ def test_gen_throughput_excludes_idle_time():
     assert meter.total_tokens == 11 * 8 + 5 * 4
     meter.add(0)                 # a step without tokens changes nothing
     assert meter.read() == pytest.approx(4 / 0.02)
+
+
+def test_parse_json_rejects_unpaired_surrogates_but_keeps_pairs():
+    with pytest.raises(BodyError, match=r"`text` contains an unpaired UTF-16 surrogate"):
+        parse_json(b'{"text": "\\ud800 hi"}')
+    with pytest.raises(BodyError, match=r"`messages\[0\]\.content`"):
+        parse_json(b'{"messages": [{"content": "a\\uDFFFb"}]}')
+    assert parse_json(b'{"t": "\\ud83d\\ude00"}') == {"t": "\U0001F600"}   # a valid pair

@@ -21,3 +21,9 @@ def error_body(message: str, status: int = 400, err_type: str | None = None,
 def error_response(message: str, status: int = HTTPStatus.BAD_REQUEST,
                    err_type: str | None = None, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, int(status), err_type, param), status_code=int(status))
+
+
+def bad_request(e: ValueError) -> JSONResponse:
+    """A ValueError from reading or validating a request -> its HTTP error: the status it
+    carries (413 for a body over the size limit), else 400."""
+    return error_response(str(e), getattr(e, "status", HTTPStatus.BAD_REQUEST))

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from radixlm import __version__
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
-from radixlm.entrypoints.errors import error_body, error_response
+from radixlm.entrypoints.errors import bad_request, error_body, error_response
 from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.request_limits import check_generate_limits
@@ -20,12 +20,6 @@ from radixlm.managers.io_struct import GenerateReqInput
 from radixlm.managers.tokenizer_manager import EngineDeadError
 
 router = APIRouter()
-
-
-def bad_request(e: ValueError) -> Response:
-    """A ValueError from reading or validating a request -> its HTTP error (413 for a body over
-    the size limit, else 400)."""
-    return error_response(str(e), getattr(e, "status", 400))
 
 
 def sse(obj: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from fastapi import Request
@@ -19,6 +20,9 @@ from fastapi import Request
 MAX_JSON_DEPTH = 100
 
 _SCALARS = {int, str, bool, type(None)}
+# JSON can spell a lone UTF-16 surrogate ("\ud800"), which Python decodes into a str that no
+# tokenizer can encode; only such an escape can produce one, so only then are strings checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class BodyError(ValueError):
@@ -62,6 +66,8 @@ def parse_json(raw: bytes) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BodyError(f"malformed JSON body: {e}") from None
     check_json_values(obj)
+    if _SURROGATE_ESCAPE.search(raw or b""):
+        check_strings_encode(obj)
     return obj
 
 
@@ -86,6 +92,24 @@ def check_json_values(obj: Any) -> None:
                 _check_scalar(value, path + (key,))
 
 
+def check_strings_encode(obj: Any) -> None:
+    """Raise BodyError for a string (or key) holding an unpaired surrogate, naming the field."""
+    stack: list[tuple[Any, tuple]] = [(obj, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BodyError(f"`{field_path(path) or 'the body'}` contains an unpaired UTF-16 "
+                                f"surrogate (an invalid \\u escape)") from None
+        elif isinstance(node, dict):
+            stack.extend((k, path + (k,)) for k in node)
+            stack.extend((v, path + (k,)) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, path + (i,)) for i, v in enumerate(node))
+
+
 def _check_scalar(value: Any, path: tuple) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         where = field_path(path) or "the body"
@@ -97,5 +121,7 @@ def field_path(path: tuple) -> str:
     [i]."""
     out = ""
     for key in path:
-        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+        if not isinstance(key, int):   # a key may itself hold an unencodable surrogate
+            key = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)
     return out

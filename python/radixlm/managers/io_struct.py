@@ -78,6 +78,8 @@ class GenerateReqInput:
         tops = _per_prompt(self.top_logprobs_num, n_prompts, "top_logprobs_num", 0)
         rids = _per_prompt(self.rid, n_prompts, "rid", None) if isinstance(self.rid, list) \
             else [self.rid if n_prompts == 1 else None] * n_prompts
+        if not all(r is None or (isinstance(r, str) and r) for r in rids):
+            raise ValueError("`rid` must be a non-empty string (or a list of them for a batch)")
         groups, index = [], 0
         for i, (text, ids) in enumerate(prompts):
             if not isinstance(params[i], (dict, type(None))):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.errors import bad_request, error_response
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  ModelCard, ModelList)
@@ -57,19 +57,19 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 # The `model` field of a request is not checked against the served name: SGLang accepts any
 # (clients commonly send "default"), and the response names the model that answered.
 
+async def _handle(request: Request, model: type[BaseModel], serving: type) -> Response:
+    try:
+        body = await parse_body(request, model)
+    except ValueError as e:
+        return bad_request(e)
+    return await serving(request, body).handle()
+
+
 @router.post("/v1/completions")
 async def create_completion(request: Request):
-    try:
-        body = await parse_body(request, CompletionRequest)
-    except ValueError as e:
-        return error_response(str(e), getattr(e, "status", 400))
-    return await CompletionServing(request, body).handle()
+    return await _handle(request, CompletionRequest, CompletionServing)
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request):
-    try:
-        body = await parse_body(request, ChatCompletionRequest)
-    except ValueError as e:
-        return error_response(str(e), getattr(e, "status", 400))
-    return await ChatServing(request, body).handle()
+    return await _handle(request, ChatCompletionRequest, ChatServing)
