@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tqdm import tqdm
+
 from radixlm.bench import common
 from radixlm.config import LOAD_FORMATS
 
@@ -258,7 +260,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
     variants = {"unconstrained": base, "constrained": {**base, "regex": MASK_REGEX}}
     step_s: dict[str, list[float]] = {name: [] for name in variants}
     last: dict[str, list[dict]] = {}
-    for rep in range(repeats + 1):  # the first round warms up (grammar compile, kernels)
+    rounds = tqdm(range(repeats + 1), desc="mask overhead rounds", file=sys.stderr)
+    for rep in rounds:  # the first round warms up (grammar compile, kernels)
         for name, params in variants.items():
             _flush(engine)
             outs, wall = common.timed(lambda: engine.generate(prompts, [params] * batch_size))
@@ -300,7 +303,9 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
         for wl in workloads:  # warm-up: compile the grammars, pay first-call costs
             n = min(2, len(wl.prompts))
             engine.generate(wl.prompts[:n], [{**wl.params(), "max_new_tokens": 4}] * n)
-        runs = {wl.name: run_workload(engine, wl) for wl in workloads}
+        label = f"workloads (jump-forward {'on' if jump_forward else 'off'})"
+        runs = {wl.name: run_workload(engine, wl)
+                for wl in tqdm(workloads, desc=label, file=sys.stderr)}
         mask = (measure_mask_overhead(engine, ns.batch_size, ns.mask_tokens, ns.repeats)
                 if not jump_forward else None)
         info = {"server_args": dataclasses.asdict(engine.server_args),
