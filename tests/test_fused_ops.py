@@ -246,7 +246,7 @@ def test_cpu_layers_never_take_the_fused_path(monkeypatch):
 
 
 def test_disable_knob(monkeypatch):
-    from radixlm import envs
+    import radixlm.envs as envs
     monkeypatch.delenv("RADIXLM_DISABLE_FUSED_OPS", raising=False)
     assert not envs.disable_fused_ops()
     monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", "1")
@@ -387,7 +387,7 @@ def _forward_steps(runner, prompts: list[list[int]], decode_tokens: list[list[in
     """Logits of every new token of one prefill of `prompts` and then one decode step per entry
     of `decode_tokens` (a token per request), driving runner.model directly with hand-built
     ForwardBatches (scheduler-independent). Every KV slot read was written by the same run."""
-    from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+    from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 
     dev = runner.device
     bs, n_dec = len(prompts), len(decode_tokens)

@@ -9,10 +9,10 @@ import transformers
 
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.radix_cache import RadixCache
-from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -11,7 +11,7 @@ from radixlm.cli import main as cli_main
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.request_body import MAX_JSON_DEPTH, BodyError, parse_json
 from radixlm.entrypoints.request_limits import check_generate_limits
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.throughput import GenThroughput
 
 

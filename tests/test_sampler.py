@@ -1,4 +1,4 @@
-"""Tests of the sampler (layers/sampler.py, penalties.py, sampling_noise.py); CPU, fast."""
+"""Tests of the sampler (sampling/: sampler.py, penalties.py, noise.py); CPU, fast."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest
-from radixlm.layers.sampling_noise import (gumbel_argmax, gumbel_noise, hash_bits, mix32, mix32_int,
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.request import SamplingRequest
+from radixlm.sampling.sampler import Sampler
+from radixlm.sampling.noise import (gumbel_argmax, gumbel_noise, hash_bits, mix32, mix32_int,
                                            row_key, token_keys)
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 
 CPU = torch.device("cpu")
 
@@ -61,7 +63,7 @@ def test_noise_is_standard_gumbel_and_keyed_by_seed_and_step():
 
 
 def test_chunked_gumbel_argmax_matches_unchunked(monkeypatch):
-    import radixlm.layers.sampling_noise as noise
+    import radixlm.sampling.noise as noise
     scores, keys, tk = torch.randn(10, 300), torch.tensor([row_key(s, 3) for s in range(10)]), \
         token_keys(300, CPU)
     whole = gumbel_argmax(scores, keys, tk)

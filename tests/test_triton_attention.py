@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from helpers import run_file_under_interpreter, run_interpreter_cases
 from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
-from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 LAYER_ID = 1  # not 0, so a backend that ignores layer_id reads the wrong buffers

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from radixlm.version import __version__
+
 # The frontend language's names (radixlm.lang), importable lazily from the top level.
 _LANG_NAMES = (
     "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",

@@ -108,8 +108,9 @@ class ServerArgs:
         if self.tp_size != 1:
             raise bad("tp-size", "tensor parallelism is not implemented yet; use 1")
         if self.dp_size != 1:
-            raise bad("dp-size", "data parallelism is not implemented yet; use 1 "
-                                 "(run several servers behind `radixlm router`)")
+            raise bad("dp-size", "data parallelism is not implemented yet; use 1 (or run "
+                                 "several servers behind SGLang's router: python -m "
+                                 "sglang_router.launch_router --worker-urls URL ...)")
         if self.max_request_body_mb <= 0:
             raise bad("max-request-body-mb", f"must be > 0, got {self.max_request_body_mb}")
         for name in ("max_n_per_request", "max_prompts_per_request", "max_stop_strings"):

@@ -65,7 +65,7 @@ def device_name(device: str | None) -> str:
 def environment(device: str | None) -> dict[str, Any]:
     import torch
 
-    import radixlm
+    from radixlm.version import __version__
 
     return {
         "device_name": device_name(device),
@@ -73,7 +73,7 @@ def environment(device: str | None) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "python_version": platform.python_version(),
-        "radixlm_version": getattr(radixlm, "__version__", None),
+        "radixlm_version": __version__,
         "cpu_count": os.cpu_count(),
         # The process's own command line ("radixlm bench ..." or "python -m ..."); under pytest
         # this is pytest's, hence benchmarks also record the argv given to their main().

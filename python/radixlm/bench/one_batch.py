@@ -20,10 +20,10 @@ from radixlm.bench.common import (default_output_path, environment, median, prin
 from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.chunk_cache import ChunkCache
-from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 
 

@@ -24,7 +24,7 @@ from radixlm.bench.common import (default_output_path, environment, print_summar
 from radixlm.config import ServerArgs
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.model_executor.model_runner import ModelRunner
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
 
 

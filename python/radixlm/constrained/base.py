@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)

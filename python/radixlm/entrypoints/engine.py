@@ -26,7 +26,7 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
-from radixlm.managers.io_struct import GenerateReqInput
+from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir

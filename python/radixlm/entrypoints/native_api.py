@@ -10,13 +10,13 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from radixlm import __version__
+from radixlm.version import __version__
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 from radixlm.entrypoints.errors import bad_request, error_body, error_response
 from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.request_limits import check_generate_limits
-from radixlm.managers.io_struct import GenerateReqInput
+from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.tokenizer_manager import EngineDeadError
 
 router = APIRouter()

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.managers.messages import TokenLogprob, TopLogprobs
-from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.core.forward_batch import ForwardBatch
+from radixlm.core.logprobs import TokenLogprob, TopLogprobs
 from radixlm.utils.device import to_device
 
 

@@ -10,12 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.scheduler.sampling_params import SamplingParams
-
-# (logprob, token_id); logprob is None for the first prompt token, which has no context.
-TokenLogprob = tuple[float | None, int]
-# the top alternatives at one position: [(logprob, token_id), ...], best first
-TopLogprobs = list[tuple[float, int]]
+from radixlm.core.logprobs import TokenLogprob, TopLogprobs
+from radixlm.sampling.params import SamplingParams
 
 
 @dataclass
@@ -27,7 +23,6 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1      # -1: only the last prompt token (as SGLang)
     top_logprobs_num: int = 0
     stream: bool = False
-    input_text: str | None = None
 
 
 @dataclass
@@ -48,7 +43,7 @@ class FlushCacheResult:
 
 
 @dataclass
-class GetLoadReq:
+class GetStatsReq:
     """Ask the scheduler for its runtime figures (for /get_server_info and tests)."""
 
 

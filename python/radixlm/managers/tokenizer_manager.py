@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from radixlm.managers.io_struct import GenerateReqInput, SingleGenerate
+from radixlm.managers.generate_request import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
-                                       FlushCacheResult, GetLoadReq, ReqOutput, SchedulerReady,
+                                       FlushCacheResult, GetStatsReq, ReqOutput, SchedulerReady,
                                        SchedulerStats, TokenizedGenerateReq)
 from radixlm.managers.prompt_length import check_text_fits
 
@@ -144,7 +144,7 @@ class TokenizerManager:
                 self.send(TokenizedGenerateReq(
                     rid=s.rid, input_ids=ids, sampling_params=s.sampling_params,
                     return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
-                    top_logprobs_num=s.top_logprobs_num, stream=stream, input_text=s.text))
+                    top_logprobs_num=s.top_logprobs_num, stream=stream))
 
     async def _prefill_only(self, ids: list[int], rid: str) -> None:
         obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
@@ -285,7 +285,7 @@ class TokenizerManager:
         return await self._ask(FlushCacheReq(), FlushCacheResult)
 
     async def get_stats(self) -> SchedulerStats:
-        return await self._ask(GetLoadReq(), SchedulerStats)
+        return await self._ask(GetStatsReq(), SchedulerStats)
 
     def abort(self, rid: str) -> None:
         self.send(AbortReq(rid))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm import envs
+import radixlm.envs as envs
 
 
 class KVAllocator:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from radixlm.model_executor.model_runner import ModelRunner

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from radixlm import envs
+import radixlm.envs as envs
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from radixlm.layers.attention.base import create_attention_backend
 from radixlm.layers.logits import InputLogprobs, compute_input_logprobs, last_token_hidden
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
-from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.core.forward_batch import ForwardBatch
 from radixlm.model_executor.loader import load_model
 from radixlm.model_executor.model_config import ModelConfig, resolve_dtype
 from radixlm.model_executor.weight_source import load_hf_config, resolve_model_dir

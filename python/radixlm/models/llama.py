@@ -18,7 +18,7 @@ from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
-from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.core.forward_batch import ForwardBatch
 
 
 def head_dim_of(config) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.layers.sampler import SampleOutput
+from radixlm.sampling.sampler import SampleOutput
 from radixlm.model_executor.model_runner import ForwardOutput
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 

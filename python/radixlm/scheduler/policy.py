@@ -20,9 +20,9 @@ LPM_FALLBACK_QUEUE_LEN = 128
 
 
 class SchedulePolicy:
-    def __init__(self, name: str, tree_cache, seed: int = 0):
+    def __init__(self, name: str, prefix_cache, seed: int = 0):
         self.name = name
-        self.tree_cache = tree_cache
+        self.prefix_cache = prefix_cache
         self.rng = random.Random(seed)
 
     def order(self, waiting: list[Req]) -> list[Req]:
@@ -37,14 +37,14 @@ class SchedulePolicy:
             out = list(waiting)
             self.rng.shuffle(out)
             return out
-        matches = {id(r): self.tree_cache.match_prefix(r.fill_ids[:r.max_prefix_match()])
+        matches = {id(r): self.prefix_cache.match_prefix(r.fill_ids[:r.max_prefix_match()])
                    for r in waiting}
         if name == "lpm":
             return sorted(waiting, key=lambda r: (-len(matches[id(r)].indices), r.arrival))
         return self._dfs_weight(waiting, {k: m.last_node for k, m in matches.items()})
 
     def _dfs_weight(self, waiting: list[Req], last_nodes: dict) -> list[Req]:
-        root = self.tree_cache.match_prefix([]).last_node
+        root = self.prefix_cache.match_prefix([]).last_node
         weight: dict[int, int] = defaultdict(int)
         at_node: dict[int, list[Req]] = defaultdict(list)
         for r in sorted(waiting, key=lambda r: r.arrival):

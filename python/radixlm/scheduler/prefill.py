@@ -32,13 +32,13 @@ def reserved_tokens(req: Req, new_token_ratio: float) -> int:
 
 
 class PrefillAdder:
-    def __init__(self, tree_cache, allocator, running: list[Req], new_token_ratio: float,
+    def __init__(self, prefix_cache, allocator, running: list[Req], new_token_ratio: float,
                  max_prefill_tokens: int, chunked_prefill_size: int | None,
                  free_req_slots: int, share_prefixes: bool = True):
-        self.tree_cache = tree_cache
+        self.prefix_cache = prefix_cache
         self.page_size = allocator.page_size
         self.ratio = new_token_ratio
-        self.rem_total = (allocator.available_size() + tree_cache.evictable_size()
+        self.rem_total = (allocator.available_size() + prefix_cache.evictable_size()
                           - sum(reserved_tokens(r, new_token_ratio) for r in running))
         self.rem_input = max_prefill_tokens
         self.rem_chunk = chunked_prefill_size if chunked_prefill_size else None
@@ -67,7 +67,7 @@ class PrefillAdder:
     def add(self, req: Req) -> AddResult:
         if self.free_req_slots <= 0:
             return AddResult.NO_ROOM
-        match = self.tree_cache.match_prefix(req.fill_ids[:req.max_prefix_match()])
+        match = self.prefix_cache.match_prefix(req.fill_ids[:req.max_prefix_match()])
         head = tuple(req.fill_ids[:SHARED_PREFIX_TOKENS])
         if (self.share_prefixes and len(head) == SHARED_PREFIX_TOKENS
                 and len(match.indices) < SHARED_PREFIX_TOKENS):
@@ -85,10 +85,10 @@ class PrefillAdder:
         budget = self._budget()
         if budget is not None and budget <= 0:
             return AddResult.NO_ROOM
-        evictable_before = self.tree_cache.evictable_size()
-        self.tree_cache.inc_lock_ref(match.last_node)
+        evictable_before = self.prefix_cache.evictable_size()
+        self.prefix_cache.inc_lock_ref(match.last_node)
         # Locking turned some evictable tokens into protected ones: they are no longer budget.
-        self.rem_total -= evictable_before - self.tree_cache.evictable_size()
+        self.rem_total -= evictable_before - self.prefix_cache.evictable_size()
         req.prefix_indices = match.indices
         req.last_node = match.last_node
         if req.num_retractions == 0 and not req.output_ids:

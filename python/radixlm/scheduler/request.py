@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.managers.messages import FinishReason, TokenizedGenerateReq, TokenLogprob, TopLogprobs
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.core.logprobs import TokenLogprob, TopLogprobs
+from radixlm.managers.messages import FinishReason, TokenizedGenerateReq
+from radixlm.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -58,7 +59,6 @@ class Req:
     # Structured outputs
     grammar_future: "Future | None" = None  # compiling; the request waits, others go on
     grammar: "GrammarMatcher | None" = None
-    num_jump_forward_tokens: int = 0
 
     # Logprobs
     input_token_logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from radixlm.constrained.jump_forward import plan_jump
 from radixlm.managers.detokenizer import StopStringChecker
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
-from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.core.forward_batch import ForwardBatch
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.schedule_batch import ScheduleBatch, input_logprob_targets
 
@@ -69,7 +69,7 @@ class ResultProcessor:
                     s.prompt_tokens_total += req.prompt_len
                     s.cached_tokens_total += req.cached_tokens
             if req.kv_committed_len < req.seq_len:      # a chunk of a longer prompt
-                s.tree_cache.cache_unfinished_req(req)
+                s.prefix_cache.cache_unfinished_req(req)
                 continue
             if j is None:                               # max_new_tokens == 0
                 self.finish(req, FinishReason("length", length=0), send=False)
@@ -98,7 +98,7 @@ class ResultProcessor:
             if batch.forward_mode.is_extend:
                 # The prompt's KV goes into the tree now, not when the request ends: requests
                 # running alongside (or deferred by PrefillAdder) share it.
-                s.tree_cache.cache_unfinished_req(req)
+                s.prefix_cache.cache_unfinished_req(req)
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
@@ -167,11 +167,10 @@ class ResultProcessor:
         if jump is None:
             return False
         # The tree takes the KV computed so far under the old tokens; then the tail changes.
-        s.tree_cache.cache_finished_req(req)
+        s.prefix_cache.cache_finished_req(req)
         req.reset_kv()
         del req.output_ids[len(req.output_ids) - jump.num_replaced:]
         req.output_ids.extend(jump.new_tokens)
-        req.num_jump_forward_tokens += len(jump.new_tokens) - jump.num_replaced
         if len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)
         elif req.grammar.is_terminated():
@@ -184,7 +183,7 @@ class ResultProcessor:
         """End a request; KV it holds goes to the prefix cache."""
         req.finished_reason = reason
         if req.req_pool_idx is not None:
-            self.s.tree_cache.cache_finished_req(req)
+            self.s.prefix_cache.cache_finished_req(req)
         if send:
             self.s.send(BatchReqOutput([self._output(req)]))
 

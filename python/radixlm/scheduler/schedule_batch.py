@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
@@ -22,7 +22,7 @@ class OutOfKVMemory(RuntimeError):
     pass
 
 
-def alloc_kv(runner: ModelRunner, tree_cache, req: Req, num_tokens: int) -> torch.Tensor:
+def alloc_kv(runner: ModelRunner, prefix_cache, req: Req, num_tokens: int) -> torch.Tensor:
     """Slots for the next num_tokens tokens of req (after its kv_committed_len tokens)."""
     alloc = runner.allocator
     row = runner.req_to_token_pool.req_to_token[req.req_pool_idx]
@@ -31,7 +31,7 @@ def alloc_kv(runner: ModelRunner, tree_cache, req: Req, num_tokens: int) -> torc
     locs = alloc.alloc_extend(kv, last_loc, num_tokens)
     if locs is None:
         short = alloc.pages_needed(kv, num_tokens) * alloc.page_size - alloc.available_size()
-        tree_cache.evict(short)
+        prefix_cache.evict(short)
         locs = alloc.alloc_extend(kv, last_loc, num_tokens)
     if locs is None:
         raise OutOfKVMemory(f"no KV memory for {num_tokens} tokens of request {req.rid}")
@@ -47,7 +47,7 @@ class ScheduleBatch:
     def batch_size(self) -> int:
         return len(self.reqs)
 
-    def prepare_extend(self, runner: ModelRunner, tree_cache) -> ForwardBatch:
+    def prepare_extend(self, runner: ModelRunner, prefix_cache) -> ForwardBatch:
         """Each request computes fill_ids[kv_committed_len : kv_committed_len + extend_input_len]
         on top of its cached prefix (already in its req_to_token row). kv_committed_len advances
         here, at launch: the slots are taken and the step will fill them."""
@@ -61,7 +61,7 @@ class ScheduleBatch:
                 pool.write(req.req_pool_idx, 0, req.prefix_indices)
                 req.kv_committed_len = req.prefix_len
             start, n = req.kv_committed_len, req.extend_input_len
-            new_locs = alloc_kv(runner, tree_cache, req, n)
+            new_locs = alloc_kv(runner, prefix_cache, req, n)
             pool.write(req.req_pool_idx, start, new_locs)
             locs.append(new_locs)
             input_ids.extend(req.fill_ids[start:start + n])
@@ -80,7 +80,7 @@ class ScheduleBatch:
                                    packed[2 * t + bs:], prefix_lens, extend_lens, seq_lens,
                                    logprob_rows if any(logprob_rows) else [])
 
-    def prepare_decode(self, runner: ModelRunner, tree_cache) -> ForwardBatch:
+    def prepare_decode(self, runner: ModelRunner, prefix_cache) -> ForwardBatch:
         """Each request feeds its last sampled token at position kv_committed_len. The token is
         read on the device from runner.last_token_ids (written by the sampler), so the batch can
         be built while the step that samples it is still running (overlap scheduler)."""
@@ -93,7 +93,7 @@ class ScheduleBatch:
         packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
                            torch.int64, dev)
         req_idx, pos_t, seq_t = packed[:bs], packed[bs:2 * bs], packed[2 * bs:]
-        locs = alloc_decode_slots(runner, tree_cache, req_idx, pos_t, positions)
+        locs = alloc_decode_slots(runner, prefix_cache, req_idx, pos_t, positions)
         pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
         for req, pos in zip(self.reqs, positions):
             req.kv_committed_len = pos + 1
@@ -114,7 +114,7 @@ class ScheduleBatch:
             input_logprob_rows=logprob_rows)
 
 
-def alloc_decode_slots(runner: ModelRunner, tree_cache, req_idx: torch.Tensor,
+def alloc_decode_slots(runner: ModelRunner, prefix_cache, req_idx: torch.Tensor,
                        pos_t: torch.Tensor, positions: list[int]) -> torch.Tensor:
     """One slot per decoding request, for the token at positions[i], without reading anything
     back from the device: with page size P, a request continues in its last page unless its
@@ -125,7 +125,7 @@ def alloc_decode_slots(runner: ModelRunner, tree_cache, req_idx: torch.Tensor,
     new_rows = [i for i, p in enumerate(positions) if p % ps == 0]
     short = len(new_rows) * ps - alloc.available_size()
     if short > 0:
-        tree_cache.evict(short)
+        prefix_cache.evict(short)
     fresh = alloc.alloc(len(new_rows) * ps)
     if fresh is None:
         raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} requests")

@@ -18,17 +18,19 @@ from typing import Any, Callable
 
 import torch
 
-from radixlm import envs
+import radixlm.envs as envs
 from radixlm.config import ServerArgs
 from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
-from radixlm.layers.sampler import Sampler, SamplingBatchInfo, SamplingRequest, is_greedy
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.request import SamplingRequest
+from radixlm.sampling.sampler import Sampler
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
-                                       FlushCacheResult, GetLoadReq, ReqOutput, SchedulerStats,
+                                       FlushCacheResult, GetStatsReq, ReqOutput, SchedulerStats,
                                        ShutdownReq, TokenizedGenerateReq)
 from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.radix_cache import RadixCache
-from radixlm.model_executor.forward_batch import ForwardMode
+from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
@@ -56,8 +58,8 @@ class Scheduler:
         self.recv = recv
         self.send = send
         cache_cls = ChunkCache if args.disable_radix_cache else RadixCache
-        self.tree_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
-        self.policy = SchedulePolicy(args.schedule_policy, self.tree_cache, args.random_seed)
+        self.prefix_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        self.policy = SchedulePolicy(args.schedule_policy, self.prefix_cache, args.random_seed)
         self.ratio = NewTokenRatio.create(args.schedule_conservativeness)
         chunk = args.chunked_prefill_size
         if chunk is None:
@@ -135,7 +137,7 @@ class Scheduler:
             return True
         alloc = self.runner.allocator
         need = decode_tokens_needed(self.running, alloc.page_size)
-        return need > alloc.available_size() + self.tree_cache.evictable_size()  # retraction
+        return need > alloc.available_size() + self.prefix_cache.evictable_size()  # retraction
 
     # ------------------------------------------------------------------ messages
 
@@ -157,7 +159,7 @@ class Scheduler:
                 self.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
-        elif isinstance(msg, GetLoadReq):
+        elif isinstance(msg, GetStatsReq):
             self.send(self.stats())
         elif isinstance(msg, ShutdownReq):
             self.abort_all()
@@ -218,7 +220,7 @@ class Scheduler:
         self._process_pending()
         if self.has_work:
             return FlushCacheResult(False, "cannot flush the cache while requests are running")
-        self.tree_cache.reset()
+        self.prefix_cache.reset()
         self.runner.allocator.clear()
         self.runner.req_to_token_pool.clear()
         return FlushCacheResult(True)
@@ -275,7 +277,7 @@ class Scheduler:
         max_running = self.runner.max_running_requests
         slots = min(self.runner.req_to_token_pool.available_size(),
                     max_running - len(self.running) - (1 if self.chunked_req else 0))
-        adder = PrefillAdder(self.tree_cache, self.runner.allocator, self.running,
+        adder = PrefillAdder(self.prefix_cache, self.runner.allocator, self.running,
                              self.ratio.value, self.args.max_prefill_tokens, self.chunk_size,
                              slots, share_prefixes=not self.args.disable_radix_cache)
         chunked, self.chunked_req = self.chunked_req, None
@@ -302,7 +304,7 @@ class Scheduler:
         retracted = False
         while self.running:
             need = decode_tokens_needed(self.running, alloc.page_size)
-            if need <= alloc.available_size() + self.tree_cache.evictable_size():
+            if need <= alloc.available_size() + self.prefix_cache.evictable_size():
                 break
             if len(self.running) == 1:
                 # Nothing left to retract: this request alone has outgrown the pool.
@@ -313,7 +315,7 @@ class Scheduler:
                 break
             victim = pick_retraction_victim(self.running)
             self.running.remove(victim)
-            self.tree_cache.cache_finished_req(victim)
+            self.prefix_cache.cache_finished_req(victim)
             victim.reset_kv()
             victim.num_retractions += 1
             self.waiting.append(victim)
@@ -331,11 +333,11 @@ class Scheduler:
         """Queue the forward pass and the sampling of one batch on the device."""
         runner = self.runner
         if batch.forward_mode.is_extend:
-            fb = batch.prepare_extend(runner, self.tree_cache)
+            fb = batch.prepare_extend(runner, self.prefix_cache)
             targets, top_k = self.results.input_logprob_targets(batch, fb)
             out = runner.forward(fb, targets, top_k)
         else:
-            fb = batch.prepare_decode(runner, self.tree_cache)
+            fb = batch.prepare_decode(runner, self.prefix_cache)
             out = runner.forward(fb)
         sample_rows = [i for i, r in enumerate(batch.reqs) if self.results.samples_now(r, batch)]
         sampled = None
@@ -362,7 +364,7 @@ class Scheduler:
         nothing that reads the outputs depend on its size alone, so they are built once per size
         (building them is a per-request Python loop the host would otherwise pay every step)."""
         mc = self.runner.model_config
-        plain_greedy = all(is_greedy(r.sampling_params) and not r.sampling_params.logit_bias
+        plain_greedy = all(r.sampling_params.is_greedy and not r.sampling_params.logit_bias
                            and not r.sampling_reads_output for r in reqs)
         if plain_greedy and len(reqs) in self._greedy_infos:
             return self._greedy_infos[len(reqs)]
@@ -390,13 +392,13 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         alloc = self.runner.allocator
         total = alloc.total_size
-        in_use = total - alloc.available_size() - self.tree_cache.evictable_size()
+        in_use = total - alloc.available_size() - self.prefix_cache.evictable_size()
         return SchedulerStats(
             num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
             num_waiting_reqs=len(self.waiting), max_total_num_tokens=total,
             available_kv_tokens=alloc.available_size(),
-            evictable_kv_tokens=self.tree_cache.evictable_size(),
-            protected_kv_tokens=self.tree_cache.protected_size(),
+            evictable_kv_tokens=self.prefix_cache.evictable_size(),
+            protected_kv_tokens=self.prefix_cache.protected_size(),
             token_usage=in_use / total if total else 0.0,
             cache_hit_rate=(self.cached_tokens_total / self.prompt_tokens_total
                             if self.prompt_tokens_total else 0.0),
@@ -408,7 +410,7 @@ class Scheduler:
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""
-        alloc, cache = self.runner.allocator, self.tree_cache
+        alloc, cache = self.runner.allocator, self.prefix_cache
         ps = alloc.page_size
         owned = 0
         # Requests of a launched step not yet processed may be in neither list (a prefill with

@@ -15,7 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.layers.attention.radix_attention import RadixAttention
-    from radixlm.model_executor.forward_batch import ForwardBatch
+    from radixlm.core.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

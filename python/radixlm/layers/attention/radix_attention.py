@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.model_executor.forward_batch import ForwardBatch
+from radixlm.core.forward_batch import ForwardBatch
 
 
 class RadixAttention(nn.Module):

@@ -40,7 +40,7 @@ from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
     from radixlm.layers.attention.radix_attention import RadixAttention
-    from radixlm.model_executor.forward_batch import ForwardBatch
+    from radixlm.core.forward_batch import ForwardBatch
 
 
 class TritonAttnBackend(AttentionBackend):

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from radixlm import envs
+import radixlm.envs as envs
 
 
 @functools.lru_cache(maxsize=1)

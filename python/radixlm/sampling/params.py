@@ -15,6 +15,8 @@ from typing import Any
 # top_k = -1 means "no top-k filtering" (SGLang's convention); we normalise it to the vocab size
 # lazily in the sampler, so the stored value keeps the user's meaning.
 TOP_K_ALL = -1
+# Temperatures below this are greedy (dividing by them would overflow float32).
+SAMPLING_EPS = 1e-6
 
 
 @dataclass
@@ -71,7 +73,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the offending field."""

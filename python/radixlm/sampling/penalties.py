@@ -25,8 +25,8 @@ import torch
 
 from radixlm.utils.device import to_device
 
-if TYPE_CHECKING:  # only for annotations: sampler.py imports this module
-    from radixlm.layers.sampler import SamplingRequest
+if TYPE_CHECKING:
+    from radixlm.sampling.request import SamplingRequest
 
 
 def _flat_token_index(rows: list[int], token_lists: list[Sequence[int]],

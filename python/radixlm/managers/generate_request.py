@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 
 
 @dataclass
