@@ -22,7 +22,7 @@ from radixlm.scheduler.decode import NewTokenRatio, decode_tokens_needed, pick_r
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefill import AddResult, PrefillAdder
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.sampling_params import SamplingParams
+from radixlm.sampling.params import SamplingParams
 
 # Documented numbers (docs/architecture.md, "One scheduler step").
 FALLBACK_QUEUE_LEN = 128      # lpm and dfs-weight fall back to fcfs past 128 waiting
@@ -532,13 +532,6 @@ def test_no_deferral_without_prefix_sharing() -> None:
         AddResult.ADDED] * 2
 
 
-LOCK_BUDGET_BUG = (
-    "PrefillAdder checks a request against the budget before locking its cached prefix, and "
-    "does not check again after the lock removed that prefix from the evictable budget: a "
-    "request whose own prefix is most of what is evictable is admitted without room for its "
-    "new tokens (rem_total goes negative) and prepare_extend would raise OutOfKVMemory")
-
-
 def _random_admission_round(rng: random.Random, queue_reuses_cache: bool) -> None:
     cached_families = [toks(100_000 * (f + 1), 80) for f in range(4)]
     queue_families = cached_families if queue_reuses_cache else [
@@ -574,8 +567,7 @@ def _random_admission_round(rng: random.Random, queue_reuses_cache: bool) -> Non
         assert mem.budget_pool() >= promised, "admission ate into reserved memory"
 
 
-@pytest.mark.parametrize("queue_reuses_cache", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=LOCK_BUDGET_BUG))])
+@pytest.mark.parametrize("queue_reuses_cache", [False, True])
 def test_admitted_batch_always_fits_and_keeps_reservations(queue_reuses_cache: bool) -> None:
     """Randomised (page size 1, fixed seed): whatever admission lets in can be allocated
     (evicting unlocked cache), and afterwards free + evictable still covers every reservation
@@ -586,7 +578,6 @@ def test_admitted_batch_always_fits_and_keeps_reservations(queue_reuses_cache: b
         _random_admission_round(rng, queue_reuses_cache)
 
 
-@pytest.mark.xfail(strict=True, reason=LOCK_BUDGET_BUG)
 def test_locking_a_large_cached_prefix_still_leaves_room_for_the_new_tokens() -> None:
     mem = Mem(usable_pages=256)
     mem.hold(46)                                   # a running request's KV
@@ -597,15 +588,13 @@ def test_locking_a_large_cached_prefix_still_leaves_room_for_the_new_tokens() ->
     # left, so this must wait (NO_ROOM) rather than be admitted.
     req = make_req(prefix + toks(9000, 50), arrival=1, max_new_tokens=1)
     adder = mem.adder(running)
-    res = adder.add(req)
-    if res is not AddResult.NO_ROOM:
-        allocate_admitted(mem, adder)
+    evictable = mem.cache.evictable_size()
+    assert adder.add(req) is AddResult.NO_ROOM
+    # The lock taken to check it is released again: the prefix stays evictable.
+    assert mem.cache.protected_size() == 0 and mem.cache.evictable_size() == evictable
+    assert adder.added == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PrefillAdder charges an admitted request its extend length, not the whole pages it will "
-    "take; with page_size > 1 many short requests are admitted into fewer pages than they need "
-    "and prepare_extend would raise OutOfKVMemory"))
 def test_admitted_batch_fits_with_page_size_16() -> None:
     mem = Mem(usable_pages=4, page_size=16)            # 64 slots = 4 pages
     queue = [make_req([100 * i + 1, 100 * i + 2], arrival=i, max_new_tokens=1) for i in range(8)]

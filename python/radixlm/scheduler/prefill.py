@@ -75,11 +75,9 @@ class PrefillAdder:
                 return AddResult.DEFERRED
             self._batch_prefixes.add(head)
         extend = req.seq_len - len(match.indices)
-        need = extend + reserved_tokens(req, self.ratio) + self.page_size
-        first = not self.added
-        if need > self.rem_total and not (first and self.nothing_running
-                                          and extend + self.page_size <= self.rem_total):
+        if not self._fits(req, extend):
             return AddResult.NO_ROOM
+        first = not self.added
         if not first and extend > self.rem_input:
             return AddResult.NO_ROOM
         budget = self._budget()
@@ -88,7 +86,14 @@ class PrefillAdder:
         evictable_before = self.prefix_cache.evictable_size()
         self.prefix_cache.inc_lock_ref(match.last_node)
         # Locking turned some evictable tokens into protected ones: they are no longer budget.
-        self.rem_total -= evictable_before - self.prefix_cache.evictable_size()
+        locked = evictable_before - self.prefix_cache.evictable_size()
+        self.rem_total -= locked
+        if not self._fits(req, extend):
+            # The budget counted this request's own cached prefix as evictable; locked, it is
+            # not, and what is left cannot hold the new tokens.
+            self.prefix_cache.dec_lock_ref(match.last_node)
+            self.rem_total += locked
+            return AddResult.NO_ROOM
         req.prefix_indices = match.indices
         req.last_node = match.last_node
         if req.num_retractions == 0 and not req.output_ids:
@@ -102,12 +107,26 @@ class PrefillAdder:
         self._take(req, extend)
         return AddResult.ADDED
 
+    def _fits(self, req: Req, extend: int) -> bool:
+        """Whether `extend` new tokens (whole pages) and the request's output reservation fit
+        the budget. The first request of an idle engine needs room for its prompt only."""
+        pages = self._pages(extend) + self.page_size
+        if pages + reserved_tokens(req, self.ratio) <= self.rem_total:
+            return True
+        return not self.added and self.nothing_running and pages <= self.rem_total
+
     def _take(self, req: Req, n: int) -> None:
         self.added.append(req)
-        self.rem_total -= n + reserved_tokens(req, self.ratio)
+        # A new extend starts on a fresh page (cached prefixes are page aligned), so it takes
+        # whole pages: charging tokens would admit more short requests than the pages hold.
+        self.rem_total -= self._pages(n) + reserved_tokens(req, self.ratio)
         self.rem_input -= n
         if self.rem_chunk is not None:
             self.rem_chunk -= n
 
     def _page_floor(self, n: int) -> int:
         return n - n % self.page_size
+
+    def _pages(self, n: int) -> int:
+        """n tokens rounded up to whole pages."""
+        return -(-n // self.page_size) * self.page_size
