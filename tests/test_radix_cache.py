@@ -734,3 +734,29 @@ TestChunkPage1 = ChunkPage1.TestCase
 TestChunkPage1.settings = settings(_SETTINGS, max_examples=100)
 TestChunkPage4 = ChunkPage4.TestCase
 TestChunkPage4.settings = settings(_SETTINGS, max_examples=100)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_peek_prefix_agrees_with_match_and_changes_nothing(page_size: int) -> None:
+    import random
+
+    rng = random.Random(page_size)
+    h = make(page_size=page_size, num_pages=512)
+    for _ in range(12):
+        put(h, [rng.randrange(4) for _ in range(rng.randrange(1, 24))])
+
+    def shape(node: TreeNode) -> list:
+        return [(tuple(c.key), c.last_access, shape(c)) for c in node.children.values()]
+
+    for _ in range(60):
+        key = [rng.randrange(4) for _ in range(rng.randrange(0, 30))]
+        before = shape(h.cache.root)
+        length, node = h.cache.peek_prefix(key)
+        assert shape(h.cache.root) == before        # no split, no access time touched
+        m = h.cache.match_prefix(key)
+        assert length == m.indices.numel()
+        # The peeked node holds the match's end: the matched node itself, or the node the
+        # match ends inside, which match_prefix split into m.last_node and a child.
+        assert node is m.last_node or node.parent is m.last_node
+    assert ChunkCache(h.pool, h.allocator).peek_prefix([1, 2, 3])[0] == 0
+    h.check()

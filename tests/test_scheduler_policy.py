@@ -282,12 +282,6 @@ def test_prefix_blind_policies_leave_the_cache_alone(name: str) -> None:
     assert (tree_snapshot(mem.cache), lru_snapshot(mem.cache)) == before
 
 
-SIDE_EFFECT_REASON = ("the policy only sorts but calls RadixCache.match_prefix, which splits nodes "
-                      "and refreshes LRU timestamps; the policy should use a side-effect-free "
-                      "peek_prefix")
-
-
-@pytest.mark.xfail(strict=True, reason=SIDE_EFFECT_REASON)
 @pytest.mark.parametrize("name", ["lpm", "dfs-weight"])
 def test_sorting_does_not_split_tree_nodes(name: str) -> None:
     mem = Mem()
@@ -300,7 +294,6 @@ def test_sorting_does_not_split_tree_nodes(name: str) -> None:
     assert tree_snapshot(mem.cache) == before
 
 
-@pytest.mark.xfail(strict=True, reason=SIDE_EFFECT_REASON)
 @pytest.mark.parametrize("name", ["lpm", "dfs-weight"])
 def test_sorting_does_not_change_which_prefix_is_evicted_first(name: str) -> None:
     mem = Mem()

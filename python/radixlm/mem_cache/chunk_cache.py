@@ -34,6 +34,9 @@ class ChunkCache:
     def total_size(self) -> int:
         return 0
 
+    def peek_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
+        return 0, self._root
+
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         return MatchResult(indices=torch.empty(0, dtype=torch.int64, device=self.device),
                            last_node=self._root)

@@ -134,6 +134,26 @@ class RadixCache:
             indices = torch.empty(0, dtype=torch.int64, device=self.device)
         return MatchResult(indices=indices, last_node=node)
 
+    def peek_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
+        """(length of the longest cached prefix of `key`, the deepest node it reaches), without
+        side effects: no node is split and no access time changes, so a scheduling policy can
+        sort the waiting queue without reshaping the tree or the LRU order. When the match ends
+        inside a node, that node is returned (the request shares part of its key)."""
+        key = key[:self._aligned(len(key))]
+        node, matched = self.root, 0
+        while matched < len(key):
+            child = node.children.get(self._child_key(key[matched:]))
+            if child is None:
+                break
+            n = self._match_len(child.key, key[matched:])
+            if n == 0:
+                break
+            matched += n
+            node = child
+            if n < len(child.key):
+                break
+        return matched, node
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Split `child` so that its first n tokens become a new parent node; return that node."""
         parent = child.parent

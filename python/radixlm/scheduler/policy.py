@@ -37,14 +37,16 @@ class SchedulePolicy:
             out = list(waiting)
             self.rng.shuffle(out)
             return out
-        matches = {id(r): self.prefix_cache.match_prefix(r.fill_ids[:r.max_prefix_match()])
-                   for r in waiting}
+        # peek, not match: sorting must not split nodes or refresh the LRU order of prefixes
+        # whose requests only wait.
+        peeks = {id(r): self.prefix_cache.peek_prefix(r.fill_ids[:r.max_prefix_match()])
+                 for r in waiting}
         if name == "lpm":
-            return sorted(waiting, key=lambda r: (-len(matches[id(r)].indices), r.arrival))
-        return self._dfs_weight(waiting, {k: m.last_node for k, m in matches.items()})
+            return sorted(waiting, key=lambda r: (-peeks[id(r)][0], r.arrival))
+        return self._dfs_weight(waiting, {k: node for k, (_, node) in peeks.items()})
 
     def _dfs_weight(self, waiting: list[Req], last_nodes: dict) -> list[Req]:
-        root = self.prefix_cache.match_prefix([]).last_node
+        root = self.prefix_cache.peek_prefix([])[1]
         weight: dict[int, int] = defaultdict(int)
         at_node: dict[int, list[Req]] = defaultdict(list)
         for r in sorted(waiting, key=lambda r: r.arrival):
