@@ -87,10 +87,20 @@ def test_non_finite_numbers_are_rejected(url, path, raw, field):
      ("messages[0].content", "surrogate")),
     ("/tokenize", b'{"prompt": "\\ud800"}', ("prompt", "surrogate")),
     ("/generate", b'{"text": "hi", "rid": 123}', ("rid",)),
+    ("/generate", b'{"text": "hi", "image_data": "http://x/y.png"}', ("image_data",)),
+    ("/generate", b'{"text": "hi", "lora_path": "my-adapter"}', ("lora_path",)),
+    ("/generate", b'{"text": "hi", "data_parallel_rank": 1}', ("data_parallel_rank",)),
 ])
 def test_odd_strings_are_a_400(url, path, raw, words):
     assert_error(post_raw(url, path, raw), 400, *words)
     assert_serving(url)
+
+
+def test_neutral_sglang_fields_are_accepted(url):
+    r = httpx.post(url + "/generate", timeout=60, json={
+        "text": "hi", "data_parallel_rank": 0, "image_data": None, "return_hidden_states": False,
+        "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200, r.text
 
 
 def test_after_non_finite_the_server_serves(url):

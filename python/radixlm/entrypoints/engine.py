@@ -213,9 +213,14 @@ class Engine:
                              sampling_params: dict | list[dict] | None = None,
                              input_ids: list[int] | list[list[int]] | None = None,
                              stream: bool = False, **kwargs: Any):
-        obj = self._request(prompt, sampling_params, input_ids, stream, kwargs)
+        return await self.async_generate_request(
+            self._request(prompt, sampling_params, input_ids, stream, kwargs))
+
+    async def async_generate_request(self, obj: GenerateReqInput):
+        """async_generate for a request already built (the HTTP server parses the body into
+        one): the final result, or with obj.stream an async iterator of snapshots."""
         self._check_open()
-        if stream:
+        if obj.stream:
             return self._async_stream(obj)
         return await asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(self._collect(obj), self.loop))

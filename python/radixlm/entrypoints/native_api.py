@@ -37,11 +37,7 @@ async def generate(request: Request):
         obj = GenerateReqInput.from_dict(body)
         if not isinstance(obj.stream, bool):
             raise ValueError("`stream` must be a boolean")
-        call = engine.async_generate(
-            obj.text, obj.sampling_params, obj.input_ids, stream=obj.stream,
-            return_logprob=obj.return_logprob, logprob_start_len=obj.logprob_start_len,
-            top_logprobs_num=obj.top_logprobs_num,
-            return_text_in_logprobs=obj.return_text_in_logprobs, rid=obj.rid)
+        call = engine.async_generate_request(obj)  # the request as parsed, built once
         if not obj.stream:
             return JSONResponse(await unless_disconnected(request, call))
         stream = await call

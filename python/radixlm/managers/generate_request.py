@@ -23,6 +23,14 @@ class SingleGenerate:
     index: int                      # position in the flattened response list
 
 
+# SGLang /generate fields that radixlm does not implement. A request that sets one is refused
+# (400) rather than answered as if the field were not there: a field that is accepted must work.
+UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", "lora_path",
+                      "lora_id", "custom_logit_processor", "return_hidden_states",
+                      "session_params", "token_ids_logprob", "extra_key", "bootstrap_host",
+                      "bootstrap_port", "bootstrap_room")
+
+
 @dataclass
 class GenerateReqInput:
     text: str | list[str] | None = None
@@ -39,6 +47,11 @@ class GenerateReqInput:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GenerateReqInput":
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        for name in UNSUPPORTED_FIELDS:
+            if d.get(name) not in (None, False, "", [], {}):
+                raise ValueError(f"`{name}` is not supported by this server")
+        if d.get("data_parallel_rank") not in (None, 0):
+            raise ValueError("data_parallel_rank must be 0 or null: this server runs one engine")
         if "prompt" in d and "text" not in d:  # a common alias
             d = {**d, "text": d["prompt"]}
         return cls(**{k: v for k, v in d.items() if k in known},

@@ -83,7 +83,6 @@ class TokenizerManager:
         if len(ids) >= self.context_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
                              f"length of {self.context_len} tokens")
-        single.sampling_params.validate(vocab)
         return ids
 
     async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
@@ -95,7 +94,8 @@ class TokenizerManager:
         prompts = [self.tokenize(g[0]) for g in groups]
         for g, ids in zip(groups, prompts):
             for s in g:
-                s.sampling_params.validate(self.ready.vocab_size)
+                # Everything else was validated when the request was expanded.
+                s.sampling_params.check_token_ids(self.ready.vocab_size)
                 # As SGLang: a budget beyond what the context leaves is clamped to it (the
                 # finish reason then says "length" with the budget that applied).
                 params = s.sampling_params

@@ -75,8 +75,16 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 
+    def check_token_ids(self, vocab_size: int | None) -> None:
+        """The token ids the request names (stop_token_ids, logit_bias) exist in the vocabulary:
+        the part of validation that needs the model, done once the model is known."""
+        error = _token_ids_error(self, vocab_size)
+        if error is not None:
+            raise ValueError(error)
+
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the offending field."""
+        """Raise ValueError naming the offending field (token ids against the vocabulary too,
+        when its size is given)."""
         _check_type("max_new_tokens", self.max_new_tokens, int)
         _check_type("min_new_tokens", self.min_new_tokens, int)
         _check_type("top_k", self.top_k, int)
@@ -114,13 +122,8 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
-        for tid in self.stop_token_ids:
-            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0 or (
-                    vocab_size is not None and tid >= vocab_size):
-                raise ValueError(f"stop_token_ids contains an unknown token id: {tid!r}")
+        self.check_token_ids(vocab_size)
         for tid, bias in self.logit_bias.items():
-            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
-                raise ValueError(f"logit_bias names an unknown token id: {tid}")
             _check_finite(f"logit_bias[{tid}]", bias)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "no_stop_trim"):
@@ -133,6 +136,17 @@ class SamplingParams:
         constraints = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
         if len(constraints) > 1:
             raise ValueError(f"only one of json_schema, regex, ebnf may be set, got {constraints}")
+
+
+def _token_ids_error(params: "SamplingParams", vocab_size: int | None) -> str | None:
+    for tid in params.stop_token_ids:
+        if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0 or (
+                vocab_size is not None and tid >= vocab_size):
+            return f"stop_token_ids contains an unknown token id: {tid!r}"
+    for tid in params.logit_bias:
+        if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+            return f"logit_bias names an unknown token id: {tid}"
+    return None
 
 
 def _check_finite(name: str, value: float) -> None:
