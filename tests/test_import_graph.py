@@ -19,7 +19,6 @@ KNOWN_ANNOTATION_CYCLES = {
                "radixlm.layers.attention.radix_attention"}),
     frozenset({"radixlm.model_executor.cuda_graph_runner",
                "radixlm.model_executor.model_runner"}),
-    frozenset({"radixlm.scheduler.results", "radixlm.scheduler.scheduler"}),
 }
 
 

@@ -1,59 +1,51 @@
 """Step 4 of the scheduler loop: turn a batch's logits and samples into request progress.
 
 Appends sampled tokens, records logprobs, checks stop conditions, hands finished requests'
-KV to the prefix cache, and sends per-request deltas to the tokenizer side.
+KV to the prefix cache, and sends per-request deltas to the tokenizer side. What changes the
+scheduler's own state (its queues, its counters) comes back as a StepResult for it to apply.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from radixlm.constrained.jump_forward import plan_jump
 from radixlm.managers.detokenizer import StopStringChecker
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
-from radixlm.core.forward_batch import ForwardBatch
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.schedule_batch import ScheduleBatch, input_logprob_targets
 
 if TYPE_CHECKING:
     from radixlm.model_executor.model_runner import ForwardOutput
     from radixlm.scheduler.launched_step import LaunchedStep
-    from radixlm.scheduler.scheduler import Scheduler
+
+
+@dataclass
+class StepResult:
+    """What processing one step changed that the scheduler owns: it applies this to its queues
+    and counters (the processor never touches them)."""
+    jumped: list[Req] = field(default_factory=list)   # back to the queue head, in batch order
+    prompt_tokens: int = 0      # prompts that finished their prefill this step
+    cached_tokens: int = 0      # of which came from the prefix cache
+    generated_tokens: int = 0   # tokens sampled and kept
 
 
 class ResultProcessor:
-    def __init__(self, scheduler: "Scheduler", tokenizer=None):
-        self.s = scheduler
+    def __init__(self, prefix_cache, send: Callable[[Any], None], tokenizer, context_len: int,
+                 eos_token_ids: Sequence[int], jump_forward: bool = True):
+        self.prefix_cache = prefix_cache
+        self.send = send
         self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.jump_forward = jump_forward
 
-    # ------------------------------------------------------------------ before the forward
-
-    def input_logprob_targets(self, batch: ScheduleBatch,
-                              fb: ForwardBatch) -> tuple[list[list[int]], list[int]]:
-        if not fb.input_logprob_rows:
-            return [], []
-        targets = [input_logprob_targets(r, fb.extend_prefix_lens_cpu[i], fb.input_logprob_rows[i])
-                   for i, r in enumerate(batch.reqs)]
-        return targets, [r.top_logprobs_num for r in batch.reqs]
-
-    def samples_now(self, req: Req, batch: ScheduleBatch) -> bool:
-        """Whether this step produces a token for req (not for a prefill chunk mid-prompt, and
-        not for max_new_tokens == 0, which only fills the cache). Called after the batch was
-        prepared, when kv_committed_len already counts this step's tokens."""
-        if batch.forward_mode.is_decode:
-            return True
-        return req.kv_committed_len >= req.seq_len and req.max_new_tokens > 0
-
-    # ------------------------------------------------------------------ after the forward
-
-    def process(self, step: "LaunchedStep") -> None:
-        s = self.s
+    def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
         row_of = {i: j for j, i in enumerate(step.sample_rows)}
         ids, lps = step.wait()
-        jumped: list[Req] = []  # a list: they re-enter the queue in batch order
+        result = StepResult()
         outputs: list[ReqOutput] = []
-        generated = 0
         for i, req in enumerate(batch.reqs):
             j = row_of.get(i)
             if j is not None:
@@ -66,10 +58,10 @@ class ResultProcessor:
                 self._record_input_logprobs(req, out, i)
                 if not req.prompt_counted and req.kv_committed_len >= req.seq_len:
                     req.prompt_counted = True
-                    s.prompt_tokens_total += req.prompt_len
-                    s.cached_tokens_total += req.cached_tokens
+                    result.prompt_tokens += req.prompt_len
+                    result.cached_tokens += req.cached_tokens
             if req.kv_committed_len < req.seq_len:      # a chunk of a longer prompt
-                s.prefix_cache.cache_unfinished_req(req)
+                self.prefix_cache.cache_unfinished_req(req)
                 continue
             if j is None:                               # max_new_tokens == 0
                 self.finish(req, FinishReason("length", length=0), send=False)
@@ -77,7 +69,7 @@ class ResultProcessor:
                 continue
             token = ids[j]
             req.output_ids.append(token)
-            generated += 1
+            result.generated_tokens += 1
             if req.return_logprob:
                 req.output_token_logprobs.append((lps[j], token))
                 if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
@@ -91,23 +83,20 @@ class ResultProcessor:
                 outputs.append(self._output(req))
                 continue
             if req.grammar is not None and self._jump_forward(req):
-                jumped.append(req)
+                result.jumped.append(req)
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
             if batch.forward_mode.is_extend:
                 # The prompt's KV goes into the tree now, not when the request ends: requests
                 # running alongside (or deferred by PrefillAdder) share it.
-                s.prefix_cache.cache_unfinished_req(req)
+                self.prefix_cache.cache_unfinished_req(req)
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
-        s.gen_throughput.add(generated)
-        gone = {id(r) for r in jumped}
-        s.running = [r for r in s.running if not r.finished and id(r) not in gone]
-        s.waiting[:0] = [r for r in jumped if not r.finished]  # prefill them next step
         if outputs:
-            s.send(BatchReqOutput(outputs))
+            self.send(BatchReqOutput(outputs))
+        return result
 
     def _record_input_logprobs(self, req: Req, out: "ForwardOutput", i: int) -> None:
         if not req.wants_input_logprobs:
@@ -127,12 +116,12 @@ class ResultProcessor:
         params = req.sampling_params
         if len(req.output_ids) >= params.max_new_tokens:
             return FinishReason("length", length=params.max_new_tokens)
-        if req.seq_len >= self.s.runner.model_config.context_len:
+        if req.seq_len >= self.context_len:
             return FinishReason("length", length=len(req.output_ids))
         if len(req.output_ids) >= params.min_new_tokens:
             if token in params.stop_token_ids:
                 return FinishReason("stop", matched=token)
-            if not params.ignore_eos and token in self.s.runner.model_config.eos_token_ids:
+            if not params.ignore_eos and token in self.eos_token_ids:
                 return FinishReason("stop", matched=token)
         if params.stop and len(req.output_ids) >= params.min_new_tokens:
             if req.stop_checker is None:
@@ -158,8 +147,7 @@ class ResultProcessor:
     def _jump_forward(self, req: Req) -> bool:
         """Append the grammar's forced continuation; the request then goes through one extend
         step (its prefix from the radix cache) instead of a decode step per forced token."""
-        s = self.s
-        if s.args.disable_jump_forward or req.return_logprob:
+        if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
         unsent = len(req.output_ids) - req.num_sent_outputs
         room = req.remaining_new_tokens
@@ -167,7 +155,7 @@ class ResultProcessor:
         if jump is None:
             return False
         # The tree takes the KV computed so far under the old tokens; then the tail changes.
-        s.prefix_cache.cache_finished_req(req)
+        self.prefix_cache.cache_finished_req(req)
         req.reset_kv()
         del req.output_ids[len(req.output_ids) - jump.num_replaced:]
         req.output_ids.extend(jump.new_tokens)
@@ -183,9 +171,9 @@ class ResultProcessor:
         """End a request; KV it holds goes to the prefix cache."""
         req.finished_reason = reason
         if req.req_pool_idx is not None:
-            self.s.prefix_cache.cache_finished_req(req)
+            self.prefix_cache.cache_finished_req(req)
         if send:
-            self.s.send(BatchReqOutput([self._output(req)]))
+            self.send(BatchReqOutput([self._output(req)]))
 
     def _output(self, req: Req) -> ReqOutput:
         start = req.num_sent_outputs

@@ -47,6 +47,24 @@ class ScheduleBatch:
     def batch_size(self) -> int:
         return len(self.reqs)
 
+    def sample_rows(self) -> list[int]:
+        """The rows that produce a token this step: all in decode; in extend, not a prefill
+        chunk mid-prompt, and not max_new_tokens == 0 (which only fills the cache). Called after
+        the batch was prepared, when kv_committed_len already counts this step's tokens."""
+        if self.forward_mode.is_decode:
+            return list(range(len(self.reqs)))
+        return [i for i, r in enumerate(self.reqs)
+                if r.kv_committed_len >= r.seq_len and r.max_new_tokens > 0]
+
+    def input_logprob_targets(self, fb: ForwardBatch) -> tuple[list[list[int]], list[int]]:
+        """For prompt logprobs: each row's target tokens and top-k (empty when none asks)."""
+        if not fb.input_logprob_rows:
+            return [], []
+        targets = [input_logprob_targets(r, fb.extend_prefix_lens_cpu[i],
+                                         fb.input_logprob_rows[i])
+                   for i, r in enumerate(self.reqs)]
+        return targets, [r.top_logprobs_num for r in self.reqs]
+
     def prepare_extend(self, runner: ModelRunner, prefix_cache) -> ForwardBatch:
         """Each request computes fill_ids[kv_committed_len : kv_committed_len + extend_input_len]
         on top of its cached prefix (already in its req_to_token row). kv_committed_len advances

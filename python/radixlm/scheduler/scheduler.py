@@ -38,7 +38,7 @@ from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefill import AddResult, PrefillAdder
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
-from radixlm.scheduler.results import ResultProcessor
+from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
@@ -67,7 +67,11 @@ class Scheduler:
         self.chunk_size: int | None = None if chunk == -1 else chunk
         self.rng = random.Random(args.random_seed)
         self.sampler = Sampler()
-        self.results = ResultProcessor(self, tokenizer)
+        self.tokenizer = tokenizer
+        mc = runner.model_config
+        self.results = ResultProcessor(self.prefix_cache, send, tokenizer, mc.context_len,
+                                       mc.eos_token_ids,
+                                       jump_forward=not args.disable_jump_forward)
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -114,7 +118,7 @@ class Scheduler:
             if self.overlap:
                 self.pending = launched
             else:
-                self.results.process(launched)
+                self._apply(self.results.process(launched))
         if self.check_invariants:
             self.check_memory_invariant()
         return launched is not None
@@ -126,7 +130,17 @@ class Scheduler:
     def _process_pending(self) -> None:
         if self.pending is not None:
             step, self.pending = self.pending, None
-            self.results.process(step)
+            self._apply(self.results.process(step))
+
+    def _apply(self, result: StepResult) -> None:
+        """Step 4's outcome on the scheduler's own state: finished requests leave the running
+        batch; jumped ones (jump-forward) go to the head of the queue to be prefilled next."""
+        gone = {id(r) for r in result.jumped}
+        self.running = [r for r in self.running if not r.finished and id(r) not in gone]
+        self.waiting[:0] = [r for r in result.jumped if not r.finished]
+        self.prompt_tokens_total += result.prompt_tokens
+        self.cached_tokens_total += result.cached_tokens
+        self.gen_throughput.add(result.generated_tokens)
 
     def _must_process_before_scheduling(self) -> bool:
         """The next batch can be built ahead of the pending step's results only in the steady
@@ -254,7 +268,7 @@ class Scheduler:
         if self._grammar_backend is None and self.args.grammar_backend != "none":
             mc = self.runner.model_config
             self._grammar_backend = create_grammar_backend(
-                self.args.grammar_backend, self.results.tokenizer, mc.vocab_size,
+                self.args.grammar_backend, self.tokenizer, mc.vocab_size,
                 list(mc.eos_token_ids))
         return self._grammar_backend
 
@@ -334,12 +348,12 @@ class Scheduler:
         runner = self.runner
         if batch.forward_mode.is_extend:
             fb = batch.prepare_extend(runner, self.prefix_cache)
-            targets, top_k = self.results.input_logprob_targets(batch, fb)
+            targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
         else:
             fb = batch.prepare_decode(runner, self.prefix_cache)
             out = runner.forward(fb)
-        sample_rows = [i for i, r in enumerate(batch.reqs) if self.results.samples_now(r, batch)]
+        sample_rows = batch.sample_rows()
         sampled = None
         if sample_rows:
             reqs = [batch.reqs[i] for i in sample_rows]
