@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from radixlm.config import ServerArgs
-from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
@@ -53,36 +53,38 @@ def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float()
 
 
-def _extend(runner, cache, reqs):
+def _extend(runner, kv, reqs):
+    cache = kv.prefix_cache
     for r in reqs:
         m = cache.match_prefix(r.fill_ids[:r.seq_len - 1])
         cache.inc_lock_ref(m.last_node)
         r.prefix_indices, r.last_node = m.indices, m.last_node
         r.extend_input_len = r.seq_len - len(m.indices)
-    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(runner, cache)
+    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(runner, kv)
     return runner.forward(fb).next_token_logits
 
 
-def _decode(runner, cache, reqs):
+def _decode(runner, kv, reqs):
     for r in reqs:  # the decode step reads its input token where the sampler leaves it
         runner.last_token_ids[r.req_pool_idx] = r.output_ids[-1]
-    fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(runner, cache)
+    fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(runner, kv)
     return runner.forward(fb).next_token_logits
 
 
 def test_prefill_and_decode_match_hf(pair):
     hf, runner = pair
-    cache = RadixCache(runner.req_to_token_pool, runner.allocator)
+    kv = KVCacheManager(runner.allocator, runner.req_to_token_pool)
+    cache = kv.prefix_cache
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 17, 1, 30)]
     reqs = [Req(f"r{i}", p, SamplingParams(), seed=0) for i, p in enumerate(prompts)]
-    logits = _extend(runner, cache, reqs)
+    logits = _extend(runner, kv, reqs)
     for r, row in zip(reqs, logits):
         torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)
     for _ in range(4):  # greedy decode steps, batched over requests of different lengths
         for r, row in zip(reqs, logits):
             r.output_ids.append(int(row.argmax()))
-        logits = _decode(runner, cache, reqs)
+        logits = _decode(runner, kv, reqs)
         for r, row in zip(reqs, logits):
             torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)
     for r in reqs:
@@ -91,19 +93,20 @@ def test_prefill_and_decode_match_hf(pair):
 
 def test_prefix_from_radix_cache_matches_hf(pair):
     hf, runner = pair
-    cache = RadixCache(runner.req_to_token_pool, runner.allocator)
+    kv = KVCacheManager(runner.allocator, runner.req_to_token_pool)
+    cache = kv.prefix_cache
     g = torch.Generator().manual_seed(2)
     shared = torch.randint(0, 97, (24,), generator=g).tolist()
     first = Req("a", shared + [1, 2, 3], SamplingParams(), seed=0)
-    _extend(runner, cache, [first])
+    _extend(runner, kv, [first])
     cache.cache_finished_req(first)
     second = Req("b", shared + [4, 5], SamplingParams(), seed=0)
-    logits = _extend(runner, cache, [second])
+    logits = _extend(runner, kv, [second])
     assert second.prefix_len == 24, "the shared prefix should come from the radix cache"
     torch.testing.assert_close(logits[0], _hf_logits(hf, second.fill_ids)[-1], atol=1e-4,
                                rtol=1e-4)
     second.output_ids.append(int(logits[0].argmax()))
-    logits = _decode(runner, cache, [second])
+    logits = _decode(runner, kv, [second])
     torch.testing.assert_close(logits[0], _hf_logits(hf, second.fill_ids)[-1], atol=1e-4,
                                rtol=1e-4)
     cache.cache_finished_req(second)

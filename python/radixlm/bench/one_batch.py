@@ -19,7 +19,7 @@ from radixlm.bench.common import (default_output_path, environment, median, prin
                                   sync_device, write_json)
 from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
-from radixlm.mem_cache.chunk_cache import ChunkCache
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
@@ -52,7 +52,7 @@ class EngineRun:
     def __init__(self, runner: ModelRunner, prompts: torch.Tensor, output_len: int,
                  prefill_group: int):
         self.runner = runner
-        self.cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+        self.kv = KVCacheManager(runner.allocator, runner.req_to_token_pool, radix=False)
         self.reqs = [Req(f"r{i}", p.tolist(), SamplingParams(max_new_tokens=output_len), seed=0)
                      for i, p in enumerate(prompts)]
         self.prefill_group = prefill_group
@@ -62,7 +62,7 @@ class EngineRun:
             batch = [self.reqs[i] for i in g]
             for r in batch:
                 r.extend_input_len = r.prompt_len
-            fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.runner, self.cache)
+            fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.runner, self.kv)
             out = self.runner.forward(fb)
             ids = out.next_token_logits.argmax(-1)
             self.runner.last_token_ids[fb.req_pool_indices] = ids
@@ -70,7 +70,7 @@ class EngineRun:
                 r.output_ids.append(t)
 
     def decode_step(self) -> None:
-        fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.runner, self.cache)
+        fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.runner, self.kv)
         out = self.runner.forward(fb)
         ids = out.next_token_logits.argmax(-1)
         self.runner.last_token_ids[fb.req_pool_indices] = ids
@@ -79,7 +79,7 @@ class EngineRun:
 
     def release(self) -> None:
         for r in self.reqs:
-            self.cache.cache_finished_req(r)
+            self.kv.prefix_cache.cache_finished_req(r)
 
 
 def profile_step(step, device: torch.device) -> dict | None:

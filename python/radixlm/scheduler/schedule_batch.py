@@ -1,9 +1,9 @@
 """ScheduleBatch: the scheduler's (CPU-side, mutable) view of one step, and its conversion to
 the frozen device-side ForwardBatch.
 
-Preparing a batch is where KV slots are handed out: every new token gets a slot, written into
-the request's row of the req_to_token table, evicting from the radix cache when the allocator
-runs dry. Admission (prefill.py) and retraction (decode.py) make sure that eviction suffices.
+Preparing a batch is where KV slots are handed out (by the KVCacheManager): every new token
+gets a slot, written into the request's row of the req_to_token table, evicting from the radix
+cache when the allocator runs dry. Admission (prefill.py) and retraction (decode.py) make sure that eviction suffices.
 """
 
 from __future__ import annotations
@@ -13,29 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
-
-
-class OutOfKVMemory(RuntimeError):
-    pass
-
-
-def alloc_kv(runner: ModelRunner, prefix_cache, req: Req, num_tokens: int) -> torch.Tensor:
-    """Slots for the next num_tokens tokens of req (after its kv_committed_len tokens)."""
-    alloc = runner.allocator
-    row = runner.req_to_token_pool.req_to_token[req.req_pool_idx]
-    kv = req.kv_committed_len
-    last_loc = int(row[kv - 1]) if kv > 0 else -1
-    locs = alloc.alloc_extend(kv, last_loc, num_tokens)
-    if locs is None:
-        short = alloc.pages_needed(kv, num_tokens) * alloc.page_size - alloc.available_size()
-        prefix_cache.evict(short)
-        locs = alloc.alloc_extend(kv, last_loc, num_tokens)
-    if locs is None:
-        raise OutOfKVMemory(f"no KV memory for {num_tokens} tokens of request {req.rid}")
-    return locs
 
 
 @dataclass
@@ -65,11 +46,11 @@ class ScheduleBatch:
                    for i, r in enumerate(self.reqs)]
         return targets, [r.top_logprobs_num for r in self.reqs]
 
-    def prepare_extend(self, runner: ModelRunner, prefix_cache) -> ForwardBatch:
+    def prepare_extend(self, runner: ModelRunner, kv: KVCacheManager) -> ForwardBatch:
         """Each request computes fill_ids[kv_committed_len : kv_committed_len + extend_input_len]
         on top of its cached prefix (already in its req_to_token row). kv_committed_len advances
         here, at launch: the slots are taken and the step will fill them."""
-        pool = runner.req_to_token_pool
+        pool = kv.req_to_token_pool
         input_ids, positions, locs, logprob_rows = [], [], [], []
         prefix_lens, extend_lens, seq_lens = [], [], []
         for req in self.reqs:
@@ -79,7 +60,7 @@ class ScheduleBatch:
                 pool.write(req.req_pool_idx, 0, req.prefix_indices)
                 req.kv_committed_len = req.prefix_len
             start, n = req.kv_committed_len, req.extend_input_len
-            new_locs = alloc_kv(runner, prefix_cache, req, n)
+            new_locs = kv.alloc_extend(req.req_pool_idx, start, n, f"request {req.rid}")
             pool.write(req.req_pool_idx, start, new_locs)
             locs.append(new_locs)
             input_ids.extend(req.fill_ids[start:start + n])
@@ -98,11 +79,11 @@ class ScheduleBatch:
                                    packed[2 * t + bs:], prefix_lens, extend_lens, seq_lens,
                                    logprob_rows if any(logprob_rows) else [])
 
-    def prepare_decode(self, runner: ModelRunner, prefix_cache) -> ForwardBatch:
+    def prepare_decode(self, runner: ModelRunner, kv: KVCacheManager) -> ForwardBatch:
         """Each request feeds its last sampled token at position kv_committed_len. The token is
         read on the device from runner.last_token_ids (written by the sampler), so the batch can
         be built while the step that samples it is still running (overlap scheduler)."""
-        pool = runner.req_to_token_pool
+        pool = kv.req_to_token_pool
         positions = [req.kv_committed_len for req in self.reqs]
         for req, pos in zip(self.reqs, positions):
             assert pos == req.seq_len + req.num_pending - 1, "decode request out of step with its KV"
@@ -111,7 +92,7 @@ class ScheduleBatch:
         packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
                            torch.int64, dev)
         req_idx, pos_t, seq_t = packed[:bs], packed[bs:2 * bs], packed[2 * bs:]
-        locs = alloc_decode_slots(runner, prefix_cache, req_idx, pos_t, positions)
+        locs = kv.alloc_decode(req_idx, pos_t, positions)
         pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
         for req, pos in zip(self.reqs, positions):
             req.kv_committed_len = pos + 1
@@ -130,31 +111,6 @@ class ScheduleBatch:
             extend_seq_lens_cpu=extend_lens, req_to_token_pool=runner.req_to_token_pool,
             kv_pool=runner.kv_pool, attn_backend=runner.attn_backend,
             input_logprob_rows=logprob_rows)
-
-
-def alloc_decode_slots(runner: ModelRunner, prefix_cache, req_idx: torch.Tensor,
-                       pos_t: torch.Tensor, positions: list[int]) -> torch.Tensor:
-    """One slot per decoding request, for the token at positions[i], without reading anything
-    back from the device: with page size P, a request continues in its last page unless its
-    position starts a new page (known on the host), and the last page's slot is read on the
-    device from req_to_token."""
-    alloc = runner.allocator
-    ps = alloc.page_size
-    new_rows = [i for i, p in enumerate(positions) if p % ps == 0]
-    short = len(new_rows) * ps - alloc.available_size()
-    if short > 0:
-        prefix_cache.evict(short)
-    fresh = alloc.alloc(len(new_rows) * ps)
-    if fresh is None:
-        raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} requests")
-    if ps == 1:
-        return fresh
-    table = runner.req_to_token_pool.req_to_token
-    locs = table[req_idx, (pos_t - 1).clamp_(min=0)].to(torch.int64) + 1
-    if new_rows:
-        rows = to_device(new_rows, torch.int64, locs.device)
-        locs[rows] = fresh[::ps]
-    return locs
 
 
 def _input_logprob_rows(req: Req, start: int, n: int) -> list[int]:

@@ -28,8 +28,7 @@ from radixlm.sampling.sampler import Sampler
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ReqOutput, SchedulerStats,
                                        ShutdownReq, TokenizedGenerateReq)
-from radixlm.mem_cache.chunk_cache import ChunkCache
-from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
@@ -57,8 +56,10 @@ class Scheduler:
         self.runner = runner
         self.recv = recv
         self.send = send
-        cache_cls = ChunkCache if args.disable_radix_cache else RadixCache
-        self.prefix_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        # The runner holds the KV tensors; which slots they use is the KV manager's business.
+        self.kv = KVCacheManager(runner.allocator, runner.req_to_token_pool,
+                                 radix=not args.disable_radix_cache)
+        self.prefix_cache = self.kv.prefix_cache
         self.policy = SchedulePolicy(args.schedule_policy, self.prefix_cache, args.random_seed)
         self.ratio = NewTokenRatio.create(args.schedule_conservativeness)
         chunk = args.chunked_prefill_size
@@ -149,9 +150,8 @@ class Scheduler:
             return True  # new requests join decode with their first token known
         if any(r.sampling_reads_output for r in self.running):
             return True
-        alloc = self.runner.allocator
-        need = decode_tokens_needed(self.running, alloc.page_size)
-        return need > alloc.available_size() + self.prefix_cache.evictable_size()  # retraction
+        need = decode_tokens_needed(self.running, self.kv.page_size)
+        return need > self.kv.available_size()  # retraction
 
     # ------------------------------------------------------------------ messages
 
@@ -195,7 +195,7 @@ class Scheduler:
                     status_code=400))
                 return
             req.grammar_future = self.grammar_backend.compile(key)
-        capacity = self.runner.max_total_num_tokens - self.runner.allocator.page_size
+        capacity = self.runner.max_total_num_tokens - self.kv.page_size
         if req.prompt_len >= self.runner.model_config.context_len:
             self.results.finish(req, FinishReason(
                 "abort", message=f"prompt of {req.prompt_len} tokens does not fit the context "
@@ -234,9 +234,7 @@ class Scheduler:
         self._process_pending()
         if self.has_work:
             return FlushCacheResult(False, "cannot flush the cache while requests are running")
-        self.prefix_cache.reset()
-        self.runner.allocator.clear()
-        self.runner.req_to_token_pool.clear()
+        self.kv.flush()
         return FlushCacheResult(True)
 
     # ------------------------------------------------------------------ batches
@@ -289,9 +287,9 @@ class Scheduler:
         if not self.waiting and self.chunked_req is None:
             return None
         max_running = self.runner.max_running_requests
-        slots = min(self.runner.req_to_token_pool.available_size(),
+        slots = min(self.kv.req_to_token_pool.available_size(),
                     max_running - len(self.running) - (1 if self.chunked_req else 0))
-        adder = PrefillAdder(self.prefix_cache, self.runner.allocator, self.running,
+        adder = PrefillAdder(self.prefix_cache, self.kv.allocator, self.running,
                              self.ratio.value, self.args.max_prefill_tokens, self.chunk_size,
                              slots, share_prefixes=not self.args.disable_radix_cache)
         chunked, self.chunked_req = self.chunked_req, None
@@ -314,11 +312,10 @@ class Scheduler:
         return ScheduleBatch(adder.added, ForwardMode.EXTEND)
 
     def _ensure_decode_memory(self) -> None:
-        alloc = self.runner.allocator
         retracted = False
         while self.running:
-            need = decode_tokens_needed(self.running, alloc.page_size)
-            if need <= alloc.available_size() + self.prefix_cache.evictable_size():
+            need = decode_tokens_needed(self.running, self.kv.page_size)
+            if need <= self.kv.available_size():
                 break
             if len(self.running) == 1:
                 # Nothing left to retract: this request alone has outgrown the pool.
@@ -347,11 +344,11 @@ class Scheduler:
         """Queue the forward pass and the sampling of one batch on the device."""
         runner = self.runner
         if batch.forward_mode.is_extend:
-            fb = batch.prepare_extend(runner, self.prefix_cache)
+            fb = batch.prepare_extend(runner, self.kv)
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
         else:
-            fb = batch.prepare_decode(runner, self.prefix_cache)
+            fb = batch.prepare_decode(runner, self.kv)
             out = runner.forward(fb)
         sample_rows = batch.sample_rows()
         sampled = None
@@ -404,9 +401,9 @@ class Scheduler:
     # ------------------------------------------------------------------ figures
 
     def stats(self) -> SchedulerStats:
-        alloc = self.runner.allocator
+        alloc = self.kv.allocator
         total = alloc.total_size
-        in_use = total - alloc.available_size() - self.prefix_cache.evictable_size()
+        in_use = total - self.kv.available_size()
         return SchedulerStats(
             num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
             num_waiting_reqs=len(self.waiting), max_total_num_tokens=total,
@@ -424,23 +421,11 @@ class Scheduler:
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""
-        alloc, cache = self.runner.allocator, self.prefix_cache
-        ps = alloc.page_size
-        owned = 0
+        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
         # Requests of a launched step not yet processed may be in neither list (a prefill with
         # max_new_tokens 0): they own their new slots all the same.
-        holders = self.running + ([self.chunked_req] if self.chunked_req else [])
         if self.pending is not None:
             holders += [r for r in self.pending.batch.reqs
                         if not r.finished and r.req_pool_idx is not None]
-        for req in {id(r): r for r in holders}.values():
-            tree_part = len(req.prefix_indices) - len(req.prefix_indices) % ps \
-                if isinstance(cache, RadixCache) else 0
-            own = req.kv_committed_len - tree_part
-            owned += -(-own // ps) * ps
-        total = alloc.available_size() + cache.evictable_size() + cache.protected_size() + owned
-        if total != alloc.total_size:
-            raise AssertionError(
-                f"KV accounting broken: free {alloc.available_size()} + evictable "
-                f"{cache.evictable_size()} + protected {cache.protected_size()} + owned {owned} "
-                f"!= total {alloc.total_size}")
+        self.kv.check_invariant((r.kv_committed_len, len(r.prefix_indices))
+                                for r in {id(r): r for r in holders}.values())

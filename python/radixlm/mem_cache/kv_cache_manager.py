@@ -1,0 +1,118 @@
+"""KVCacheManager: the one owner of KV memory bookkeeping.
+
+It holds the three pieces that must agree: the slot allocator, the req-to-token table (which
+slots each running request's tokens use) and the prefix cache over them (radix tree, or the
+chunk cache with --disable-radix-cache). It hands out slots (evicting from the prefix cache
+when the allocator runs dry) and checks the accounting invariant
+
+    free + evictable + protected + owned by requests == total
+
+The KV tensors themselves stay with the model runner; this class only decides which slots they
+use. It knows nothing of requests beyond the numbers passed in (the scheduler's Req sits above
+this package).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from radixlm.mem_cache.allocator import KVAllocator
+from radixlm.mem_cache.chunk_cache import ChunkCache
+from radixlm.mem_cache.pools import ReqToTokenPool
+from radixlm.mem_cache.radix_cache import RadixCache
+from radixlm.utils.device import to_device
+
+
+class OutOfKVMemory(RuntimeError):
+    pass
+
+
+class KVCacheManager:
+    def __init__(self, allocator: KVAllocator, req_to_token_pool: ReqToTokenPool,
+                 radix: bool = True):
+        self.allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.radix = radix
+        cache_cls = RadixCache if radix else ChunkCache
+        self.prefix_cache: RadixCache | ChunkCache = cache_cls(req_to_token_pool, allocator)
+
+    @property
+    def page_size(self) -> int:
+        return self.allocator.page_size
+
+    @property
+    def total_size(self) -> int:
+        return self.allocator.total_size
+
+    def available_size(self) -> int:
+        """Slots new tokens can get: free ones plus what the prefix cache could evict."""
+        return self.allocator.available_size() + self.prefix_cache.evictable_size()
+
+    def flush(self) -> None:
+        """Forget every cached prefix and free every slot (no request may be running)."""
+        self.prefix_cache.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()
+
+    # ------------------------------------------------------------------ allocation
+
+    def alloc_extend(self, req_row: int, committed: int, num_tokens: int,
+                     what: str) -> torch.Tensor:
+        """Slots for the next num_tokens tokens of the request in table row req_row, which has
+        `committed` tokens' KV already (its partial last page is filled first)."""
+        alloc = self.allocator
+        row = self.req_to_token_pool.req_to_token[req_row]
+        last_loc = int(row[committed - 1]) if committed > 0 else -1
+        locs = alloc.alloc_extend(committed, last_loc, num_tokens)
+        if locs is None:
+            short = alloc.pages_needed(committed, num_tokens) * alloc.page_size \
+                - alloc.available_size()
+            self.prefix_cache.evict(short)
+            locs = alloc.alloc_extend(committed, last_loc, num_tokens)
+        if locs is None:
+            raise OutOfKVMemory(f"no KV memory for {num_tokens} tokens of {what}")
+        return locs
+
+    def alloc_decode(self, req_idx: torch.Tensor, pos_t: torch.Tensor,
+                     positions: list[int]) -> torch.Tensor:
+        """One slot per decoding request, for the token at positions[i], without reading
+        anything back from the device: with page size P, a request continues in its last page
+        unless its position starts a new page (known on the host), and the last page's slot is
+        read on the device from req_to_token."""
+        alloc = self.allocator
+        ps = alloc.page_size
+        new_rows = [i for i, p in enumerate(positions) if p % ps == 0]
+        short = len(new_rows) * ps - alloc.available_size()
+        if short > 0:
+            self.prefix_cache.evict(short)
+        fresh = alloc.alloc(len(new_rows) * ps)
+        if fresh is None:
+            raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} requests")
+        if ps == 1:
+            return fresh
+        table = self.req_to_token_pool.req_to_token
+        locs = table[req_idx, (pos_t - 1).clamp_(min=0)].to(torch.int64) + 1
+        if new_rows:
+            rows = to_device(new_rows, torch.int64, locs.device)
+            locs[rows] = fresh[::ps]
+        return locs
+
+    # ------------------------------------------------------------------ accounting
+
+    def check_invariant(self, holders: Iterable[tuple[int, int]]) -> None:
+        """free + evictable + protected + owned == total, where `holders` lists, for each
+        request holding KV, (tokens with KV, tokens of its matched cached prefix). The part of
+        a request's prefix that lives in the radix tree is counted there, not as owned."""
+        ps, cache = self.page_size, self.prefix_cache
+        owned = 0
+        for committed, prefix_len in holders:
+            tree_part = prefix_len - prefix_len % ps if self.radix else 0
+            owned += -(-(committed - tree_part) // ps) * ps
+        free = self.allocator.available_size()
+        total = free + cache.evictable_size() + cache.protected_size() + owned
+        if total != self.total_size:
+            raise AssertionError(
+                f"KV accounting broken: free {free} + evictable {cache.evictable_size()} + "
+                f"protected {cache.protected_size()} + owned {owned} != total {self.total_size}")
