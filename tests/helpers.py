@@ -40,6 +40,13 @@ def start_server(*extra: str, timeout_s: float = 240) -> tuple[subprocess.Popen,
     return launch_server(["--device", "cpu", "--log-level", "warning", *extra], timeout_s)
 
 
+def openai_client(url: str, timeout: float = 120):
+    """The official client against a test server's /v1: no retries, so a failure shows as one."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
 def child_pids(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]

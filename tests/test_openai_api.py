@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import free_port, launch_server, stop_server
+from helpers import free_port, launch_server, openai_client, stop_server
 
 openai = pytest.importorskip("openai")
 try:
@@ -36,7 +36,7 @@ def server_url():
 
 @pytest.fixture(scope="module")
 def client(server_url):
-    return openai.OpenAI(base_url=server_url + "/v1", api_key="x", max_retries=0, timeout=120)
+    return openai_client(server_url)
 
 
 @pytest.fixture(scope="module")

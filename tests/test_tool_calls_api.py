@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from helpers import launch_server, stop_server
+from helpers import openai_client, start_server, stop_server
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -40,9 +40,8 @@ CALL_REGEX = (r'Let me check\.\n<tool_call>\n\{"name": "get_weather", "arguments
 
 @pytest.fixture(scope="module")
 def server_url():
-    proc, url = launch_server(["--device", "cpu", "--max-total-tokens", "8192",
-                               "--log-level", "warning", "--tool-call-parser", "qwen25",
-                               "--reasoning-parser", "qwen3"], 240)
+    proc, url = start_server("--max-total-tokens", "8192", "--tool-call-parser", "qwen25",
+                             "--reasoning-parser", "qwen3")
     try:
         yield url
     finally:
@@ -51,7 +50,7 @@ def server_url():
 
 @pytest.fixture(scope="module")
 def client(server_url):
-    return openai.OpenAI(base_url=server_url + "/v1", api_key="x", max_retries=0, timeout=300)
+    return openai_client(server_url, timeout=300)
 
 
 def _check_calls(choice, allowed: set[str]) -> list:
