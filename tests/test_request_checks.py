@@ -11,6 +11,7 @@ from radixlm.cli import main as cli_main
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.request_body import MAX_JSON_DEPTH, BodyError, parse_json
 from radixlm.entrypoints.request_limits import check_generate_limits
+from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.throughput import GenThroughput
 
@@ -42,16 +43,22 @@ def test_parse_json_bounds_nesting_and_reports_malformed_input():
 
 def test_generate_limits_count_prompts_n_and_stops():
     args = ServerArgs(max_n_per_request=2, max_prompts_per_request=3, max_stop_strings=1)
-    check_generate_limits(args, {"text": ["a", "b", "c"], "sampling_params": {"n": 2}})
-    check_generate_limits(args, {"input_ids": [1, 2, 3, 4, 5]})  # one prompt of five ids
+
+    def check(body):
+        check_generate_limits(args, GenerateReqInput.from_dict(body))
+
+    check({"text": ["a", "b", "c"], "sampling_params": {"n": 2}})
+    check({"prompt": ["a", "b", "c"]})          # the `prompt` alias counts the same
+    check({"input_ids": [1, 2, 3, 4, 5]})  # one prompt of five ids
     bad = [({"text": ["a"] * 4}, "prompts"),
+           ({"prompt": ["a"] * 4}, "prompts"),
            ({"input_ids": [[1]] * 4}, "prompts"),
            ({"text": "a", "sampling_params": {"n": 3}}, "sampling_params.n"),
            ({"text": ["a", "b"], "sampling_params": [{}, {"n": 3}]}, "sampling_params.n"),
            ({"text": "a", "sampling_params": {"stop": ["x", "y"]}}, "sampling_params.stop")]
     for body, word in bad:
         with pytest.raises(ValueError, match=word):
-            check_generate_limits(args, body)
+            check(body)
 
 
 @pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "frequency_penalty",

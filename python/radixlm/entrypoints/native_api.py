@@ -33,8 +33,8 @@ async def generate(request: Request):
         body = await read_json_body(request)
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
-        check_generate_limits(request.app.state.server_args, body)
         obj = GenerateReqInput.from_dict(body)
+        check_generate_limits(request.app.state.server_args, obj)
         if not isinstance(obj.stream, bool):
             raise ValueError("`stream` must be a boolean")
         call = engine.async_generate_request(obj)  # the request as parsed, built once

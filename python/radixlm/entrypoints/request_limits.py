@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from radixlm.config import ServerArgs
+from radixlm.managers.generate_request import GenerateReqInput
 
 
 class LimitExceeded(ValueError):
@@ -38,18 +39,11 @@ def check_request_limits(args: ServerArgs, num_prompts: int, ns: Sequence[Any],
                                 "stop")
 
 
-def check_generate_limits(args: ServerArgs, body: dict[str, Any]) -> None:
-    """The limits for a native /generate body (single or batch)."""
-    prompts = body.get("text", body.get("prompt"))
-    if prompts is None:
-        ids = body.get("input_ids")
-        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
-        num_prompts = len(ids) if batch else 1
-    else:
-        num_prompts = len(prompts) if isinstance(prompts, list) else 1
-    params = body.get("sampling_params")
-    params = params if isinstance(params, list) else [params]
+def check_generate_limits(args: ServerArgs, obj: GenerateReqInput) -> None:
+    """The limits for a native /generate request (single or batch)."""
+    params = obj.sampling_params if isinstance(obj.sampling_params, list) \
+        else [obj.sampling_params]
     params = [p for p in params if isinstance(p, dict)]
-    check_request_limits(args, num_prompts, [p.get("n") for p in params],
+    check_request_limits(args, obj.num_prompts, [p.get("n") for p in params],
                          [p.get("stop") for p in params], "sampling_params.n",
                          "sampling_params.stop")

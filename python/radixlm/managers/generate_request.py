@@ -63,6 +63,12 @@ class GenerateReqInput:
             return isinstance(self.text, list)
         return bool(self.input_ids) and isinstance(self.input_ids[0], list)
 
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the request, before validation (for limits checked ahead of it)."""
+        prompts = self.text if self.text is not None else self.input_ids
+        return len(prompts) if self.is_batch and isinstance(prompts, list) else 1
+
     def expand(self) -> list[list[SingleGenerate]]:
         """One group per prompt; each group holds its n sequences. Raises ValueError."""
         if (self.text is None) == (self.input_ids is None):
