@@ -152,7 +152,7 @@ def test_alloc_extend_fills_partial_last_page_first(page_size: int) -> None:
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_alloc_extend_accepts_tensor_last_loc(page_size: int) -> None:
-    # The scheduler passes row[kv_committed_len - 1], a 0-d int32 tensor, not a Python int.
+    # The scheduler passes row[kv_allocated_len - 1], a 0-d int32 tensor, not a Python int.
     a = KVAllocator(num_slots=16 * page_size, page_size=page_size, device="cpu")
     first = a.alloc(1)
     assert first is not None

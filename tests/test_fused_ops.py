@@ -397,8 +397,9 @@ def _forward_steps(runner, prompts: list[list[int]], decode_tokens: list[list[in
     for n in lens:
         slots.append(torch.arange(nxt, nxt + n + n_dec))
         nxt += n + n_dec
+    table = runner.attn_backend.req_to_token_pool
     for r, s in zip(rows, slots):
-        runner.req_to_token_pool.write(r, 0, s.to(dev))
+        table.write(r, 0, s.to(dev))
 
     def step(mode, ids, prefix, new):
         seq = [p + n for p, n in zip(prefix, new)]
@@ -409,9 +410,7 @@ def _forward_steps(runner, prompts: list[list[int]], decode_tokens: list[list[in
             out_cache_loc=torch.cat([s[p:p + n] for s, p, n in zip(slots, prefix, new)]).to(dev),
             req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
             seq_lens=torch.tensor(seq, dtype=torch.int64, device=dev), seq_lens_cpu=seq,
-            extend_prefix_lens_cpu=list(prefix), extend_seq_lens_cpu=list(new),
-            req_to_token_pool=runner.req_to_token_pool, kv_pool=runner.kv_pool,
-            attn_backend=runner.attn_backend)
+            extend_prefix_lens_cpu=list(prefix), extend_seq_lens_cpu=list(new))
         with torch.inference_mode():
             runner.attn_backend.init_forward_metadata(fb)
             hidden = runner.model(fb.input_ids, fb.positions, fb)
@@ -430,8 +429,8 @@ def test_gpu_tiny_model_logits(arch, tmp_path, monkeypatch):
     q/k that in-place rotary leaves), fused vs RADIXLM_DISABLE_FUSED_OPS=1."""
     import transformers
 
-    from radixlm.config import ServerArgs
-    from radixlm.model_executor.model_runner import ModelRunner
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
 
     cfg = dict(_tiny_configs())[arch]
     torch.manual_seed(0)
@@ -442,8 +441,8 @@ def test_gpu_tiny_model_logits(arch, tmp_path, monkeypatch):
                 p.add_(0.1 * torch.randn_like(p))
     hf.save_pretrained(tmp_path)
     del hf
-    runner = ModelRunner(ServerArgs(model_path=str(tmp_path), device="cuda", dtype="bfloat16",
-                                    max_total_tokens=2048))
+    runner, _ = create_runner_and_kv(RunnerConfig(model_path=str(tmp_path), device="cuda",
+                                                  dtype="bfloat16", max_total_tokens=2048))
     assert runner.dtype == BF16
 
     g = torch.Generator().manual_seed(1)

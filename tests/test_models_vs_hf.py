@@ -7,10 +7,9 @@ import pytest
 import torch
 import transformers
 
-from radixlm.config import ServerArgs
-from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
-from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.model_executor.model_runner import create_runner_and_kv
+from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.scheduler.request import Req
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.schedule_batch import ScheduleBatch
@@ -44,8 +43,9 @@ def pair(request, tmp_path_factory):
                 p.normal_(0, 0.1)
     path = tmp_path_factory.mktemp(name)
     hf.save_pretrained(path)
-    runner = ModelRunner(ServerArgs(model_path=str(path), device="cpu", max_total_tokens=512))
-    return hf, runner
+    runner, kv = create_runner_and_kv(RunnerConfig(model_path=str(path), device="cpu",
+                                                   max_total_tokens=512))
+    return hf, runner, kv
 
 
 def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
@@ -60,20 +60,20 @@ def _extend(runner, kv, reqs):
         cache.inc_lock_ref(m.last_node)
         r.prefix_indices, r.last_node = m.indices, m.last_node
         r.extend_input_len = r.seq_len - len(m.indices)
-    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(runner, kv)
+    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(kv, runner.device)
     return runner.forward(fb).next_token_logits
 
 
 def _decode(runner, kv, reqs):
     for r in reqs:  # the decode step reads its input token where the sampler leaves it
         runner.last_token_ids[r.req_pool_idx] = r.output_ids[-1]
-    fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(runner, kv)
+    fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(kv, runner.last_token_ids)
     return runner.forward(fb).next_token_logits
 
 
 def test_prefill_and_decode_match_hf(pair):
-    hf, runner = pair
-    kv = KVCacheManager(runner.allocator, runner.req_to_token_pool)
+    hf, runner, kv = pair
+    kv.flush()
     cache = kv.prefix_cache
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 17, 1, 30)]
@@ -92,8 +92,8 @@ def test_prefill_and_decode_match_hf(pair):
 
 
 def test_prefix_from_radix_cache_matches_hf(pair):
-    hf, runner = pair
-    kv = KVCacheManager(runner.allocator, runner.req_to_token_pool)
+    hf, runner, kv = pair
+    kv.flush()
     cache = kv.prefix_cache
     g = torch.Generator().manual_seed(2)
     shared = torch.randint(0, 97, (24,), generator=g).tolist()
@@ -110,3 +110,37 @@ def test_prefix_from_radix_cache_matches_hf(pair):
     torch.testing.assert_close(logits[0], _hf_logits(hf, second.fill_ids)[-1], atol=1e-4,
                                rtol=1e-4)
     cache.cache_finished_req(second)
+
+
+def test_verify_step_scores_every_draft_token(pair):
+    """A VERIFY step (several new tokens on top of a running request's KV, as speculative
+    decoding and multi-token jump-forward use) gives, for every new token, HF's logits at that
+    position: the backend attends causally over the cached prefix plus the drafts."""
+    from radixlm.core.forward_batch import ForwardBatch
+    from radixlm.model_executor.forward_pass import run_model
+
+    hf, runner, kv = pair
+    kv.flush()
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 97, (11,), generator=g).tolist()
+    drafts = torch.randint(0, 97, (4,), generator=g).tolist()
+    req = Req("v", prompt, SamplingParams(), seed=0)
+    _extend(runner, kv, [req])                    # the prompt's KV is now in the pool
+    n, start = len(drafts), req.kv_allocated_len
+    locs = kv.alloc_extend(req.req_pool_idx, start, n, "drafts")
+    kv.req_to_token_pool.write(req.req_pool_idx, start, locs)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.VERIFY, batch_size=1, input_ids=torch.tensor(drafts),
+        positions=torch.arange(start, start + n), out_cache_loc=locs,
+        req_pool_indices=torch.tensor([req.req_pool_idx]),
+        seq_lens=torch.tensor([start + n]), seq_lens_cpu=[start + n],
+        extend_prefix_lens_cpu=[start], extend_seq_lens_cpu=[n])
+    assert fb.forward_mode.is_extend and not fb.forward_mode.is_decode
+    with torch.inference_mode():
+        hidden, last = run_model(runner.model, runner.attn_backend, fb)
+        every = runner.model.compute_logits(hidden)
+    want = _hf_logits(hf, prompt + drafts)[len(prompt):]
+    torch.testing.assert_close(every, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(last[0], want[-1], atol=1e-4, rtol=1e-4)
+    req.kv_allocated_len = start + n
+    kv.prefix_cache.cache_finished_req(req)

@@ -54,7 +54,7 @@ class FakeReq:
     req_pool_idx: int | None = None
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     last_node: TreeNode | None = None
-    kv_committed_len: int = 0
+    kv_allocated_len: int = 0
     # test bookkeeping only
     rid: int = 0
     read_slots: set[int] = field(default_factory=set)  # slots it reads from the shared tree
@@ -92,10 +92,10 @@ class Harness:
         self.pool.write(req.req_pool_idx, 0, m.indices)
         req.prefix_indices = m.indices
         req.last_node = m.last_node
-        req.kv_committed_len = len(m.indices)
+        req.kv_allocated_len = len(m.indices)
         req.read_slots = set(m.indices.tolist())
         self.running.append(req)
-        k = min(first_chunk, len(prompt) - req.kv_committed_len)
+        k = min(first_chunk, len(prompt) - req.kv_allocated_len)
         if k > 0 and not self.extend(req, k, []):
             return None  # aborted: not even the first chunk fits
         return req
@@ -104,7 +104,7 @@ class Harness:
         """Compute KV for k more tokens (prefill chunk or decode). Tokens beyond fill_ids are
         decode outputs, taken from new_tokens. Returns False when the request had to be retracted
         for lack of memory."""
-        kv_len = req.kv_committed_len
+        kv_len = req.kv_allocated_len
         k = min(k, self.max_ctx - kv_len)
         if k <= 0:
             return True
@@ -124,7 +124,7 @@ class Harness:
         values = kv_chain(req.fill_ids[:kv_len + k])
         for i, s in enumerate(locs.tolist()):
             self.kv[s] = values[kv_len + i]
-        req.kv_committed_len = kv_len + k
+        req.kv_allocated_len = kv_len + k
         return True
 
     def _alloc_extend(self, kv_len: int, last_loc, k: int) -> torch.Tensor | None:
@@ -138,10 +138,10 @@ class Harness:
         return locs
 
     def unfinished(self, req: FakeReq) -> None:
-        kv_len = req.kv_committed_len
+        kv_len = req.kv_allocated_len
         self.cache.cache_unfinished_req(req)
         row = self.pool.req_to_token[req.req_pool_idx, :kv_len].to(torch.int64)
-        assert req.kv_committed_len == kv_len
+        assert req.kv_allocated_len == kv_len
         assert torch.equal(req.prefix_indices, row), "prefix_indices disagree with the row"
         if self.radix:
             # Everything page-aligned is now shared through the tree and locked by this request.
@@ -249,7 +249,7 @@ class Harness:
             assert s % ps == (kv_len + i) % ps, "slot offset within page != position in request"
         for other in self.running:
             assert not (new & other.read_slots), "a locked prefix slot was handed out again"
-            row = self.pool.req_to_token[other.req_pool_idx, :other.kv_committed_len].tolist()
+            row = self.pool.req_to_token[other.req_pool_idx, :other.kv_allocated_len].tolist()
             assert not (new & set(row)), "a slot in a running request's row was handed out again"
         assert not (new & set(self.cache.all_values().tolist())), "a tree slot was handed out"
 
@@ -308,7 +308,7 @@ class Harness:
             if self.radix:
                 assert req.last_node is cache.root or id(req.last_node) in in_tree, \
                     "a running request's locked node was detached from the tree"
-            kv_len = req.kv_committed_len
+            kv_len = req.kv_allocated_len
             row = self.pool.req_to_token[req.req_pool_idx, :kv_len].tolist()
             assert len(set(row)) == len(row)
             assert [self.kv[s] for s in row] == kv_chain(req.fill_ids[:kv_len]), \
@@ -601,7 +601,7 @@ def test_abort_right_after_admission(page_size: int) -> None:
     assert r is not None
     h.finish(r)
     r2 = h.admit(list(range(9)), first_chunk=0)  # admitted, nothing computed, then aborted
-    assert r2 is not None and r2.kv_committed_len == 9 - 9 % page_size
+    assert r2 is not None and r2.kv_allocated_len == 9 - 9 % page_size
     h.check()
     h.finish(r2)
     h.drain()
@@ -630,7 +630,7 @@ def test_oom_evicts_then_retracts() -> None:
     h.finish(r1)
     assert h.cache.evictable_size() == 8
     r2 = h.admit([2] * 6, first_chunk=6)  # needs eviction of r1's tokens
-    assert r2 is not None and r2.kv_committed_len == 6
+    assert r2 is not None and r2.kv_allocated_len == 6
     h.check()
     r3 = h.admit([3] * 6, first_chunk=6)  # 5 free, nothing evictable: aborted
     assert r3 is None

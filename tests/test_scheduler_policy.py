@@ -427,7 +427,7 @@ def test_chunked_request_continues_chunk_by_chunk() -> None:
     assert first.add(req) is AddResult.CHUNKED and req.extend_input_len == 64
     computed = [64]
     while True:
-        req.kv_committed_len = sum(computed)   # what launching the chunk does
+        req.kv_allocated_len = sum(computed)   # what launching the chunk does
         res = mem.adder(chunk=64).add_chunked(req)
         computed.append(req.extend_input_len)
         if res is AddResult.ADDED:
@@ -627,7 +627,7 @@ def test_retraction_tie_goes_to_the_longest_prompt_regardless_of_order() -> None
 def test_decode_tokens_needed_page_size_1_is_one_per_request() -> None:
     reqs = [make_req(toks(0, n), i) for i, n in enumerate([1, 7, 16, 33])]
     for r in reqs:
-        r.kv_committed_len = r.seq_len
+        r.kv_allocated_len = r.seq_len
     assert decode_tokens_needed(reqs, 1) == 4
     assert decode_tokens_needed([], 1) == 0
 
@@ -638,7 +638,7 @@ def test_decode_tokens_needed_page_size_16_counts_new_pages() -> None:
     reqs = []
     for i, kv in enumerate(kv_lens):
         r = make_req(toks(0, kv), i)
-        r.kv_committed_len = kv
+        r.kv_allocated_len = kv
         reqs.append(r)
     # Oracle: let the allocator grow each request by one token and count the pages it takes.
     alloc = KVAllocator(64 * page, page, "cpu")
@@ -655,7 +655,7 @@ def test_decode_tokens_needed_page_size_16_counts_new_pages() -> None:
 def test_decode_tokens_needed_page_size_16_hand_cases() -> None:
     def need(kv: int) -> int:
         r = make_req(toks(0, kv), 0)
-        r.kv_committed_len = kv
+        r.kv_allocated_len = kv
         return decode_tokens_needed([r], 16)
     # Token position kv goes to page kv // 16: new page exactly when kv is a multiple of 16.
     assert [need(kv) for kv in (1, 15, 16, 17, 32, 47, 48)] == [0, 0, 16, 0, 16, 0, 16]

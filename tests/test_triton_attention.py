@@ -69,10 +69,9 @@ def decode_case(seq_lens: list[int], hq: int, hk: int, d: int, dtype: torch.dtyp
                 kv_dtype=kv_dtype)
 
 
-def _forward_batch(case: Case, backend, pool: KVPool, table: ReqToTokenPool,
-                   rows: torch.Tensor, out_loc: torch.Tensor) -> ForwardBatch:
+def _forward_batch(case: Case, dev: torch.device, rows: torch.Tensor,
+                   out_loc: torch.Tensor) -> ForwardBatch:
     seq_lens = [p + e for p, e in zip(case.prefix_lens, case.extend_lens)]
-    dev = pool.device
     positions = torch.cat([torch.arange(p, p + e) for p, e in zip(case.prefix_lens,
                                                                  case.extend_lens)])
     return ForwardBatch(
@@ -82,8 +81,7 @@ def _forward_batch(case: Case, backend, pool: KVPool, table: ReqToTokenPool,
         positions=positions.to(dev), out_cache_loc=out_loc.to(dev),
         req_pool_indices=rows.to(dev),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev), seq_lens_cpu=seq_lens,
-        extend_prefix_lens_cpu=list(case.prefix_lens), extend_seq_lens_cpu=list(case.extend_lens),
-        req_to_token_pool=table, kv_pool=pool, attn_backend=backend)
+        extend_prefix_lens_cpu=list(case.prefix_lens), extend_seq_lens_cpu=list(case.extend_lens))
 
 
 def run_case(case: Case, device: str, seed: int = 0, backend_cls: type | None = None,
@@ -122,13 +120,13 @@ def run_case(case: Case, device: str, seed: int = 0, backend_cls: type | None = 
     v = torch.randn(t, hk * d, generator=g).to(kv_dt).to(dt).to(device)
     layer = FakeLayer(LAYER_ID, hq, hk, d, scaling=d ** -0.5)
 
-    backend = (backend_cls or TritonAttnBackend)(**backend_kwargs)
-    fb = _forward_batch(case, backend, pool, table, rows, out_loc)
+    backend = (backend_cls or TritonAttnBackend)(pool, table, **backend_kwargs)
+    fb = _forward_batch(case, pool.device, rows, out_loc)
     backend.init_forward_metadata(fb)
     out = backend.forward(q, k, v, layer, fb)
 
-    ref_backend = TorchNativeAttnBackend()
-    ref_fb = _forward_batch(case, ref_backend, ref_pool, table, rows, out_loc)
+    ref_backend = TorchNativeAttnBackend(ref_pool, table)
+    ref_fb = fb
     ref_backend.init_forward_metadata(ref_fb)
     # The math kernel: exact fp32 on GPU too (the fused SDPA kernels may use TF32 for fp32).
     with sdpa_kernel([SDPBackend.MATH]):

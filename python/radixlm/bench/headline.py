@@ -24,8 +24,8 @@ import torch
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
 from radixlm.bench.floor import measure_floor
 from radixlm.bench.progress import TokenProgress
-from radixlm.config import ServerArgs
 from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.utils.server_process import launch_server, stop_server
 
 
@@ -69,10 +69,12 @@ def run(ns: argparse.Namespace) -> dict:
     completion = [o["meta_info"]["completion_tokens"] for o in outs]
     assert completion == [n_out] * bs, "every request must return exactly output_len tokens"
 
-    runner = ModelRunner(ServerArgs(model_path=ns.model_path, load_format=ns.load_format,
-                                    dtype=ns.dtype, disable_cuda_graph=True,
-                                    max_total_tokens=4096, max_running_requests=8,
-                                    context_length=n_in + n_out + 8))
+    # The floor drives runner.model directly with its own static KV tensors; the runner only
+    # loads the same weights (no attention backend needed).
+    runner = ModelRunner(RunnerConfig(model_path=ns.model_path, load_format=ns.load_format,
+                                      dtype=ns.dtype, disable_cuda_graph=True,
+                                      max_total_tokens=4096, max_running_requests=8,
+                                      context_length=n_in + n_out + 8))
     fl = measure_floor(runner, prompts, n_out, max(1, ns.floor_prefill_tokens // n_in))
     first_agree = sum(o["output_ids"][0] == f for o, f in zip(outs, fl.first_tokens)) / bs
     best = min(server_s, server_s2)

@@ -21,7 +21,8 @@ from radixlm.bench.floor import measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
-from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.model_executor.model_runner import ModelRunner, create_runner_and_kv
+from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.scheduler.request import Req
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.schedule_batch import ScheduleBatch
@@ -49,10 +50,10 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0, repeats: int = 5) -> 
 class EngineRun:
     """Prefill and decode of a static batch through ModelRunner + ScheduleBatch."""
 
-    def __init__(self, runner: ModelRunner, prompts: torch.Tensor, output_len: int,
-                 prefill_group: int):
+    def __init__(self, runner: ModelRunner, kv: KVCacheManager, prompts: torch.Tensor,
+                 output_len: int, prefill_group: int):
         self.runner = runner
-        self.kv = KVCacheManager(runner.allocator, runner.req_to_token_pool, radix=False)
+        self.kv = kv
         self.reqs = [Req(f"r{i}", p.tolist(), SamplingParams(max_new_tokens=output_len), seed=0)
                      for i, p in enumerate(prompts)]
         self.prefill_group = prefill_group
@@ -62,7 +63,7 @@ class EngineRun:
             batch = [self.reqs[i] for i in g]
             for r in batch:
                 r.extend_input_len = r.prompt_len
-            fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.runner, self.kv)
+            fb = ScheduleBatch(batch, ForwardMode.EXTEND).prepare_extend(self.kv, self.runner.device)
             out = self.runner.forward(fb)
             ids = out.next_token_logits.argmax(-1)
             self.runner.last_token_ids[fb.req_pool_indices] = ids
@@ -70,7 +71,7 @@ class EngineRun:
                 r.output_ids.append(t)
 
     def decode_step(self) -> None:
-        fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.runner, self.kv)
+        fb = ScheduleBatch(self.reqs, ForwardMode.DECODE).prepare_decode(self.kv, self.runner.last_token_ids)
         out = self.runner.forward(fb)
         ids = out.next_token_logits.argmax(-1)
         self.runner.last_token_ids[fb.req_pool_indices] = ids
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
                              attention_backend=args.attention_backend,
                              disable_cuda_graph=args.disable_cuda_graph,
                              cuda_graph_max_bs=bs)
-    runner = ModelRunner(server_args)
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(server_args), radix=False)
     dev = runner.device
     vocab = runner.model_config.vocab_size
     prompts = torch.randint(0, vocab, (bs, n_in), generator=torch.Generator().manual_seed(0))
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
 
     # Engine: one warm-up pass of the whole workload, then the timed one.
     for attempt in range(2):
-        run_ = EngineRun(runner, prompts, n_out, per_group)
+        run_ = EngineRun(runner, kv, prompts, n_out, per_group)
         prefill_s = timed(run_.prefill)
         steps = [timed(run_.decode_step) for _ in range(n_out - 1)]
         if attempt == 1 and args.profile:

@@ -23,7 +23,10 @@ from radixlm.bench.common import (default_output_path, environment, print_summar
                                   write_json)
 from radixlm.config import ServerArgs
 from radixlm.managers.messages import TokenizedGenerateReq
-from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager
+from radixlm.model_executor.model_runner import ModelRunner, create_runner_and_kv
+from radixlm.model_executor.runner_config import RunnerConfig
+from radixlm.scheduler.config import SchedulerConfig
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
 
@@ -46,11 +49,12 @@ def gpu_idle_fraction(prof) -> float | None:
     return 1.0 - busy / span if span > 0 else 0.0
 
 
-def measure(runner: ModelRunner, args: ServerArgs, ns: argparse.Namespace) -> dict:
-    runner.allocator.clear()
-    runner.req_to_token_pool.clear()
+def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
+            ns: argparse.Namespace) -> dict:
+    kv.flush()
     outbox: list = []
-    sched = Scheduler(args, runner, lambda timeout: [], outbox.append)
+    sched = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, lambda timeout: [],
+                      outbox.append)
     vocab = runner.model_config.vocab_size
     gen = torch.Generator().manual_seed(0)
     total_steps = ns.steps + ns.profile_steps + 4
@@ -135,10 +139,11 @@ def run(ns: argparse.Namespace) -> dict:
                       max_running_requests=ns.batch_size,
                       max_total_tokens=ns.batch_size * (ns.input_len + ns.steps
                                                         + ns.profile_steps + 16) + 256)
-    runner = ModelRunner(base)
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(base))
     results = {}
     for name, off in (("overlap_off", True), ("overlap_on", False)):
-        results[name] = measure(runner, dataclasses.replace(base, disable_overlap_schedule=off), ns)
+        results[name] = measure(runner, kv, dataclasses.replace(base, disable_overlap_schedule=off),
+                                ns)
     results["speedup_on_over_off"] = (results["overlap_on"]["decode_tok_s"]
                                       / results["overlap_off"]["decode_tok_s"])
     results["roofline"] = roof = decode_roofline(runner, ns)

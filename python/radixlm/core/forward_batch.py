@@ -1,25 +1,27 @@
 """ForwardBatch: the device-side inputs of one forward pass, frozen for the step.
 
 The scheduler's ScheduleBatch (CPU, mutable) builds one of these per step; nothing mutates it
-afterwards, so an overlapped next step can't change what the running step reads.
+afterwards, so an overlapped next step can't change what the running step reads. It is plain
+data: tensors and host lists, no pools and no backend. The attention backend was handed to the
+layers when the model was built (`bind_attention_backend`) and keeps the pools it writes to;
+what it derives from a batch (kv indices, split layout) is the typed metadata its
+`init_forward_metadata` returns.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import torch
-
-if TYPE_CHECKING:
-    from radixlm.layers.attention.base import AttentionBackend
-    from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 
 
 class ForwardMode(enum.Enum):
     EXTEND = "extend"   # prefill, or a prefill chunk, possibly on top of a cached prefix
     DECODE = "decode"   # one new token per request
+    # Several new tokens per request on top of a running request's KV, scored like an extend:
+    # a jump-forward string, or a speculative draft to verify. Backends treat it as EXTEND.
+    VERIFY = "verify"
 
     @property
     def is_decode(self) -> bool:
@@ -27,7 +29,8 @@ class ForwardMode(enum.Enum):
 
     @property
     def is_extend(self) -> bool:
-        return self is ForwardMode.EXTEND
+        """Attention over several new tokens per request (EXTEND and VERIFY)."""
+        return self is not ForwardMode.DECODE
 
 
 @dataclass(frozen=True)
@@ -42,14 +45,9 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int]   # [B] tokens already in KV before this step
     extend_seq_lens_cpu: list[int]      # [B] new tokens this step (decode: all 1)
-    req_to_token_pool: "ReqToTokenPool"
-    kv_pool: "KVPool"
-    attn_backend: "AttentionBackend"
     # Prompt logprobs: for each request, the positions (relative to this step's new tokens) whose
     # next-token distribution must be returned in full; empty when no request asks.
     input_logprob_rows: list[list[int]] = field(default_factory=list)
-    # Per-batch metadata an attention backend computes in init_forward_metadata.
-    attn_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def extend_start_loc_cpu(self) -> list[int]:

@@ -1,8 +1,13 @@
 """Typed messages between the tokenizer manager, the scheduler and the detokenizer.
 
 Each runs in its own process; these plain dataclasses travel between them pickled over ZMQ
-(managers/ipc.py). Flow: TokenizerManager -> Scheduler (requests, control) -> Detokenizer
-(token ids; control replies pass through) -> TokenizerManager (text added).
+(managers/ipc.py). They are grouped below by direction:
+
+    TokenizerManager --TO_SCHEDULER--> Scheduler --FROM_SCHEDULER--> Detokenizer
+        --(text added to ReqOutput; control replies passed through)--> TokenizerManager
+
+ShutdownReq goes both ways: the tokenizer side asks the scheduler to stop, and the scheduler's
+last message tells the detokenizer to stop too.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any
 from radixlm.core.logprobs import TokenLogprob, TopLogprobs
 from radixlm.sampling.params import SamplingParams
 
+
+# ------------------------------------------------------ tokenizer manager -> scheduler
 
 @dataclass
 class TokenizedGenerateReq:
@@ -37,39 +44,17 @@ class FlushCacheReq:
 
 
 @dataclass
-class FlushCacheResult:
-    success: bool
-    message: str = ""
-
-
-@dataclass
 class GetStatsReq:
     """Ask the scheduler for its runtime figures (for /get_server_info and tests)."""
-
-
-@dataclass
-class SchedulerStats:
-    num_running_reqs: int
-    num_waiting_reqs: int
-    max_total_num_tokens: int
-    available_kv_tokens: int         # free in the allocator
-    evictable_kv_tokens: int         # held by the radix cache, unlocked
-    protected_kv_tokens: int         # held by the radix cache, locked by running requests
-    token_usage: float               # fraction of the KV pool in use by running requests
-    cache_hit_rate: float            # cached prompt tokens / prompt tokens, since start
-    num_retractions: int
-    new_token_ratio: float
-    overlapped_steps: int = 0        # steps launched before the previous step's results were read
-    generated_tokens_total: int = 0  # tokens sampled since start
-    last_gen_throughput: float = 0.0 # tokens/s over the last window of steps
-    weight_bytes: int = 0            # model parameters and buffers on the device
-    kv_cache_bytes: int = 0          # the KV pool
 
 
 @dataclass
 class ShutdownReq:
     pass
 
+
+# ------------------------------------------------------ scheduler -> detokenizer -> tokenizer manager
+# (the detokenizer adds text to ReqOutputs and passes the control replies through)
 
 @dataclass
 class SchedulerReady:
@@ -84,6 +69,29 @@ class SchedulerReady:
     model_path: str
     tokenizer_path: str
     error: str | None = None         # set when start-up failed
+
+
+@dataclass
+class BatchReqOutput:
+    outputs: list[ReqOutput]
+
+
+@dataclass
+class ReqOutput:
+    """What happened to one request during one scheduler step (deltas, not totals)."""
+    rid: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    # Sent once, with the first output of the request (prompt logprobs are complete by then).
+    input_token_logprobs: list[TokenLogprob] | None = None
+    input_top_logprobs: list[TopLogprobs | None] | None = None
+    detok: DetokSpec | None = None   # set by the scheduler on the request's first output
+    text: str = ""                   # text delta, filled in by the detokenizer
 
 
 @dataclass
@@ -115,23 +123,30 @@ class DetokSpec:
 
 
 @dataclass
-class ReqOutput:
-    """What happened to one request during one scheduler step (deltas, not totals)."""
-    rid: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
-    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    # Sent once, with the first output of the request (prompt logprobs are complete by then).
-    input_token_logprobs: list[TokenLogprob] | None = None
-    input_top_logprobs: list[TopLogprobs | None] | None = None
-    detok: DetokSpec | None = None   # set by the scheduler on the request's first output
-    text: str = ""                   # text delta, filled in by the detokenizer
+class FlushCacheResult:
+    success: bool
+    message: str = ""
 
 
 @dataclass
-class BatchReqOutput:
-    outputs: list[ReqOutput]
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    max_total_num_tokens: int
+    available_kv_tokens: int         # free in the allocator
+    evictable_kv_tokens: int         # held by the radix cache, unlocked
+    protected_kv_tokens: int         # held by the radix cache, locked by running requests
+    token_usage: float               # fraction of the KV pool in use by running requests
+    cache_hit_rate: float            # cached prompt tokens / prompt tokens, since start
+    num_retractions: int
+    new_token_ratio: float
+    overlapped_steps: int = 0        # steps launched before the previous step's results were read
+    generated_tokens_total: int = 0  # tokens sampled since start
+    last_gen_throughput: float = 0.0 # tokens/s over the last window of steps
+    weight_bytes: int = 0            # model parameters and buffers on the device
+    kv_cache_bytes: int = 0          # the KV pool
+
+
+# What each side may receive (the scheduler ignores, with a warning, anything else).
+TO_SCHEDULER = (TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq, ShutdownReq)
+FROM_SCHEDULER = (SchedulerReady, BatchReqOutput, FlushCacheResult, SchedulerStats, ShutdownReq)

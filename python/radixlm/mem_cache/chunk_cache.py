@@ -1,4 +1,4 @@
-"""The prefix cache used with --disable-radix-cache: same interface as RadixCache, shares nothing.
+"""The prefix cache used with --disable-radix-cache: the PrefixCache interface, sharing nothing.
 
 A request keeps its own KV while it runs (across prefill chunks) and frees all of it when it ends.
 """
@@ -11,10 +11,11 @@ import torch
 
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.pools import ReqToTokenPool
-from radixlm.mem_cache.radix_cache import CachedRequest, MatchResult, TreeNode
+from radixlm.mem_cache.prefix_cache import CachedRequest, MatchResult, PrefixCache
+from radixlm.mem_cache.radix_cache import TreeNode
 
 
-class ChunkCache:
+class ChunkCache(PrefixCache):
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: KVAllocator):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
@@ -31,9 +32,6 @@ class ChunkCache:
     def protected_size(self) -> int:
         return 0
 
-    def total_size(self) -> int:
-        return 0
-
     def peek_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
         return 0, self._root
 
@@ -46,7 +44,7 @@ class ChunkCache:
 
     def cache_finished_req(self, req: CachedRequest) -> None:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        self.allocator.free(row[:req.kv_committed_len].to(torch.int64))
+        self.allocator.free(row[:req.kv_allocated_len].to(torch.int64))
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
         req.last_node = None
@@ -54,7 +52,7 @@ class ChunkCache:
 
     def cache_unfinished_req(self, req: CachedRequest) -> None:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        req.prefix_indices = row[:req.kv_committed_len].to(torch.int64)
+        req.prefix_indices = row[:req.kv_allocated_len].to(torch.int64)
 
     def inc_lock_ref(self, node: TreeNode | None) -> None:
         pass

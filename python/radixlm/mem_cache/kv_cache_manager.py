@@ -7,13 +7,15 @@ when the allocator runs dry) and checks the accounting invariant
 
     free + evictable + protected + owned by requests == total
 
-The KV tensors themselves stay with the model runner; this class only decides which slots they
-use. It knows nothing of requests beyond the numbers passed in (the scheduler's Req sits above
+It creates the allocator and the table from a MemoryPlan (sized by the model runner, which knows
+the device memory left after loading the weights). The KV tensors themselves stay with the model
+runner; this class only decides which slots they use. It knows nothing of requests beyond the numbers passed in (the scheduler's Req sits above
 this package).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -21,12 +23,34 @@ import torch
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.chunk_cache import ChunkCache
 from radixlm.mem_cache.pools import ReqToTokenPool
+from radixlm.mem_cache.prefix_cache import PrefixCache
 from radixlm.mem_cache.radix_cache import RadixCache
 from radixlm.utils.device import to_device
 
 
 class OutOfKVMemory(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How much KV memory there is: num_slots token slots in pages of page_size (page 0 is the
+    padding page, never handed out), and one req-to-token row per running request."""
+
+    num_slots: int
+    page_size: int
+    max_running_requests: int
+    max_context_len: int      # columns of the req-to-token table
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.num_slots - self.page_size
+
+    @property
+    def req_slots(self) -> int:
+        """Rows of the req-to-token table: one per running request, plus row 0 that padded CUDA
+        graph rows read."""
+        return self.max_running_requests + 1
 
 
 class KVCacheManager:
@@ -36,7 +60,13 @@ class KVCacheManager:
         self.req_to_token_pool = req_to_token_pool
         self.radix = radix
         cache_cls = RadixCache if radix else ChunkCache
-        self.prefix_cache: RadixCache | ChunkCache = cache_cls(req_to_token_pool, allocator)
+        self.prefix_cache: PrefixCache = cache_cls(req_to_token_pool, allocator)
+
+    @classmethod
+    def create(cls, plan: MemoryPlan, device: torch.device | str,
+               radix: bool = True) -> "KVCacheManager":
+        return cls(KVAllocator(plan.num_slots, plan.page_size, device),
+                   ReqToTokenPool(plan.req_slots, plan.max_context_len, device), radix=radix)
 
     @property
     def page_size(self) -> int:

@@ -18,26 +18,15 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.pools import ReqToTokenPool
+from radixlm.mem_cache.prefix_cache import CachedRequest, MatchResult, PrefixCache
 
 _clock = itertools.count()  # monotonic "time" for LRU; cheaper and steadier than time.monotonic()
-
-
-class CachedRequest(Protocol):
-    """What the caches need of a request (scheduler/request.py's Req provides it)."""
-
-    req_pool_idx: int | None
-    prefix_indices: torch.Tensor
-    last_node: "TreeNode | None"
-    kv_committed_len: int
-
-    @property
-    def fill_ids(self) -> list[int]: ...
 
 
 @dataclass(eq=False)
@@ -53,13 +42,7 @@ class TreeNode:
         return self.last_access < other.last_access
 
 
-@dataclass
-class MatchResult:
-    indices: torch.Tensor   # KV slots of the matched prefix (int64)
-    last_node: TreeNode     # deepest node of the match (lock it while the request runs)
-
-
-class RadixCache:
+class RadixCache(PrefixCache):
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: KVAllocator):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
@@ -81,9 +64,6 @@ class RadixCache:
 
     def protected_size(self) -> int:
         return self.protected_size_
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
 
     # ---------------------------------------------------------------- keys
 
@@ -206,7 +186,7 @@ class RadixCache:
     def cache_unfinished_req(self, req: CachedRequest) -> None:
         """A prefill (or a chunk of one) finished: insert what is computed so far and lock it, so
         the request's KV becomes shareable and the next chunk starts from the tree's copy."""
-        kv_len = req.kv_committed_len
+        kv_len = req.kv_allocated_len
         self._commit(req, keep_tail=True)
         match = self.match_prefix(req.fill_ids[:kv_len])
         n = len(match.indices)
@@ -218,7 +198,7 @@ class RadixCache:
         req.last_node = match.last_node
 
     def _commit(self, req: CachedRequest, keep_tail: bool = False) -> None:
-        kv_len = req.kv_committed_len
+        kv_len = req.kv_allocated_len
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         slots = row[:kv_len].to(torch.int64)
         already = self.insert(req.fill_ids[:kv_len], slots)

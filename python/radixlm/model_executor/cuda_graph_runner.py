@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
-
-if TYPE_CHECKING:
-    from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.layers.attention.base import AttentionBackend
+from radixlm.model_executor.forward_pass import run_model
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +37,17 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, runner: "ModelRunner", max_bs: int):
-        self.runner = runner
-        self.max_bs = min(max_bs, runner.max_running_requests)
+    """Captures `run_model` (the runner's own forward) for decode batches of up to max_bs
+    requests; the backend must already hold the pools the graphs will read and write."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device,
+                 max_bs: int):
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.max_bs = max_bs
         self.batch_sizes = capture_batch_sizes(self.max_bs)
-        dev = runner.device
+        dev = device
         # Static inputs; padded rows keep these values (slot 0 is the KV pool's padding slot).
         self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
@@ -61,34 +66,30 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        stream = torch.cuda.Stream(self.runner.device)
-        stream.wait_stream(torch.cuda.current_stream(self.runner.device))
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for bs in reversed(self.batch_sizes):
                 self._capture_one(bs)
-        torch.cuda.current_stream(self.runner.device).wait_stream(stream)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
         logger.info("captured CUDA graphs for decode batch sizes %s", self.batch_sizes)
 
     def _static_batch(self, bs: int) -> ForwardBatch:
-        r = self.runner
         return ForwardBatch(
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
             positions=self.positions[:bs], out_cache_loc=self.out_cache_loc[:bs],
             req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs,
-            req_to_token_pool=r.req_to_token_pool, kv_pool=r.kv_pool, attn_backend=r.attn_backend)
+            seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs)
 
     def _run_static(self, fb: ForwardBatch) -> torch.Tensor:
-        r = self.runner
-        r.attn_backend.init_forward_metadata_capture(fb)
-        hidden = r.model(fb.input_ids, fb.positions, fb)
-        return r.model.compute_logits(hidden)
+        _, logits = run_model(self.model, self.backend, fb, capturing=True)
+        return logits
 
     def _capture_one(self, bs: int) -> None:
         fb = self._static_batch(bs)
         for _ in range(2):  # warm-up: Triton compiles and cuBLAS picks its kernels outside capture
             self._run_static(fb)
-        torch.cuda.synchronize(self.runner.device)
+        torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):
             logits = self._run_static(fb)

@@ -1,7 +1,17 @@
-"""ModelRunner: owns the model, the memory pools and the attention backend on one device.
+"""ModelRunner: the model, its KV tensors and attention backend on one device; forward + sample.
 
-It turns a ForwardBatch into next-token logits (and prompt logprobs when asked). It knows
-nothing about requests, queues or the radix tree; the scheduler does.
+It turns a ForwardBatch into next-token logits (and prompt logprobs when asked), samples them
+and writes each sampled id where the next decode step reads its input (`last_token_ids`). It
+knows nothing about requests, queues or the prefix cache: the KV manager (mem_cache/) owns the
+slot bookkeeping and the req-to-token table, built from the MemoryPlan this runner sizes.
+
+Start-up is two steps because the two owners depend on each other's sizes:
+
+    runner = ModelRunner(config)                     # weights, memory plan, KV tensors
+    kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=...)
+    runner.init_attention(kv.req_to_token_pool)      # backend (+ CUDA graphs) over both
+
+`create_runner_and_kv(config)` does the three.
 """
 
 from __future__ import annotations
@@ -12,15 +22,19 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.config import ServerArgs
-from radixlm.layers.attention.base import create_attention_backend
-from radixlm.layers.logits import InputLogprobs, compute_input_logprobs, last_token_hidden
-from radixlm.mem_cache.allocator import KVAllocator
-from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.layers.attention.base import AttentionBackend, create_attention_backend
+from radixlm.layers.attention.radix_attention import bind_attention_backend
+from radixlm.layers.logits import InputLogprobs, compute_input_logprobs
+from radixlm.mem_cache.kv_cache_manager import KVCacheManager, MemoryPlan
+from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+from radixlm.model_executor.forward_pass import run_model
 from radixlm.model_executor.loader import load_model
 from radixlm.model_executor.model_config import ModelConfig, resolve_dtype
+from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.model_executor.weight_source import load_hf_config, resolve_model_dir
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.sampler import SampleOutput, Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -39,73 +53,87 @@ def default_device() -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs):
-        self.args = args
-        self.device = torch.device(args.device) if args.device else default_device()
-        self.hf_dir, self.load_format = resolve_model_dir(args.model_path, args.load_format)
-        self.tokenizer_path = args.tokenizer_path or self.hf_dir
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        self.device = torch.device(config.device) if config.device else default_device()
+        self.hf_dir, self.load_format = resolve_model_dir(config.model_path, config.load_format)
+        self.tokenizer_path = config.tokenizer_path or self.hf_dir
         hf_config = load_hf_config(self.hf_dir)
-        self.model_config = ModelConfig.from_hf(hf_config, args.context_length,
+        self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
                                                 _generation_eos(self.hf_dir))
-        self.dtype = resolve_dtype(args.dtype, hf_config, self.device)
-        torch.manual_seed(args.random_seed)
+        self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
+        torch.manual_seed(config.random_seed)
         self.model = load_model(self.model_config, self.hf_dir, self.load_format, self.device,
-                                self.dtype, seed=args.random_seed)
-        self._init_memory()
-        self.attn_backend = create_attention_backend(self.attention_backend_name)
-        self.graph_runner = self._init_cuda_graphs()
+                                self.dtype, seed=config.random_seed)
+        self.memory_plan = self._plan_memory()
+        mc = self.model_config
+        self.kv_pool = KVPool(self.memory_plan.num_slots, mc.num_layers, mc.num_kv_heads,
+                              mc.head_dim, self.dtype, self.device)
+        # The next input id of each request slot: the sampler writes it, the next decode step
+        # reads it on the device, so that step can be launched before the host has seen it.
+        self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
+                                          device=self.device)
+        self.sampler = Sampler()
+        self.attn_backend: AttentionBackend | None = None
+        self.graph_runner = None
+        logger.info("KV cache: %d tokens (%.1f MiB), %d max running requests",
+                    self.max_total_num_tokens, self.kv_pool.nbytes / 2**20,
+                    self.max_running_requests)
 
-    def _init_cuda_graphs(self):
-        if (self.device.type != "cuda" or self.args.disable_cuda_graph
-                or self.args.cuda_graph_max_bs < 1 or not self.attn_backend.supports_cuda_graph):
-            return None
-        from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
-        graph_runner = CudaGraphRunner(self, self.args.cuda_graph_max_bs)
-        graph_runner.capture()
-        return graph_runner
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.memory_plan.max_total_num_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.memory_plan.max_running_requests
 
     @property
     def attention_backend_name(self) -> str:
         """--attention-backend, else the project's Triton kernels on CUDA, torch_native on CPU."""
-        if self.args.attention_backend:
-            return self.args.attention_backend
+        if self.config.attention_backend:
+            return self.config.attention_backend
         return "triton" if self.device.type == "cuda" else "torch_native"
+
+    def init_attention(self, req_to_token_pool: ReqToTokenPool) -> None:
+        """Build the attention backend over the KV tensors and the KV manager's req-to-token
+        table, hand it to the model's attention layers, and capture the CUDA graphs."""
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self.kv_pool,
+                                                     req_to_token_pool)
+        bind_attention_backend(self.model, self.attn_backend)
+        cfg = self.config
+        if (self.device.type == "cuda" and not cfg.disable_cuda_graph
+                and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph):
+            from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
+            self.graph_runner = CudaGraphRunner(
+                self.model, self.attn_backend, self.device,
+                min(cfg.cuda_graph_max_bs, self.max_running_requests))
+            self.graph_runner.capture()
 
     # ------------------------------------------------------------------ memory
 
-    def _init_memory(self) -> None:
-        mc, args = self.model_config, self.args
+    def _plan_memory(self) -> MemoryPlan:
+        mc, cfg = self.model_config, self.config
         per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
-        if args.max_total_tokens is not None:
-            total = args.max_total_tokens
+        if cfg.max_total_tokens is not None:
+            total = cfg.max_total_tokens
         elif self.device.type == "cuda":
             free, total_mem = torch.cuda.mem_get_info(self.device)
             used = total_mem - free
-            budget = total_mem * args.mem_fraction_static - used
+            budget = total_mem * cfg.mem_fraction_static - used
             if budget <= per_token * 1024:
-                raise RuntimeError(f"--mem-fraction-static {args.mem_fraction_static} leaves no "
+                raise RuntimeError(f"--mem-fraction-static {cfg.mem_fraction_static} leaves no "
                                    f"room for the KV cache after loading the model")
             total = int(budget // per_token)
         else:
             total = CPU_DEFAULT_MAX_TOTAL_TOKENS
-        ps = args.page_size
+        ps = cfg.page_size
         # +1 page for the padding page 0 that is never handed out.
         num_slots = (total // ps + 1) * ps
-        self.max_total_num_tokens = num_slots - ps
-        self.max_running_requests = args.max_running_requests or min(
-            DEFAULT_MAX_RUNNING_REQUESTS, max(self.max_total_num_tokens // 2, 1))
-        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests + 1,
-                                                mc.context_len + 8, self.device)
-        # The last token sampled for each request slot: the next decode step reads its input ids
-        # from here on the device, so it can be launched before the host has seen them.
-        self.last_token_ids = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64,
-                                          device=self.device)
-        self.kv_pool = KVPool(num_slots, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype,
-                              self.device)
-        self.allocator = KVAllocator(num_slots, ps, self.device)
-        logger.info("KV cache: %d tokens (%.1f MiB), %d max running requests",
-                    self.max_total_num_tokens, num_slots * per_token / 2**20,
-                    self.max_running_requests)
+        max_running = cfg.max_running_requests or min(
+            DEFAULT_MAX_RUNNING_REQUESTS, max((num_slots - ps) // 2, 1))
+        return MemoryPlan(num_slots=num_slots, page_size=ps, max_running_requests=max_running,
+                          max_context_len=mc.context_len + 8)
 
     @functools.cached_property
     def weight_bytes(self) -> int:
@@ -117,18 +145,37 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, input_logprob_targets: list[list[int]] | None = None,
                 input_top_k: list[int] | None = None) -> ForwardOutput:
+        if self.attn_backend is None:
+            raise RuntimeError("ModelRunner.forward before init_attention")
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return ForwardOutput(next_token_logits=self.graph_runner.replay(fb),
                                  input_logprobs=None)
-        self.attn_backend.init_forward_metadata(fb)
-        hidden = self.model(fb.input_ids, fb.positions, fb)
-        logits = self.model.compute_logits(last_token_hidden(hidden, fb))
+        hidden, logits = run_model(self.model, self.attn_backend, fb)
         input_logprobs = None
         if fb.input_logprob_rows and any(fb.input_logprob_rows):
             input_logprobs = compute_input_logprobs(self.model, hidden, fb,
                                                     input_logprob_targets or [],
                                                     input_top_k or [0] * fb.batch_size)
         return ForwardOutput(next_token_logits=logits, input_logprobs=input_logprobs)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, req_pool_indices: torch.Tensor,
+               info: SamplingBatchInfo, top_logprobs_nums: list[int] | None = None
+               ) -> SampleOutput:
+        """Sample one token per row of `logits` and record it as the next input of the request
+        slot in the same row of `req_pool_indices`."""
+        out = self.sampler(logits, info, top_logprobs_nums)
+        self.last_token_ids[req_pool_indices] = out.next_token_ids
+        return out
+
+
+def create_runner_and_kv(config: RunnerConfig, radix: bool = True
+                         ) -> tuple[ModelRunner, KVCacheManager]:
+    """A ready runner and the KV manager over its memory (see the module docstring)."""
+    runner = ModelRunner(config)
+    kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=radix)
+    runner.init_attention(kv.req_to_token_pool)
+    return runner, kv
 
 
 def _generation_eos(hf_dir: str) -> tuple[int, ...]:

@@ -39,8 +39,8 @@ def decode_tokens_needed(reqs: list[Req], page_size: int) -> int:
     """Tokens of KV (in whole pages) that one decode step of these requests takes."""
     if page_size == 1:
         return len(reqs)
-    # A decode step writes the token at position kv_committed_len; a new page when it starts one.
-    return sum(page_size for r in reqs if r.kv_committed_len % page_size == 0)
+    # A decode step writes the token at position kv_allocated_len; a new page when it starts one.
+    return sum(page_size for r in reqs if r.kv_allocated_len % page_size == 0)
 
 
 def pick_retraction_victim(reqs: list[Req]) -> Req:

@@ -8,13 +8,26 @@ step has been queued, so the GPU never waits for the host's bookkeeping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from radixlm.sampling.sampler import SampleOutput
 from radixlm.model_executor.model_runner import ForwardOutput
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+
+@dataclass
+class RowTokens:
+    """The tokens one sampled row of a step produced for its request. One token without
+    speculation; a verify step (speculative decoding) or a multi-token jump may accept several,
+    so the result processor always walks a list."""
+    token_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)   # per token, when sampled
+
+    @property
+    def accept_length(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass
@@ -45,10 +58,12 @@ class LaunchedStep:
             step._ids_host, step._logprobs_host = ids, lps
         return step
 
-    def wait(self) -> tuple[list[int], list[float]]:
-        """Sampled ids and their logprobs, per sampled row (blocks until the copy is done)."""
+    def wait(self) -> list[RowTokens]:
+        """The tokens of each sampled row, in sample_rows order (blocks until the copy is
+        done)."""
         if self._ids_host is None:
-            return [], []
+            return []
         if self._copied is not None:
             self._copied.synchronize()
-        return self._ids_host.tolist(), self._logprobs_host.tolist()
+        return [RowTokens([t], [lp]) for t, lp in zip(self._ids_host.tolist(),
+                                                     self._logprobs_host.tolist())]

@@ -28,14 +28,18 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints) -> None
     inbox = ipc.pull_socket(ctx, endpoints.scheduler)
     outbox = ipc.push_socket(ctx, endpoints.detokenizer)
     try:
-        from radixlm.model_executor.model_runner import ModelRunner
+        from radixlm.model_executor.model_runner import create_runner_and_kv
+        from radixlm.model_executor.runner_config import RunnerConfig
         from radixlm.model_executor.weight_source import load_tokenizer
+        from radixlm.scheduler.config import SchedulerConfig
         from radixlm.scheduler.scheduler import Scheduler
 
-        runner = ModelRunner(args)
+        runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args),
+                                          radix=not args.disable_radix_cache)
         tokenizer = load_tokenizer(runner.tokenizer_path)
-        scheduler = Scheduler(args, runner, lambda t: ipc.recv_all(inbox, t),
-                              lambda m: ipc.send(outbox, m), tokenizer)
+        scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv,
+                              lambda t: ipc.recv_all(inbox, t), lambda m: ipc.send(outbox, m),
+                              tokenizer)
         mc = runner.model_config
         ipc.send(outbox, SchedulerReady(
             max_total_num_tokens=runner.max_total_num_tokens,

@@ -1,7 +1,7 @@
 """Req: one request as the scheduler sees it.
 
 A request is a handful of lengths: its prompt, its output so far, how much of that has KV in the
-pool (`kv_committed_len`), how much came from the prefix cache, and what this step computes.
+pool (`kv_allocated_len`), how much came from the prefix cache, and what this step computes.
 Everything else derives from them.
 """
 
@@ -44,7 +44,9 @@ class Req:
     req_pool_idx: int | None = None
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     last_node: "TreeNode | None" = None
-    kv_committed_len: int = 0              # tokens of fill_ids whose KV is in the pool
+    # Tokens of fill_ids that hold KV slots: advanced when a step is launched, so it counts the
+    # tokens whose K/V that step is still writing (not "committed" to the pool yet).
+    kv_allocated_len: int = 0
     extend_input_len: int = 0              # tokens computed by the current extend step
     # Tokens sampled by launched steps whose results the host has not processed yet (overlap
     # scheduler: at most 1). They are on the device in ModelRunner.last_token_ids.
@@ -99,7 +101,7 @@ class Req:
     @property
     def remaining_prefill(self) -> int:
         """Tokens that still need KV before the request can decode."""
-        return self.seq_len - self.kv_committed_len
+        return self.seq_len - self.kv_allocated_len
 
     @property
     def max_new_tokens(self) -> int:
@@ -147,5 +149,5 @@ class Req:
         next prefill finds what it can in the radix cache."""
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
-        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
         self.extend_input_len = 0

@@ -43,7 +43,7 @@ class ResultProcessor:
     def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
         row_of = {i: j for j, i in enumerate(step.sample_rows)}
-        ids, lps = step.wait()
+        rows = step.wait()
         result = StepResult()
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
@@ -56,28 +56,31 @@ class ResultProcessor:
                 continue
             if batch.forward_mode.is_extend:
                 self._record_input_logprobs(req, out, i)
-                if not req.prompt_counted and req.kv_committed_len >= req.seq_len:
+                if not req.prompt_counted and req.kv_allocated_len >= req.seq_len:
                     req.prompt_counted = True
                     result.prompt_tokens += req.prompt_len
                     result.cached_tokens += req.cached_tokens
-            if req.kv_committed_len < req.seq_len:      # a chunk of a longer prompt
+            if req.kv_allocated_len < req.seq_len:      # a chunk of a longer prompt
                 self.prefix_cache.cache_unfinished_req(req)
                 continue
             if j is None:                               # max_new_tokens == 0
                 self.finish(req, FinishReason("length", length=0), send=False)
                 outputs.append(self._output(req))
                 continue
-            token = ids[j]
-            req.output_ids.append(token)
-            result.generated_tokens += 1
-            if req.return_logprob:
-                req.output_token_logprobs.append((lps[j], token))
-                if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
-                    vals, toks = sampled.top_logprobs[j]
-                    req.output_top_logprobs.append(list(zip(vals, toks)))
-            reason = self._check_finished(req, token)
-            if reason is None and req.grammar is not None:
-                reason = self._advance_grammar(req, token)
+            reason = None
+            for k, token in enumerate(rows[j].token_ids):  # accepted tokens, in order
+                req.output_ids.append(token)
+                result.generated_tokens += 1
+                if req.return_logprob:
+                    req.output_token_logprobs.append((rows[j].logprobs[k], token))
+                    if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
+                        vals, toks = sampled.top_logprobs[j]  # (top logprobs: one per row)
+                        req.output_top_logprobs.append(list(zip(vals, toks)))
+                reason = self._check_finished(req, token)
+                if reason is None and req.grammar is not None:
+                    reason = self._advance_grammar(req, token)
+                if reason is not None:
+                    break  # tokens after a stop are dropped
             if reason is not None:
                 self.finish(req, reason, send=False)
                 outputs.append(self._output(req))
@@ -106,7 +109,7 @@ class ResultProcessor:
             req.input_token_logprobs.extend(got.token_logprobs)
             req.input_top_logprobs.extend(got.top_logprobs if req.top_logprobs_num else
                                           [None] * len(got.token_logprobs))
-        if req.kv_committed_len >= req.prompt_len:
+        if req.kv_allocated_len >= req.prompt_len:
             if req.effective_logprob_start == 0:   # the first prompt token has no context
                 req.input_token_logprobs.insert(0, (None, req.origin_input_ids[0]))
                 req.input_top_logprobs.insert(0, None)

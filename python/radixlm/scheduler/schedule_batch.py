@@ -14,7 +14,6 @@ import torch
 
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
-from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
 
@@ -31,11 +30,11 @@ class ScheduleBatch:
     def sample_rows(self) -> list[int]:
         """The rows that produce a token this step: all in decode; in extend, not a prefill
         chunk mid-prompt, and not max_new_tokens == 0 (which only fills the cache). Called after
-        the batch was prepared, when kv_committed_len already counts this step's tokens."""
+        the batch was prepared, when kv_allocated_len already counts this step's tokens."""
         if self.forward_mode.is_decode:
             return list(range(len(self.reqs)))
         return [i for i, r in enumerate(self.reqs)
-                if r.kv_committed_len >= r.seq_len and r.max_new_tokens > 0]
+                if r.kv_allocated_len >= r.seq_len and r.max_new_tokens > 0]
 
     def input_logprob_targets(self, fb: ForwardBatch) -> tuple[list[list[int]], list[int]]:
         """For prompt logprobs: each row's target tokens and top-k (empty when none asks)."""
@@ -46,9 +45,9 @@ class ScheduleBatch:
                    for i, r in enumerate(self.reqs)]
         return targets, [r.top_logprobs_num for r in self.reqs]
 
-    def prepare_extend(self, runner: ModelRunner, kv: KVCacheManager) -> ForwardBatch:
-        """Each request computes fill_ids[kv_committed_len : kv_committed_len + extend_input_len]
-        on top of its cached prefix (already in its req_to_token row). kv_committed_len advances
+    def prepare_extend(self, kv: KVCacheManager, device: torch.device) -> ForwardBatch:
+        """Each request computes fill_ids[kv_allocated_len : kv_allocated_len + extend_input_len]
+        on top of its cached prefix (already in its req_to_token row). kv_allocated_len advances
         here, at launch: the slots are taken and the step will fill them."""
         pool = kv.req_to_token_pool
         input_ids, positions, locs, logprob_rows = [], [], [], []
@@ -58,8 +57,8 @@ class ScheduleBatch:
                 req.req_pool_idx = pool.alloc()
                 assert req.req_pool_idx is not None, "admission let in more requests than slots"
                 pool.write(req.req_pool_idx, 0, req.prefix_indices)
-                req.kv_committed_len = req.prefix_len
-            start, n = req.kv_committed_len, req.extend_input_len
+                req.kv_allocated_len = req.prefix_len
+            start, n = req.kv_allocated_len, req.extend_input_len
             new_locs = kv.alloc_extend(req.req_pool_idx, start, n, f"request {req.rid}")
             pool.write(req.req_pool_idx, start, new_locs)
             locs.append(new_locs)
@@ -69,25 +68,26 @@ class ScheduleBatch:
             extend_lens.append(n)
             seq_lens.append(start + n)
             logprob_rows.append(_input_logprob_rows(req, start, n))
-            req.kv_committed_len = start + n
-        dev = runner.device
+            req.kv_allocated_len = start + n
+        dev = device
         packed = to_device(input_ids + positions + [r.req_pool_idx for r in self.reqs] + seq_lens,
                            torch.int64, dev)
         t, bs = len(input_ids), len(self.reqs)
-        return self._forward_batch(runner, ForwardMode.EXTEND, packed[:t], packed[t:2 * t],
+        return self._forward_batch(ForwardMode.EXTEND, packed[:t], packed[t:2 * t],
                                    torch.cat(locs).to(dev), packed[2 * t:2 * t + bs],
                                    packed[2 * t + bs:], prefix_lens, extend_lens, seq_lens,
                                    logprob_rows if any(logprob_rows) else [])
 
-    def prepare_decode(self, runner: ModelRunner, kv: KVCacheManager) -> ForwardBatch:
-        """Each request feeds its last sampled token at position kv_committed_len. The token is
-        read on the device from runner.last_token_ids (written by the sampler), so the batch can
-        be built while the step that samples it is still running (overlap scheduler)."""
+    def prepare_decode(self, kv: KVCacheManager, last_token_ids: torch.Tensor) -> ForwardBatch:
+        """Each request feeds its last sampled token at position kv_allocated_len. The token is
+        read on the device from `last_token_ids` (the model runner's, written when it samples),
+        so the batch can be built while the step that samples it is still running (overlap
+        scheduler)."""
         pool = kv.req_to_token_pool
-        positions = [req.kv_committed_len for req in self.reqs]
+        positions = [req.kv_allocated_len for req in self.reqs]
         for req, pos in zip(self.reqs, positions):
             assert pos == req.seq_len + req.num_pending - 1, "decode request out of step with its KV"
-        bs, dev = len(self.reqs), runner.device
+        bs, dev = len(self.reqs), last_token_ids.device
         seq_lens = [p + 1 for p in positions]
         packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
                            torch.int64, dev)
@@ -95,11 +95,11 @@ class ScheduleBatch:
         locs = kv.alloc_decode(req_idx, pos_t, positions)
         pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
         for req, pos in zip(self.reqs, positions):
-            req.kv_committed_len = pos + 1
-        return self._forward_batch(runner, ForwardMode.DECODE, runner.last_token_ids[req_idx],
+            req.kv_allocated_len = pos + 1
+        return self._forward_batch(ForwardMode.DECODE, last_token_ids[req_idx],
                                    pos_t, locs, req_idx, seq_t, positions, [1] * bs, seq_lens, [])
 
-    def _forward_batch(self, runner: ModelRunner, mode: ForwardMode, input_ids: torch.Tensor,
+    def _forward_batch(self, mode: ForwardMode, input_ids: torch.Tensor,
                        positions: torch.Tensor, out_cache_loc: torch.Tensor,
                        req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                        prefix_lens: list[int], extend_lens: list[int], seq_lens_cpu: list[int],
@@ -108,9 +108,7 @@ class ScheduleBatch:
             forward_mode=mode, batch_size=len(self.reqs), input_ids=input_ids,
             positions=positions, out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices,
             seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, extend_prefix_lens_cpu=prefix_lens,
-            extend_seq_lens_cpu=extend_lens, req_to_token_pool=runner.req_to_token_pool,
-            kv_pool=runner.kv_pool, attn_backend=runner.attn_backend,
-            input_logprob_rows=logprob_rows)
+            extend_seq_lens_cpu=extend_lens, input_logprob_rows=logprob_rows)
 
 
 def _input_logprob_rows(req: Req, start: int, n: int) -> list[int]:

@@ -19,18 +19,17 @@ from typing import Any, Callable
 import torch
 
 import radixlm.envs as envs
-from radixlm.config import ServerArgs
 from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.request import SamplingRequest
-from radixlm.sampling.sampler import Sampler
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ReqOutput, SchedulerStats,
                                        ShutdownReq, TokenizedGenerateReq)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
 from radixlm.scheduler.policy import SchedulePolicy
@@ -49,30 +48,28 @@ GPU_DEFAULT_CHUNK = 8192
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, runner: ModelRunner,
+    def __init__(self, config: SchedulerConfig, runner: ModelRunner, kv: KVCacheManager,
                  recv: Callable[[float | None], list[Any]], send: Callable[[Any], None],
                  tokenizer=None):
-        self.args = args
+        self.config = config
         self.runner = runner
         self.recv = recv
         self.send = send
         # The runner holds the KV tensors; which slots they use is the KV manager's business.
-        self.kv = KVCacheManager(runner.allocator, runner.req_to_token_pool,
-                                 radix=not args.disable_radix_cache)
+        self.kv = kv
         self.prefix_cache = self.kv.prefix_cache
-        self.policy = SchedulePolicy(args.schedule_policy, self.prefix_cache, args.random_seed)
-        self.ratio = NewTokenRatio.create(args.schedule_conservativeness)
-        chunk = args.chunked_prefill_size
+        self.policy = SchedulePolicy(config.schedule_policy, self.prefix_cache, config.random_seed)
+        self.ratio = NewTokenRatio.create(config.schedule_conservativeness)
+        chunk = config.chunked_prefill_size
         if chunk is None:
             chunk = GPU_DEFAULT_CHUNK if runner.device.type == "cuda" else CPU_DEFAULT_CHUNK
         self.chunk_size: int | None = None if chunk == -1 else chunk
-        self.rng = random.Random(args.random_seed)
-        self.sampler = Sampler()
+        self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
         self.results = ResultProcessor(self.prefix_cache, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
-                                       jump_forward=not args.disable_jump_forward)
+                                       jump_forward=not config.disable_jump_forward)
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -85,7 +82,7 @@ class Scheduler:
         self.stopped = False
         self._grammar_backend = None
         self.check_invariants = envs.check_invariants()
-        self.overlap = (not args.disable_overlap_schedule
+        self.overlap = (not config.disable_overlap_schedule
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
         self.overlapped_steps = 0
@@ -263,10 +260,10 @@ class Scheduler:
     @property
     def grammar_backend(self):
         """Created on the first constrained request (xgrammar is only imported then)."""
-        if self._grammar_backend is None and self.args.grammar_backend != "none":
+        if self._grammar_backend is None and self.config.grammar_backend != "none":
             mc = self.runner.model_config
             self._grammar_backend = create_grammar_backend(
-                self.args.grammar_backend, self.tokenizer, mc.vocab_size,
+                self.config.grammar_backend, self.tokenizer, mc.vocab_size,
                 list(mc.eos_token_ids))
         return self._grammar_backend
 
@@ -290,8 +287,8 @@ class Scheduler:
         slots = min(self.kv.req_to_token_pool.available_size(),
                     max_running - len(self.running) - (1 if self.chunked_req else 0))
         adder = PrefillAdder(self.prefix_cache, self.kv.allocator, self.running,
-                             self.ratio.value, self.args.max_prefill_tokens, self.chunk_size,
-                             slots, share_prefixes=not self.args.disable_radix_cache)
+                             self.ratio.value, self.config.max_prefill_tokens, self.chunk_size,
+                             slots, share_prefixes=self.kv.radix)
         chunked, self.chunked_req = self.chunked_req, None
         if chunked is not None and adder.add_chunked(chunked) is AddResult.CHUNKED:
             self.chunked_req = chunked
@@ -344,11 +341,11 @@ class Scheduler:
         """Queue the forward pass and the sampling of one batch on the device."""
         runner = self.runner
         if batch.forward_mode.is_extend:
-            fb = batch.prepare_extend(runner, self.kv)
+            fb = batch.prepare_extend(self.kv, runner.device)
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
         else:
-            fb = batch.prepare_decode(runner, self.kv)
+            fb = batch.prepare_decode(self.kv, runner.last_token_ids)
             out = runner.forward(fb)
         sample_rows = batch.sample_rows()
         sampled = None
@@ -362,8 +359,7 @@ class Scheduler:
                 rows = to_device(sample_rows, torch.int64, runner.device)
                 logits, pool_rows = logits[rows], pool_rows[rows]
             tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-            sampled = self.sampler(logits, info, tops if any(tops) else None)
-            runner.last_token_ids[pool_rows] = sampled.next_token_ids
+            sampled = runner.sample(logits, pool_rows, info, tops if any(tops) else None)
             for r in reqs:
                 r.num_pending += 1
             if batch.forward_mode.is_extend:
@@ -427,5 +423,5 @@ class Scheduler:
         if self.pending is not None:
             holders += [r for r in self.pending.batch.reqs
                         if not r.finished and r.req_pool_idx is not None]
-        self.kv.check_invariant((r.kv_committed_len, len(r.prefix_indices))
+        self.kv.check_invariant((r.kv_allocated_len, len(r.prefix_indices))
                                 for r in {id(r): r for r in holders}.values())

@@ -1,4 +1,8 @@
-"""The attention layer the models use: it knows its shapes and delegates to the batch's backend."""
+"""The attention layer the models use: it knows its shapes and delegates to its backend.
+
+The backend is not known when the model is built from its config; the model runner binds it
+right after loading (`bind_attention_backend`), before any forward pass.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import torch
 from torch import nn
 
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.layers.attention.base import AttentionBackend
 
 
 class RadixAttention(nn.Module):
@@ -17,7 +22,19 @@ class RadixAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scaling = scaling
+        self.backend: AttentionBackend | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
-        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
+        if self.backend is None:
+            raise RuntimeError("RadixAttention: no attention backend bound "
+                               "(call bind_attention_backend after building the model)")
+        return self.backend.forward(q, k, v, self, forward_batch)
+
+
+def bind_attention_backend(model: nn.Module, backend: AttentionBackend) -> int:
+    """Hand `backend` to every attention layer of `model`; returns how many layers took it."""
+    layers = [m for m in model.modules() if isinstance(m, RadixAttention)]
+    for layer in layers:
+        layer.backend = backend
+    return len(layers)

@@ -13,9 +13,6 @@ from radixlm.layers.attention.base import AttentionBackend
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, **_: object):
-        pass
-
     def forward_extend(self, q, k, v, layer, fb):
         return self._run(q, k, v, layer, fb, causal=True)
 
@@ -24,11 +21,12 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _run(self, q, k, v, layer, fb, causal: bool) -> torch.Tensor:
         hq, hk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        fb.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.view(-1, hk, d), v.view(-1, hk, d))
-        k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.view(-1, hk, d),
+                            v.view(-1, hk, d))
+        k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
         q = q.view(-1, hq, d)
         out = torch.empty_like(q)
-        table = fb.req_to_token_pool.req_to_token
+        table = self.req_to_token_pool.req_to_token
         start = 0
         for i in range(fb.batch_size):
             n_new = fb.extend_seq_lens_cpu[i]

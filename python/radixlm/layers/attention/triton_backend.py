@@ -21,11 +21,13 @@ num_kv_splits on the device from the graph's static req_pool_indices and seq_len
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.layers.attention.base import AttentionBackend
+from radixlm.core.forward_batch import ForwardBatch
+from radixlm.layers.attention.base import AttentionBackend, AttentionLayer
 from radixlm.layers.attention.kernels import (
     alloc_decode_buffers,
     build_kv_indices,
@@ -39,13 +41,34 @@ from radixlm.layers.attention.kernels.store_kv import store_kv
 from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
-    from radixlm.layers.attention.radix_attention import RadixAttention
-    from radixlm.core.forward_batch import ForwardBatch
+    from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+
+
+@dataclass
+class TritonDecodeMetadata:
+    batch_size: int
+    kv_indptr: torch.Tensor       # [B+1] int32: request i reads kv_indices[kv_indptr[i]:...]
+    kv_indices: torch.Tensor      # KV slots of every request's context, flattened
+    num_kv_splits: torch.Tensor   # [B] int32: splits per request (split-KV decode)
+    max_kv_splits: int
+    # Partial outputs of the split-KV kernel, allocated by the first layer and reused by the
+    # rest (every layer of a step has the same shapes); keyed by (q heads, head dim).
+    buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+@dataclass
+class TritonExtendMetadata:
+    qo_indptr: torch.Tensor       # [B+1] int32: request i's new tokens are q[qo_indptr[i]:...]
+    kv_indptr: torch.Tensor       # [B+1] int32 over the cached prefixes
+    kv_indices: torch.Tensor
+    max_extend_len: int
 
 
 class TritonAttnBackend(AttentionBackend):
-    def __init__(self, decode_block_n: int | None = None, extend_block_m: int | None = None,
-                 extend_block_n: int | None = None, **_: object):
+    def __init__(self, kv_pool: "KVPool", req_to_token_pool: "ReqToTokenPool",
+                 decode_block_n: int | None = None, extend_block_m: int | None = None,
+                 extend_block_n: int | None = None):
+        super().__init__(kv_pool, req_to_token_pool)
         # Tile overrides exist for tests (small tiles exercise multi-tile paths on tiny inputs);
         # by default the kernels pick tiles from head_dim and dtype.
         self.decode_block_n = decode_block_n
@@ -54,21 +77,20 @@ class TritonAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch
+                              ) -> TritonDecodeMetadata | TritonExtendMetadata:
         fb = forward_batch
-        md = fb.attn_metadata  # frozen dataclass: fill its dict, never reassign it
-        md.clear()
-        table = fb.req_to_token_pool.req_to_token
+        table = self.req_to_token_pool.req_to_token
         if fb.forward_mode.is_decode:
             kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
                                                      sum(fb.seq_lens_cpu))
-            max_kv_splits = choose_max_kv_splits(fb.batch_size, fb.kv_pool.num_kv_heads,
+            max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads,
                                                  max(fb.seq_lens_cpu, default=1),
                                                  num_sms(table.device))
-            md.update(mode="decode", kv_indptr=kv_indptr, kv_indices=kv_indices,
-                      num_kv_splits=per_request_kv_splits(fb.seq_lens, max_kv_splits),
-                      max_kv_splits=max_kv_splits)
-            return
+            self.metadata = TritonDecodeMetadata(
+                fb.batch_size, kv_indptr, kv_indices,
+                per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits)
+            return self.metadata
 
         bs = fb.batch_size
         # The prefix a request's queries see is everything before its new tokens; computed the
@@ -81,83 +103,73 @@ class TritonAttnBackend(AttentionBackend):
         packed = to_device(prefix + qo_indptr, torch.int32, table.device)
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, packed[:bs],
                                                  sum(prefix))
-        md.update(mode="extend", qo_indptr=packed[bs:], kv_indptr=kv_indptr,
-                  kv_indices=kv_indices, max_extend_len=max(fb.extend_seq_lens_cpu, default=0))
+        self.metadata = TritonExtendMetadata(packed[bs:], kv_indptr, kv_indices,
+                                             max(fb.extend_seq_lens_cpu, default=0))
+        return self.metadata
 
     supports_cuda_graph = True
 
-    def init_forward_metadata_capture(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata_capture(self, forward_batch: ForwardBatch) -> TritonDecodeMetadata:
         fb = forward_batch
-        md = fb.attn_metadata
-        md.clear()
-        table = fb.req_to_token_pool.req_to_token
-        max_ctx = fb.req_to_token_pool.max_context_len
+        table = self.req_to_token_pool.req_to_token
+        max_ctx = self.req_to_token_pool.max_context_len
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
                                                  fb.batch_size * max_ctx)
-        max_kv_splits = choose_max_kv_splits(fb.batch_size, fb.kv_pool.num_kv_heads, max_ctx,
+        max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads, max_ctx,
                                              num_sms(table.device))
-        md.update(mode="decode", kv_indptr=kv_indptr, kv_indices=kv_indices,
-                  num_kv_splits=per_request_kv_splits(fb.seq_lens, max_kv_splits),
-                  max_kv_splits=max_kv_splits)
+        self.metadata = TritonDecodeMetadata(
+            fb.batch_size, kv_indptr, kv_indices,
+            per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits)
+        return self.metadata
 
     # ------------------------------------------------------------------ forward
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
-        fb = forward_batch
-        md = self._metadata(fb, "decode")
+                       layer: AttentionLayer, forward_batch: ForwardBatch) -> torch.Tensor:
+        md = self._metadata(TritonDecodeMetadata)
         hq, d = layer.num_heads, layer.head_dim
-        k_buf, v_buf = self._store_kv(k, v, layer, fb)
+        k_buf, v_buf = self._store_kv(k, v, layer, forward_batch)
         q3 = q.reshape(-1, hq, d)
         out = torch.empty_like(q3)
-        mid_o, mid_lse = self._decode_buffers(md, fb.batch_size, hq, d, q.device)
-        decode_attention(q3, k_buf, v_buf, out, md["kv_indptr"], md["kv_indices"],
-                         md["num_kv_splits"], md["max_kv_splits"], layer.scaling, mid_o, mid_lse,
+        if (hq, d) not in md.buffers:
+            md.buffers[(hq, d)] = alloc_decode_buffers(md.batch_size, hq, d, md.max_kv_splits,
+                                                       q.device)
+        mid_o, mid_lse = md.buffers[(hq, d)]
+        decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
+                         md.max_kv_splits, layer.scaling, mid_o, mid_lse,
                          block_n=self.decode_block_n)
         return out.view(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
-        fb = forward_batch
-        md = self._metadata(fb, "extend")
+                       layer: AttentionLayer, forward_batch: ForwardBatch) -> torch.Tensor:
+        md = self._metadata(TritonExtendMetadata)
         hq, hk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        k_buf, v_buf = self._store_kv(k, v, layer, fb)
+        k_buf, v_buf = self._store_kv(k, v, layer, forward_batch)
         q3 = q.reshape(-1, hq, d)
         out = torch.empty_like(q3)
         # The kernel reads the new tokens' K/V from these tensors (see extend_attention.py), in
         # the query's dtype so both tl.dot operands agree.
         k3 = k.reshape(-1, hk, d).to(q.dtype)
         v3 = v.reshape(-1, hk, d).to(q.dtype)
-        extend_attention(q3, k3, v3, out, k_buf, v_buf, md["qo_indptr"], md["kv_indptr"],
-                         md["kv_indices"], md["max_extend_len"], layer.scaling,
+        extend_attention(q3, k3, v3, out, k_buf, v_buf, md.qo_indptr, md.kv_indptr,
+                         md.kv_indices, md.max_extend_len, layer.scaling,
                          block_m=self.extend_block_m, block_n=self.extend_block_n)
         return out.view(-1, hq * d)
 
     # ------------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _metadata(fb: "ForwardBatch", mode: str) -> dict[str, Any]:
-        md = fb.attn_metadata
-        if md.get("mode") != mode:
-            raise RuntimeError(f"TritonAttnBackend: forward_{mode} without "
-                               f"init_forward_metadata for this {mode} batch")
-        return md
+    def _metadata(self, kind: type):
+        if not isinstance(self.metadata, kind):
+            raise RuntimeError(f"TritonAttnBackend: a forward pass without init_forward_metadata "
+                               f"for this batch (have {type(self.metadata).__name__}, "
+                               f"need {kind.__name__})")
+        return self.metadata
 
-    @staticmethod
-    def _store_kv(k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
-                  fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
+    def _store_kv(self, k: torch.Tensor, v: torch.Tensor, layer: AttentionLayer,
+                  fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         # One kernel for K and V (kernels/store_kv.py); no host sync
         # (test_gpu_decode_has_no_host_sync checks it).
         hk, d = layer.num_kv_heads, layer.head_dim
-        k_buf, v_buf = fb.kv_pool.get_kv(layer.layer_id)
+        k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
         store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc)
         return k_buf, v_buf
-
-    @staticmethod
-    def _decode_buffers(md: dict[str, Any], bs: int, hq: int, d: int,
-                        device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer of a step has the same shapes: allocate the partial outputs once per batch.
-        key = ("decode_buffers", hq, d)
-        if key not in md:
-            md[key] = alloc_decode_buffers(bs, hq, d, md["max_kv_splits"], device)
-        return md[key]

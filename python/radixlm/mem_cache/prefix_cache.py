@@ -1,0 +1,93 @@
+"""The prefix-cache interface: what the scheduler and the KV manager may ask of a cache.
+
+Two caches implement it today: RadixCache (the radix tree that shares prefixes between requests)
+and ChunkCache (--disable-radix-cache: a request keeps its own KV and frees it when it ends). A
+host-memory tier (hierarchical cache) is meant to be a third.
+
+Slot accounting the implementations keep: `evictable_size()` slots are cached and unlocked (the
+cache may free them on `evict`), `protected_size()` slots are cached and locked by running
+requests; the KV manager adds free and request-owned slots to check the total.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+
+
+class CachedRequest(Protocol):
+    """What the caches need of a request (scheduler/request.py's Req provides it)."""
+
+    req_pool_idx: int | None
+    prefix_indices: torch.Tensor
+    last_node: Any
+    kv_allocated_len: int
+
+    @property
+    def fill_ids(self) -> list[int]: ...
+
+
+@dataclass
+class MatchResult:
+    indices: torch.Tensor   # KV slots of the matched prefix (int64)
+    last_node: Any          # the cache's handle on the match (lock it while the request runs)
+
+
+class PrefixCache(ABC):
+    # ---------------------------------------------------------------- sizes
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every cached prefix (flush_cache); the caller frees the allocator."""
+
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def protected_size(self) -> int: ...
+
+    def total_size(self) -> int:
+        return self.evictable_size() + self.protected_size()
+
+    # ---------------------------------------------------------------- lookups
+
+    @abstractmethod
+    def peek_prefix(self, key: Sequence[int]) -> tuple[int, Any]:
+        """Length of the cached prefix of `key` and its node, with no side effects (no node
+        split, no LRU touch): for scheduling policies that only sort."""
+
+    @abstractmethod
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        """The cached prefix of `key`, page-aligned, for a request about to be admitted."""
+
+    @abstractmethod
+    def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
+        """Cache `value` (KV slots) under `key`; returns how many leading tokens were already
+        cached (the caller frees its duplicate slots for those)."""
+
+    # ---------------------------------------------------------------- requests
+
+    @abstractmethod
+    def cache_finished_req(self, req: CachedRequest) -> None:
+        """A request ended (or was retracted): keep its KV in the cache, release its slot row."""
+
+    @abstractmethod
+    def cache_unfinished_req(self, req: CachedRequest) -> None:
+        """A prefill chunk finished: cache what the request has so far, keep it running."""
+
+    @abstractmethod
+    def inc_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def dec_lock_ref(self, node: Any) -> None: ...
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens unlocked cached slots if possible; returns how many."""
+
+    @abstractmethod
+    def all_values(self) -> torch.Tensor:
+        """Every slot the cache holds (tests check them against the allocator)."""

@@ -1,0 +1,48 @@
+"""RunnerConfig: what the model runner needs of the server's flags, and nothing else.
+
+ServerArgs holds every flag (HTTP, limits, parsers, scheduling); the runner reads only the model,
+its dtype and device, the memory budget, the kernels and the parallel layout. Keeping that in its
+own small dataclass lets a benchmark or a tensor-parallel rank build a runner without a server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixlm.config import ServerArgs
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_path: str | None = None          # None: the bundled GGUF (resolve_model_dir)
+    load_format: str = "auto"
+    tokenizer_path: str | None = None
+    dtype: str = "auto"
+    device: str | None = None              # None: cuda when available, else cpu
+    context_length: int | None = None
+    random_seed: int = 0
+    # Memory
+    mem_fraction_static: float = 0.85
+    max_total_tokens: int | None = None
+    max_running_requests: int | None = None
+    page_size: int = 1
+    # Kernels
+    attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 160
+    # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs, tp_rank: int = 0) -> "RunnerConfig":
+        return cls(model_path=args.model_path, load_format=args.load_format,
+                   tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device,
+                   context_length=args.context_length, random_seed=args.random_seed,
+                   mem_fraction_static=args.mem_fraction_static,
+                   max_total_tokens=args.max_total_tokens,
+                   max_running_requests=args.max_running_requests, page_size=args.page_size,
+                   attention_backend=args.attention_backend,
+                   disable_cuda_graph=args.disable_cuda_graph,
+                   cuda_graph_max_bs=args.cuda_graph_max_bs, tp_rank=tp_rank,
+                   tp_size=args.tp_size)

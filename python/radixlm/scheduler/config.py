@@ -1,0 +1,33 @@
+"""SchedulerConfig: the flags the scheduler reads (batching, admission, overlap, constraints).
+
+Whether prefixes are shared (--disable-radix-cache) is the KV manager's choice, made when it is
+created; the scheduler asks it (`kv.radix`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixlm.config import ServerArgs
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
+    max_prefill_tokens: int = 16384
+    disable_overlap_schedule: bool = False
+    disable_jump_forward: bool = False
+    grammar_backend: str = "xgrammar"
+    random_seed: int = 0
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs) -> "SchedulerConfig":
+        return cls(schedule_policy=args.schedule_policy,
+                   schedule_conservativeness=args.schedule_conservativeness,
+                   chunked_prefill_size=args.chunked_prefill_size,
+                   max_prefill_tokens=args.max_prefill_tokens,
+                   disable_overlap_schedule=args.disable_overlap_schedule,
+                   disable_jump_forward=args.disable_jump_forward,
+                   grammar_backend=args.grammar_backend, random_seed=args.random_seed)
