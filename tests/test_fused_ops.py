@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from helpers import run_file_under_interpreter, run_interpreter_cases
+from radixlm.core.model_config import RopeScaling
 from radixlm.layers.activation import silu_and_mul as torch_silu_and_mul
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
@@ -152,7 +153,7 @@ def check_silu_and_mul(t: int, i: int, dtype, device, strided: bool = False,
 
 
 def check_rotary(t: int, hq: int, hk: int, d: int, dtype, device, views: bool = True,
-                 scaling: dict | None = None, max_position: int = 4096, seed: int = 0,
+                 scaling: RopeScaling | None = None, max_position: int = 4096, seed: int = 0,
                  halves_equal: bool = False) -> None:
     from radixlm.layers.kernels.rotary_kernels import rotary_embedding_
 
@@ -172,7 +173,7 @@ def check_rotary(t: int, hq: int, hk: int, d: int, dtype, device, views: bool = 
     out_q, out_k = rotary_embedding_(positions, q, k, rope.cos, rope.sin, d,
                                      halves_equal=halves_equal)
     what = (f"rotary T={t} hq={hq} hk={hk} d={d} {str(dtype)[6:]}"
-            f"{' qkv-views' if views else ''}{' ' + scaling['rope_type'] if scaling else ''}")
+            f"{' qkv-views' if views else ''}{' ' + scaling.rope_type if scaling else ''}")
     _exact(out_q, ref_q, what + " q")
     _exact(out_k, ref_k, what + " k")
     if t:   # in place: the returned tensors are the inputs' storage
@@ -184,8 +185,8 @@ def check_rotary(t: int, hq: int, hk: int, d: int, dtype, device, views: bool = 
 
 # ---------------------------------------------------------------------- interpreter (CPU) tier
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 256}
+LLAMA3 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=256)
 
 
 def _interpreter_cases():

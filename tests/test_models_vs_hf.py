@@ -144,3 +144,15 @@ def test_verify_step_scores_every_draft_token(pair):
     torch.testing.assert_close(last[0], want[-1], atol=1e-4, rtol=1e-4)
     req.kv_allocated_len = start + n
     kv.prefix_cache.cache_finished_req(req)
+
+
+def test_kv_cache_spec_matches_the_pool(pair):
+    """What the model declares per token is what the runner's KV pool holds per token (the
+    runner still sizes the pool from the config; the spec must agree until it takes over)."""
+    _, runner, _ = pair
+    mc, spec = runner.model_config, runner.model.kv_cache_spec
+    assert (spec.kind, spec.num_layers, spec.num_kv_heads, spec.head_dim) == (
+        "mha", mc.num_layers, mc.num_kv_heads, mc.head_dim)
+    per_token = spec.bytes_per_token(runner.dtype)
+    assert per_token == 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * runner.dtype.itemsize
+    assert runner.kv_pool.nbytes == runner.kv_pool.num_slots * per_token

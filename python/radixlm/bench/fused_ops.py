@@ -133,6 +133,7 @@ def _max_diff(call: Callable[[], Any]) -> float:
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from radixlm.core.model_config import RopeScaling
     from radixlm.layers.norm import RMSNorm
     from radixlm.layers.rotary import RotaryEmbedding
 
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             norm.weight.copy_(1 + 0.1 * torch.randn(m["hidden"], generator=g))
         layers = {"norm": norm.to(device="cuda", dtype=dtype),
                   "rope": RotaryEmbedding(m["head_dim"], MAX_POSITION, m["rope_theta"],
-                                          m["rope_scaling"]).to("cuda")}
+                                          RopeScaling.from_hf(m["rope_scaling"])).to("cuda")}
         for t in args.tokens:
             for op in args.ops:
                 call, nbytes = _case(op, m, t, dtype, layers, g)

@@ -2,43 +2,43 @@
 
 On CUDA, q and k are rotated in place by one Triton kernel
 (radixlm/layers/kernels/rotary_kernels.py); elsewhere, or with RADIXLM_DISABLE_FUSED_OPS=1, the
-PyTorch code below returns rotated copies. Either way, use the returned tensors.
+PyTorch code below returns rotated copies. Either way, use the returned tensors. The scaling
+comes parsed and checked from the model config (core/model_config.py: RopeScaling).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
 
+from radixlm.core.model_config import RopeScaling
 from radixlm.layers.kernels import use_fused
 
 
-def _inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+def _inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
     inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind in (None, "default"):
+    if scaling is None:
         return inv
-    if kind == "linear":
-        return inv / float(scaling["factor"])
-    if kind == "llama3":
+    if scaling.rope_type == "linear":
+        return inv / scaling.factor
+    if scaling.rope_type == "llama3":
         # Low frequencies are divided by `factor`, high ones kept, a smooth blend in between.
-        factor = float(scaling["factor"])
-        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-        old_ctx = float(scaling["original_max_position_embeddings"])
+        factor = scaling.factor
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        old_ctx = float(scaling.original_max_position_embeddings)
         wavelen = 2 * math.pi / inv
         smooth = (old_ctx / wavelen - low) / (high - low)
         blended = (1 - smooth) * inv / factor + smooth * inv
         out = torch.where(wavelen > old_ctx / low, inv / factor, blended)
         return torch.where(wavelen < old_ctx / high, inv, out)
-    raise ValueError(f"unsupported rope_scaling type {kind!r}")
+    raise ValueError(f"unsupported rope_scaling type {scaling.rope_type!r}")
 
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
-                 scaling: dict[str, Any] | None = None):
+                 scaling: RopeScaling | None = None):
         super().__init__()
         self.head_dim = head_dim
         inv = _inv_freq(head_dim, base, scaling)

@@ -24,11 +24,12 @@ def _default_dtype(dtype: torch.dtype):
 
 def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device: torch.device,
                dtype: torch.dtype, seed: int = 0) -> nn.Module:
-    cls = resolve_model_class(model_config.hf_config)
+    cls = resolve_model_class(model_config)
     # Parameters are created directly on the device in the compute dtype (an 8B model must not
-    # pass through float32 CPU memory first).
+    # pass through float32 CPU memory first). The model sizes its rotary table from
+    # model_config.context_len.
     with _default_dtype(dtype), torch.device(device):
-        model = cls(model_config.hf_config, max_position=model_config.context_len)
+        model = cls(model_config)
     if load_format == "dummy":
         _init_dummy(model, seed)
     else:

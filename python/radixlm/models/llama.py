@@ -2,6 +2,9 @@
 
 Qwen2 adds q/k/v biases and Qwen3 adds per-head RMSNorm on q and k; both are switches here
 (`qkv_bias`, `qk_norm`) that their own modules set, so the forward pass exists once.
+
+Models are built from the typed ModelConfig (core/model_config.py) and read only its fields,
+never the raw HF config, so every HF spelling is decided in one place.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from radixlm.core.forward_batch import ForwardBatch
+from radixlm.core.kv_spec import KVCacheSpec
+from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.attention.radix_attention import RadixAttention
@@ -18,11 +24,6 @@ from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
-from radixlm.core.forward_batch import ForwardBatch
-
-
-def head_dim_of(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class LlamaMLP(nn.Module):
@@ -37,21 +38,22 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_id: int, tp: TPGroup, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, max_position: int):
+    def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup, qkv_bias: bool,
+                 o_bias: bool, qk_norm: bool):
         super().__init__()
-        self.head_dim = head_dim_of(config)
+        self.head_dim = config.head_dim
         self.num_heads = tp.shard(config.num_attention_heads, "num_attention_heads")
-        self.num_kv_heads = tp.shard(config.num_key_value_heads, "num_key_value_heads")
+        self.num_kv_heads = tp.shard(config.num_kv_heads, "num_key_value_heads")
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
-                                          config.num_attention_heads, config.num_key_value_heads,
+                                          config.num_attention_heads, config.num_kv_heads,
                                           bias=qkv_bias, tp=tp)
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim,
                                         config.hidden_size, bias=o_bias, tp=tp)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(self.head_dim, max_position, _rope_theta(config),
-                                          _rope_scaling(config))
+        # The cos/sin table covers the served context (--context-length may shorten it).
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.context_len, config.rope_theta,
+                                          config.rope_scaling)
         self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
                                    scaling=self.head_dim ** -0.5)
 
@@ -69,13 +71,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, tp: TPGroup, qkv_bias: bool, o_bias: bool,
-                 qk_norm: bool, max_position: int):
+    def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup, qkv_bias: bool,
+                 o_bias: bool, qk_norm: bool):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, qk_norm,
-                                        max_position)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size,
-                            getattr(config, "mlp_bias", False), tp)
+        self.self_attn = LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, qk_norm)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -93,23 +93,21 @@ class LlamaForCausalLM(nn.Module):
     qk_norm = False
 
     @staticmethod
-    def attention_biases(config) -> tuple[bool, bool]:
+    def attention_biases(config: ModelConfig) -> tuple[bool, bool]:
         """(q/k/v bias, o_proj bias): Llama's `attention_bias` switches both."""
-        bias = bool(getattr(config, "attention_bias", False))
-        return bias, bias
+        return config.attention_bias, config.attention_bias
 
-    def __init__(self, config, tp: TPGroup = SINGLE, max_position: int | None = None):
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE):
         super().__init__()
         self.config = config
         self.tp = tp
-        max_position = max_position or config.max_position_embeddings
         qkv_bias, o_bias = self.attention_biases(config)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, tp, qkv_bias, o_bias, self.qk_norm, max_position)
-            for i in range(config.num_hidden_layers))
+            LlamaDecoderLayer(config, i, tp, qkv_bias, o_bias, self.qk_norm)
+            for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp,
                                       tie_to=self.embed_tokens if self.tie_word_embeddings else None)
 
@@ -124,6 +122,15 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """K and V of this rank's KV heads in every layer: what the KV pool must hold per
+        token, declared by the model so that the memory code need not re-derive it from the
+        config (an MLA model will declare kind "mla" here)."""
+        attn = self.layers[0].self_attn
+        return KVCacheSpec(kind="mha", num_layers=len(self.layers),
+                           num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim)
 
     # ------------------------------------------------------------------ weights
 
@@ -166,15 +173,3 @@ class LlamaForCausalLM(nn.Module):
             missing.discard("lm_head.weight")
         if missing:
             raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
-
-
-def _rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-def _rope_scaling(config):
-    params = getattr(config, "rope_parameters", None)
-    if params:
-        return params
-    return getattr(config, "rope_scaling", None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from radixlm.core.model_config import ModelConfig
+
 _MODELS = {
     "LlamaForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
@@ -16,10 +18,11 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def resolve_model_class(config) -> type:
-    for arch in getattr(config, "architectures", None) or []:
+def resolve_model_class(config: ModelConfig) -> type:
+    """The class for the first of the config's `architectures` that has one."""
+    for arch in config.architectures:
         if arch in _MODELS:
             module, cls = _MODELS[arch].split(":")
             return getattr(importlib.import_module(module), cls)
-    raise ValueError(f"--model-path: unsupported architecture {config.architectures}; "
+    raise ValueError(f"--model-path: unsupported architecture {list(config.architectures)}; "
                      f"supported: {supported_architectures()}")
