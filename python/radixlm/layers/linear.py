@@ -1,9 +1,15 @@
-"""Linear layers that know their tensor-parallel shard.
+"""Linear layers that know their tensor-parallel shard, and the linear-method hook.
 
 Column-parallel layers split the output dimension across ranks, row-parallel layers split the
 input dimension and all-reduce the result. Each parameter carries a `weight_loader` that takes a
 full checkpoint tensor and copies this rank's shard into place (for fused layers, into the right
 slice: q/k/v into qkv_proj, gate/up into gate_up_proj).
+
+What tensors stand for the weight and how x is multiplied by them is a `LinearMethod`'s job, not
+the layer's: the layer decides the shard shapes and the loaders, the method creates the
+parameters and computes the product. Full precision is `UnquantizedLinearMethod` (F.linear); a
+quantized format (FP8, INT4, ...) becomes one more LinearMethod subclass that every parallel
+layer, and so every model, can take unchanged.
 """
 
 from __future__ import annotations
@@ -16,11 +22,60 @@ from torch import nn
 
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 
+# (param, full checkpoint tensor[, shard id]) -> copies this rank's part into param.
+WeightLoader = Callable[..., None]
 
-def _param(shape: tuple[int, ...], loader: Callable) -> nn.Parameter:
+
+def _param(shape: tuple[int, ...], loader: WeightLoader) -> nn.Parameter:
     p = nn.Parameter(torch.empty(shape), requires_grad=False)
     p.weight_loader = loader  # type: ignore[attr-defined]
     return p
+
+
+class LinearMethod:
+    """How a linear layer stores its weight and computes x W^T (+ b).
+
+    Subclasses implement both methods; they keep no per-layer state themselves (whatever they
+    create is registered on the layer), so one instance can serve every layer of a model.
+    """
+
+    def create_weights(self, layer: nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], bias: bool,
+                       weight_loader: WeightLoader,
+                       bias_loader: WeightLoader | None = None) -> None:
+        """Register `layer.weight` and `layer.bias` (None when `bias` is False), each with its
+        `weight_loader` attribute. `output_partition_sizes` lists this rank's rows of each
+        logical matrix fused into the layer (e.g. its q, k and v rows), for methods that keep a
+        scale per fused part. `bias_loader` defaults to `weight_loader`."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T, plus `bias` when given. Row-parallel layers pass None and add their bias
+        after the all-reduce themselves."""
+        raise NotImplementedError
+
+
+class UnquantizedLinearMethod(LinearMethod):
+    """Weights in the compute dtype (the default dtype when created), one F.linear."""
+
+    def create_weights(self, layer: nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], bias: bool,
+                       weight_loader: WeightLoader,
+                       bias_loader: WeightLoader | None = None) -> None:
+        out = sum(output_partition_sizes)
+        layer.register_parameter("weight", _param((out, input_size_per_partition),
+                                                  weight_loader))
+        layer.register_parameter(
+            "bias", _param((out,), bias_loader or weight_loader) if bias else None)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+# Stateless, so every layer without an explicit method shares this one.
+UNQUANTIZED = UnquantizedLinearMethod()
 
 
 class ColumnParallelLinear(nn.Module):
@@ -31,15 +86,16 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
-                 tp: TPGroup = SINGLE):
+                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None):
         super().__init__()
         self.tp = tp
         self.input_size = input_size
         self.shard_sizes = [tp.shard(s, "output size") for s in output_sizes]
         self.shard_offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
-        out = sum(self.shard_sizes)
-        self.weight = _param((out, input_size), self.weight_loader)
-        self.bias = _param((out,), self.weight_loader) if bias else None
+        self.linear_method = linear_method or UNQUANTIZED
+        # The bias is split like the weight's rows, so the same loader fills both.
+        self.linear_method.create_weights(self, input_size, self.shard_sizes, bias,
+                                          self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         size, offset = self.shard_sizes[shard_id], self.shard_offsets[shard_id]
@@ -47,7 +103,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.narrow(0, offset, size).copy_(src)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear_method.apply(self, x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -58,9 +114,11 @@ class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections fused; shard ids 'q', 'k', 'v'."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 bias: bool = False, tp: TPGroup = SINGLE):
+                 bias: bool = False, tp: TPGroup = SINGLE,
+                 linear_method: LinearMethod | None = None):
         super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim,
-                                       num_kv_heads * head_dim], bias=bias, tp=tp)
+                                       num_kv_heads * head_dim], bias=bias, tp=tp,
+                         linear_method=linear_method)
         self.q_size, self.kv_size = self.shard_sizes[0], self.shard_sizes[1]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
@@ -73,12 +131,14 @@ class RowParallelLinear(nn.Module):
     """y = x W^T + b with W's input columns split across ranks; partial sums are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 tp: TPGroup = SINGLE):
+                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None):
         super().__init__()
         self.tp = tp
         self.input_shard = tp.shard(input_size, "input size")
-        self.weight = _param((output_size, self.input_shard), self.weight_loader)
-        self.bias = _param((output_size,), self._bias_loader) if bias else None
+        self.linear_method = linear_method or UNQUANTIZED
+        # Every rank holds the whole bias (it is added once, after the reduction).
+        self.linear_method.create_weights(self, self.input_shard, [output_size], bias,
+                                          self.weight_loader, bias_loader=self._bias_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded.narrow(1, self.tp.rank * self.input_shard, self.input_shard))
@@ -88,5 +148,7 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        # The method sees no bias: added to each rank's partial sum it would be counted
+        # tp.size times by the all-reduce.
+        y = self.tp.all_reduce(self.linear_method.apply(self, x, None))
         return y if self.bias is None else y + self.bias
