@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.layers.attention.base import AttentionBackend, create_attention_backend
 from radixlm.layers.attention.radix_attention import bind_attention_backend
 from radixlm.layers.logits import InputLogprobs, compute_input_logprobs
@@ -65,10 +66,14 @@ class ModelRunner:
         torch.manual_seed(config.random_seed)
         self.model = load_model(self.model_config, self.hf_dir, self.load_format, self.device,
                                 self.dtype, seed=config.random_seed)
+        # The model declares what a token costs in the cache; the pool is built from that.
+        self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
+        if self.kv_spec.kind != "mha":
+            raise NotImplementedError(f"KV cache kind {self.kv_spec.kind!r} has no pool yet")
         self.memory_plan = self._plan_memory()
-        mc = self.model_config
-        self.kv_pool = KVPool(self.memory_plan.num_slots, mc.num_layers, mc.num_kv_heads,
-                              mc.head_dim, self.dtype, self.device)
+        spec = self.kv_spec
+        self.kv_pool = KVPool(self.memory_plan.num_slots, spec.num_layers, spec.num_kv_heads,
+                              spec.head_dim, self.dtype, self.device)
         # The next input id of each request slot: the sampler writes it, the next decode step
         # reads it on the device, so that step can be launched before the host has seen it.
         self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
@@ -114,7 +119,7 @@ class ModelRunner:
 
     def _plan_memory(self) -> MemoryPlan:
         mc, cfg = self.model_config, self.config
-        per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        per_token = self.kv_spec.bytes_per_token(self.dtype)
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
         elif self.device.type == "cuda":
