@@ -9,6 +9,7 @@ import re
 
 import jsonschema
 import pytest
+import torch
 
 SEEDS = range(6)
 
@@ -185,3 +186,34 @@ def test_grammar_backend_none_rejects_constraints(make_engine):
     e = make_engine(grammar_backend="none", max_total_tokens=1024)
     with pytest.raises(ValueError, match="grammar-backend"):
         e.generate("x", {"max_new_tokens": 4, "regex": "a+"})
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_batched_mask_fill_equals_per_matcher_fill(tokenizer, monkeypatch, threads):
+    """The scheduler fills a step's grammar masks with one batched (multi-threaded) call; every
+    row, including rows left out, must equal what filling matcher by matcher gives."""
+    from radixlm.constrained.base import ConstraintKey
+    from radixlm.constrained.xgrammar_backend import XGrammarBackend
+
+    monkeypatch.setenv("RADIXLM_GRAMMAR_FILL_THREADS", str(threads))
+    backend = XGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    assert backend.fill_threads == threads
+    keys = [ConstraintKey("json_schema", json.dumps(SCHEMAS["nested"])),
+            ConstraintKey("regex", r"[a-z]{2,5}-[0-9]+"), ConstraintKey("regex", r"(yes|no)")]
+    prefixes = ['{"name": "Al', "ab", ""]
+    matchers = []
+    for key, prefix in zip(keys * 3, prefixes * 3):
+        m = backend.matcher(backend.compile(key).result())
+        for t in tokenizer.encode(prefix, add_special_tokens=False):
+            assert m.accept_token(t)
+        matchers.append(m)
+    rows = [0, 2, 3, 5, 6, 8, 9, 10, 11]          # rows 1, 4, 7 are left all-allowed
+    batched = backend.allocate_mask(12)
+    backend.fill_vocab_masks(matchers, batched, rows)
+    serial = backend.allocate_mask(12)
+    for m, r in zip(matchers, rows):
+        m.fill_vocab_mask(serial, r)
+    assert torch.equal(batched, serial)
+    assert torch.equal(batched[1], backend.allocate_mask(1)[0])   # untouched row
+    assert not torch.equal(batched[0], batched[1])                # a filled row differs
+    backend.shutdown()

@@ -31,3 +31,10 @@ def overlap_on_cpu() -> bool:
     """RADIXLM_OVERLAP_ON_CPU=1: use the overlap scheduler on the CPU too (it is for GPUs, where
     it hides the host's work; the CPU test suite uses this to check it gives the same outputs)."""
     return _flag("RADIXLM_OVERLAP_ON_CPU")
+
+
+def grammar_fill_threads() -> int:
+    """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks
+    (default: half the CPUs, at most 8)."""
+    value = int(os.environ.get("RADIXLM_GRAMMAR_FILL_THREADS", "0") or 0)
+    return value if value > 0 else max(1, min(8, (os.cpu_count() or 2) // 2))

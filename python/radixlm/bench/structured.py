@@ -306,8 +306,13 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
         label = f"workloads (jump-forward {'on' if jump_forward else 'off'})"
         runs = {wl.name: run_workload(engine, wl)
                 for wl in tqdm(workloads, desc=label, file=sys.stderr)}
-        mask = (measure_mask_overhead(engine, ns.batch_size, ns.mask_tokens, ns.repeats)
-                if not jump_forward else None)
+        mask = None
+        if not jump_forward:
+            mask = measure_mask_overhead(engine, ns.batch_size, ns.mask_tokens, ns.repeats)
+            # Other batch sizes (--mask-batch-sizes), reported beside the main figure.
+            mask["other_batch_sizes"] = [
+                measure_mask_overhead(engine, bs, ns.mask_tokens, ns.repeats)
+                for bs in ns.mask_batch_sizes if bs != ns.batch_size]
         info = {"server_args": dataclasses.asdict(engine.server_args),
                 "resolved_model_path": engine.ready.model_path, "device": engine.ready.device,
                 "dtype": engine.ready.dtype}
@@ -344,6 +349,9 @@ def _parser() -> argparse.ArgumentParser:
                    type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
                    help="comma-separated subset of the jump-forward workloads: json, regex")
     p.add_argument("--batch-size", type=int, default=64, help="batch of the mask-overhead test")
+    p.add_argument("--mask-batch-sizes", default=[],
+                   type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+                   help="more batch sizes for the mask-overhead test, e.g. 1,8,256")
     p.add_argument("--mask-tokens", type=int, default=64,
                    help="tokens each request decodes in the mask-overhead test")
     p.add_argument("--repeats", type=int, default=3,
@@ -371,7 +379,9 @@ def _summary(results: dict[str, Any]) -> str:
     if jf["forward_pass_reduction"] is not None:
         parts += f"; passes {common.pct(-jf['forward_pass_reduction'])}"
     return (f"structured: jump-forward {jf['speedup']:.2f}x ({parts}), "
-            f"mask overhead {common.pct(mask['overhead'])} at bs {mask['batch_size']}, "
+            f"mask overhead {common.pct(mask['overhead'])} at bs {mask['batch_size']}"
+            + "".join(f" ({common.pct(m['overhead'])} at bs {m['batch_size']})"
+                      for m in mask.get("other_batch_sizes", [])) + ", "
             f"valid {common.pct(results['valid_fraction_of_stopped'])} of stopped "
             f"(stop {common.pct(results['stop_fraction'])})")
 

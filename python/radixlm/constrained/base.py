@@ -68,6 +68,13 @@ class GrammarBackend(ABC):
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         """A CPU mask for a batch, every token allowed."""
 
+    def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
+                         rows: list[int]) -> None:
+        """Fill row rows[i] of `mask` from matchers[i] (a backend may do it in one batched,
+        multi-threaded call)."""
+        for matcher, row in zip(matchers, rows):
+            matcher.fill_vocab_mask(mask, row)
+
     @abstractmethod
     def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place (mask already on the device)."""

@@ -34,29 +34,32 @@ class RowTokens:
 class LaunchedStep:
     batch: ScheduleBatch
     out: ForwardOutput
-    sample_rows: list[int]                 # rows of batch.reqs that sampled a token
-    sampled: SampleOutput | None
+    sample_rows: list[int]                 # rows of batch.reqs that sample a token
+    # Each row's Req.kv_epoch when the forward was launched: a request whose KV was reset since
+    # (jump-forward while this step ran) gets nothing from this step.
+    epochs: list[int]
+    sampled: SampleOutput | None = None
+    pool_rows: torch.Tensor | None = None  # the batch's req-to-token rows (device), for sampling
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
     _copied: torch.cuda.Event | None = None
 
-    @classmethod
-    def start(cls, batch: ScheduleBatch, out: ForwardOutput, sample_rows: list[int],
-              sampled: SampleOutput | None) -> "LaunchedStep":
-        step = cls(batch, out, sample_rows, sampled)
-        if sampled is None:
-            return step
+    def is_stale(self, row: int) -> bool:
+        return self.batch.reqs[row].kv_epoch != self.epochs[row]
+
+    def attach_samples(self, sampled: SampleOutput) -> None:
+        """Record the sampler's output and queue its copy to the host."""
+        self.sampled = sampled
         ids, lps = sampled.next_token_ids, sampled.next_token_logprobs
         if ids.device.type == "cuda":
-            step._ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            step._logprobs_host = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
-            step._ids_host.copy_(ids, non_blocking=True)
-            step._logprobs_host.copy_(lps, non_blocking=True)
-            step._copied = torch.cuda.Event()
-            step._copied.record()
+            self._ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._logprobs_host = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+            self._ids_host.copy_(ids, non_blocking=True)
+            self._logprobs_host.copy_(lps, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         else:
-            step._ids_host, step._logprobs_host = ids, lps
-        return step
+            self._ids_host, self._logprobs_host = ids, lps
 
     def wait(self) -> list[RowTokens]:
         """The tokens of each sampled row, in sample_rows order (blocks until the copy is

@@ -51,6 +51,7 @@ class Req:
     # Tokens sampled by launched steps whose results the host has not processed yet (overlap
     # scheduler: at most 1). They are on the device in ModelRunner.last_token_ids.
     num_pending: int = 0
+    kv_epoch: int = 0                      # bumped by reset_kv
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
@@ -151,3 +152,6 @@ class Req:
         self.last_node = None
         self.kv_allocated_len = 0
         self.extend_input_len = 0
+        # Launched steps that sampled for the old KV no longer count (see LaunchedStep.epochs).
+        self.kv_epoch += 1
+        self.num_pending = 0

@@ -47,6 +47,8 @@ class ResultProcessor:
         result = StepResult()
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
+            if step.is_stale(i):
+                continue  # jumped while this step ran: its KV was reset, the row is moot
             j = row_of.get(i)
             if j is not None:
                 req.num_pending -= 1

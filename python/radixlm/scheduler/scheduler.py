@@ -101,6 +101,11 @@ class Scheduler:
         N+1, then process step N while N+1 runs on the device; step N+1's input tokens are read
         on the device (ModelRunner.last_token_ids), and stop conditions found while processing
         N end their requests one step late (the token N+1 computed for them is dropped).
+
+        Deferred sampling (overlap, a decode batch whose sampling reads the outputs: grammars,
+        penalties, min_new_tokens): N+1's forward is launched first, then N is processed, then
+        N+1's grammar masks and penalties are built from N's tokens and N+1 is sampled. The
+        host's mask filling runs while the GPU runs N+1's forward.
         """
         idle = not self.has_work
         for msg in self.recv(0.05 if (block and idle) else 0.0):
@@ -108,9 +113,16 @@ class Scheduler:
         if self.pending is not None and self._must_process_before_scheduling():
             self._process_pending()
         batch = self.next_batch()
-        launched = self.launch(batch) if batch is not None else None
-        if launched is not None and self.pending is not None:
-            self.overlapped_steps += 1
+        launched = None
+        if batch is not None:
+            if self.pending is not None:
+                self.overlapped_steps += 1
+            if self._defers_sampling(batch):
+                launched = self.launch_forward(batch)
+                self._process_pending()
+                self.launch_sampling(launched)
+            else:
+                launched = self.launch(batch)
         self._process_pending()
         if launched is not None:
             if self.overlap:
@@ -142,13 +154,16 @@ class Scheduler:
 
     def _must_process_before_scheduling(self) -> bool:
         """The next batch can be built ahead of the pending step's results only in the steady
-        decode state; anything that reads those results on the host waits for them."""
+        decode state; anything that reads those results on the host waits for them (sampling
+        that reads them waits inside the step instead: `_defers_sampling`)."""
         if self.pending.batch.forward_mode.is_extend:
             return True  # new requests join decode with their first token known
-        if any(r.sampling_reads_output for r in self.running):
-            return True
         need = decode_tokens_needed(self.running, self.kv.page_size)
         return need > self.kv.available_size()  # retraction
+
+    def _defers_sampling(self, batch: ScheduleBatch) -> bool:
+        return (self.pending is not None and batch.forward_mode.is_decode
+                and any(r.sampling_reads_output for r in batch.reqs))
 
     # ------------------------------------------------------------------ messages
 
@@ -336,10 +351,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ run
 
-    @torch.inference_mode()
     def launch(self, batch: ScheduleBatch) -> LaunchedStep:
         """Queue the forward pass and the sampling of one batch on the device."""
+        step = self.launch_forward(batch)
+        self.launch_sampling(step)
+        return step
+
+    @torch.inference_mode()
+    def launch_forward(self, batch: ScheduleBatch) -> LaunchedStep:
+        """Allocate the batch's KV and queue its forward pass (no sampling yet)."""
         runner = self.runner
+        epochs = [r.kv_epoch for r in batch.reqs]
         if batch.forward_mode.is_extend:
             fb = batch.prepare_extend(self.kv, runner.device)
             targets, top_k = batch.input_logprob_targets(fb)
@@ -347,24 +369,35 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids)
             out = runner.forward(fb)
-        sample_rows = batch.sample_rows()
-        sampled = None
-        if sample_rows:
-            reqs = [batch.reqs[i] for i in sample_rows]
-            info = self._sampling_info(reqs)
-            # Filled on the CPU while the forward pass runs on the device.
-            info.vocab_mask = self._grammar_mask(reqs)
-            logits, pool_rows = out.next_token_logits, fb.req_pool_indices
-            if len(sample_rows) < batch.batch_size:
-                rows = to_device(sample_rows, torch.int64, runner.device)
-                logits, pool_rows = logits[rows], pool_rows[rows]
-            tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-            sampled = runner.sample(logits, pool_rows, info, tops if any(tops) else None)
-            for r in reqs:
+        step = LaunchedStep(batch, out, batch.sample_rows(), epochs)
+        step.pool_rows = fb.req_pool_indices
+        return step
+
+    @torch.inference_mode()
+    def launch_sampling(self, step: LaunchedStep) -> None:
+        """Queue the sampling of a launched forward. Sampling info and grammar masks are built
+        from the requests as they are now: with deferred sampling, after the previous step's
+        tokens were processed. Rows of requests that ended or jumped meanwhile are sampled
+        unconstrained (the row shape is the graph's) and their tokens dropped."""
+        batch, runner = step.batch, self.runner
+        if not step.sample_rows:
+            return
+        reqs = [batch.reqs[i] for i in step.sample_rows]
+        live = [not r.finished and not step.is_stale(i)
+                for i, r in zip(step.sample_rows, reqs)]
+        info = self._sampling_info(reqs)
+        info.vocab_mask = self._grammar_mask(reqs, live)
+        logits, pool_rows = step.out.next_token_logits, step.pool_rows
+        if len(step.sample_rows) < batch.batch_size:
+            rows = to_device(step.sample_rows, torch.int64, runner.device)
+            logits, pool_rows = logits[rows], pool_rows[rows]
+        tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+        step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None))
+        for r, alive in zip(reqs, live):
+            if alive:
                 r.num_pending += 1
-            if batch.forward_mode.is_extend:
-                self.running.extend(reqs)  # they decode from the next step on
-        return LaunchedStep.start(batch, out, sample_rows, sampled)
+        if batch.forward_mode.is_extend:
+            self.running.extend(reqs)  # they decode from the next step on
 
     def _sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
         """The batch's sampling tensors. Those of an all-greedy batch with no logit bias and
@@ -383,14 +416,13 @@ class Scheduler:
             self._greedy_infos[len(reqs)] = info
         return info
 
-    def _grammar_mask(self, reqs: list[Req]):
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    def _grammar_mask(self, reqs: list[Req], live: list[bool]):
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and live[i]]
         if not rows:
             return None
         backend = self.grammar_backend
         mask = backend.allocate_mask(len(reqs))
-        for i in rows:
-            reqs[i].grammar.fill_vocab_mask(mask, i)
+        backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
         mask = mask.to(self.runner.device, non_blocking=True)
         return lambda logits: backend.apply_mask(logits, mask)
 
