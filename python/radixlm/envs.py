@@ -35,6 +35,7 @@ def overlap_on_cpu() -> bool:
 
 def grammar_fill_threads() -> int:
     """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks
-    (default: half the CPUs, at most 8)."""
+    (default 1: on an H200 host with 16 CPUs, 8 threads made the mask overhead at batch 64
+    178% instead of 30.5%; see benchmarks/RESULTS.md, issue 11)."""
     value = int(os.environ.get("RADIXLM_GRAMMAR_FILL_THREADS", "0") or 0)
-    return value if value > 0 else max(1, min(8, (os.cpu_count() or 2) // 2))
+    return value if value > 0 else 1

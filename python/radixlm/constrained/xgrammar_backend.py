@@ -46,9 +46,9 @@ class XGrammarBackend(GrammarBackend):
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
         self._cache: dict[ConstraintKey, Future] = {}
         self._lock = threading.Lock()
-        # One C++ call fills every constrained row of a step, on up to this many threads: a
-        # regex state can cost ~0.5 ms a row (character classes over a 49k vocabulary), which
-        # serial filling pays bs times per step. RADIXLM_GRAMMAR_FILL_THREADS overrides.
+        # One C++ call fills every constrained row of a step (no Python loop per row), on one
+        # thread unless RADIXLM_GRAMMAR_FILL_THREADS says otherwise: xgrammar's worker threads
+        # made filling slower on the GPU host (envs.grammar_fill_threads).
         self.fill_threads = envs.grammar_fill_threads()
         self._batch_filler = xgr.BatchGrammarMatcher(self.fill_threads)
 

@@ -131,10 +131,17 @@ class Req:
     @property
     def sampling_reads_output(self) -> bool:
         """Whether sampling the next token depends on the exact output so far (penalties,
-        min_new_tokens, a grammar): such requests can't be scheduled ahead of their results."""
+        min_new_tokens, a grammar): such requests sample only after their last results are
+        processed (the scheduler's deferred sampling)."""
+        return self.grammar is not None or self.logit_adjustments_read_output
+
+    @property
+    def logit_adjustments_read_output(self) -> bool:
+        """Whether the sampling tensors themselves depend on the output (penalties, the
+        min_new_tokens EOS ban); a grammar only adds a mask."""
         p = self.sampling_params
-        return (self.grammar is not None or p.repetition_penalty != 1.0
-                or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+                or p.presence_penalty != 0.0
                 or len(self.output_ids) + self.num_pending < p.min_new_tokens)
 
     def max_prefix_match(self) -> int:

@@ -402,10 +402,11 @@ class Scheduler:
     def _sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
         """The batch's sampling tensors. Those of an all-greedy batch with no logit bias and
         nothing that reads the outputs depend on its size alone, so they are built once per size
-        (building them is a per-request Python loop the host would otherwise pay every step)."""
+        (building them is a per-request Python loop the host would otherwise pay every step).
+        Greedy grammar requests share them too: their mask is set per step (`vocab_mask`)."""
         mc = self.runner.model_config
         plain_greedy = all(r.sampling_params.is_greedy and not r.sampling_params.logit_bias
-                           and not r.sampling_reads_output for r in reqs)
+                           and not r.logit_adjustments_read_output for r in reqs)
         if plain_greedy and len(reqs) in self._greedy_infos:
             return self._greedy_infos[len(reqs)]
         info = SamplingBatchInfo.build(
