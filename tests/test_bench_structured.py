@@ -37,6 +37,7 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
     # would double the run time; the JSON validator is tested above.
     rc = structured.main(["--device", "cpu", "--num-requests", "2", "--batch-size", "2",
                           "--mask-tokens", "8", "--repeats", "1", "--workloads", "regex",
+                          "--workload-repeats", "2", "--mask-batch-sizes", "1",
                           "--output", str(out)])
     assert rc == 0
     last_line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -60,6 +61,8 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
             run = w[side]
             assert RUN_KEYS <= set(run), (name, side, RUN_KEYS - set(run))
             assert run["requests"] == 2
+            assert len(run["wall_s_samples"]) == 2           # --workload-repeats: the median
+            assert min(run["wall_s_samples"]) <= run["wall_s"] <= max(run["wall_s_samples"])
             assert run["requests_per_s"] > 0 and run["output_tokens_per_s"] > 0
             # The grammar guarantees validity of every output that ended by itself.
             if run["finish_reasons"].get("stop"):
@@ -74,3 +77,7 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
     assert mask["batch_size"] == 2 and mask["tokens_per_request"] == 8
     assert mask["unconstrained_step_ms"] > 0 and mask["constrained_step_ms"] > 0
     assert mask["all_full_length"] and mask["constrained_valid_fraction"] == 1.0
+    # --mask-batch-sizes: the same measurement at the other batch sizes, in the summary too.
+    [other] = mask["other_batch_sizes"]
+    assert other["batch_size"] == 1 and other["all_full_length"]
+    assert "at bs 1)" in last_line

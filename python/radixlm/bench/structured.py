@@ -128,6 +128,7 @@ class RunStats:
     valid_stopped: int
     forward_passes: int | None = None   # summed over requests whose count is known
     forward_passes_known: int = 0       # requests whose count is known
+    wall_s_samples: list[float] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -180,13 +181,18 @@ def _flush(engine) -> None:
         print("warning: flush_cache refused; this run may start with a warm cache", file=sys.stderr)
 
 
-def run_workload(engine, wl: Workload) -> tuple[RunStats, list[dict]]:
-    """One batch of the whole workload, from an empty prefix cache."""
-    _flush(engine)
-    outs, wall = common.timed(lambda: engine.generate(wl.prompts, [wl.params()] * len(wl.prompts)))
+def run_workload(engine, wl: Workload, repeats: int = 1) -> tuple[RunStats, list[dict]]:
+    """The whole workload as one batch, from an empty prefix cache, `repeats` times; wall_s is
+    the median (single runs of a second or two spread widely on a host-bound small model)."""
+    walls = []
+    for _ in range(repeats):
+        _flush(engine)
+        outs, wall = common.timed(
+            lambda: engine.generate(wl.prompts, [wl.params()] * len(wl.prompts)))
+        walls.append(wall)
     stopped = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
     return RunStats(
-        requests=len(outs), wall_s=wall,
+        requests=len(outs), wall_s=common.median(walls), wall_s_samples=walls,
         output_tokens=sum(o["meta_info"]["completion_tokens"] for o in outs),
         finish_reasons=common.finish_counts(outs), stopped=len(stopped),
         valid=sum(wl.is_valid(o["text"]) for o in outs),
@@ -304,7 +310,7 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
             n = min(2, len(wl.prompts))
             engine.generate(wl.prompts[:n], [{**wl.params(), "max_new_tokens": 4}] * n)
         label = f"workloads (jump-forward {'on' if jump_forward else 'off'})"
-        runs = {wl.name: run_workload(engine, wl)
+        runs = {wl.name: run_workload(engine, wl, ns.workload_repeats)
                 for wl in tqdm(workloads, desc=label, file=sys.stderr)}
         mask = None
         if not jump_forward:
@@ -348,6 +354,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
                    help="comma-separated subset of the jump-forward workloads: json, regex")
+    p.add_argument("--workload-repeats", type=int, default=3,
+                   help="timed runs of each jump-forward workload (the median is reported)")
     p.add_argument("--batch-size", type=int, default=64, help="batch of the mask-overhead test")
     p.add_argument("--mask-batch-sizes", default=[],
                    type=lambda s: [int(x) for x in s.split(",") if x.strip()],
@@ -389,7 +397,7 @@ def _summary(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
-    for flag in ("num_requests", "batch_size", "mask_tokens", "repeats"):
+    for flag in ("num_requests", "batch_size", "mask_tokens", "repeats", "workload_repeats"):
         if getattr(ns, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not ns.workloads or set(ns.workloads) - set(WORKLOADS):

@@ -156,8 +156,10 @@ class Scheduler:
         """The next batch can be built ahead of the pending step's results only in the steady
         decode state; anything that reads those results on the host waits for them (sampling
         that reads them waits inside the step instead: `_defers_sampling`)."""
-        if self.pending.batch.forward_mode.is_extend:
-            return True  # new requests join decode with their first token known
+        if self.pending.batch.forward_mode.is_extend and (self.waiting or self.chunked_req):
+            return True  # another prefill comes next: it must see this one's cached prefixes
+        # Otherwise a prefill's requests join the next decode batch before their first token is
+        # read: the decode step takes it from ModelRunner.last_token_ids on the device.
         need = decode_tokens_needed(self.running, self.kv.page_size)
         return need > self.kv.available_size()  # retraction
 
