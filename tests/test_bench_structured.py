@@ -76,6 +76,8 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
     mask = res["mask_overhead"]
     assert mask["batch_size"] == 2 and mask["tokens_per_request"] == 8
     assert mask["unconstrained_step_ms"] > 0 and mask["constrained_step_ms"] > 0
+    assert mask["mixed_step_ms"] > 0 and len(mask["samples_step_ms"]["mixed"]) == 1
+    assert "(half constrained: " in last_line
     assert mask["all_full_length"] and mask["constrained_valid_fraction"] == 1.0
     # --mask-batch-sizes: the same measurement at the other batch sizes, in the summary too.
     [other] = mask["other_batch_sizes"]
