@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -166,3 +166,22 @@ def _base_type(typ: Any) -> type:
         non_none = [a for a in args if a is not type(None)]
         return non_none[0]
     return typ
+
+
+_Config = TypeVar("_Config")
+
+
+def config_from_args(args: ServerArgs, cls: type[_Config], **overrides: Any) -> _Config:
+    """The dataclass `cls` (a component's own config: RunnerConfig, SchedulerConfig) with each
+    field taken from the ServerArgs field of the same name, or from `overrides`. A field that is
+    in neither is an error, so a renamed flag can't silently fall back to a default."""
+    flags = {f.name for f in dataclasses.fields(args)}
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+        elif f.name in flags:
+            values[f.name] = getattr(args, f.name)
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} is not a ServerArgs field; pass it")
+    return cls(**values)

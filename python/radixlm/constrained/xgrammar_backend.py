@@ -10,7 +10,6 @@ import torch
 import xgrammar as xgr
 
 import radixlm.envs as envs
-
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 

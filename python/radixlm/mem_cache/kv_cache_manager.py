@@ -9,8 +9,8 @@ when the allocator runs dry) and checks the accounting invariant
 
 It creates the allocator and the table from a MemoryPlan (sized by the model runner, which knows
 the device memory left after loading the weights). The KV tensors themselves stay with the model
-runner; this class only decides which slots they use. It knows nothing of requests beyond the numbers passed in (the scheduler's Req sits above
-this package).
+runner; this class only decides which slots they use. It knows nothing of requests beyond the
+numbers passed in (the scheduler's Req sits above this package).
 """
 
 from __future__ import annotations

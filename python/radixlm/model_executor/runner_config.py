@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlm.config import ServerArgs
+from radixlm.config import ServerArgs, config_from_args
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,4 @@ class RunnerConfig:
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, tp_rank: int = 0) -> "RunnerConfig":
-        return cls(model_path=args.model_path, load_format=args.load_format,
-                   tokenizer_path=args.tokenizer_path, dtype=args.dtype, device=args.device,
-                   context_length=args.context_length, random_seed=args.random_seed,
-                   mem_fraction_static=args.mem_fraction_static,
-                   max_total_tokens=args.max_total_tokens,
-                   max_running_requests=args.max_running_requests, page_size=args.page_size,
-                   attention_backend=args.attention_backend,
-                   disable_cuda_graph=args.disable_cuda_graph,
-                   cuda_graph_max_bs=args.cuda_graph_max_bs, tp_rank=tp_rank,
-                   tp_size=args.tp_size)
+        return config_from_args(args, cls, tp_rank=tp_rank)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlm.config import ServerArgs
+from radixlm.config import ServerArgs, config_from_args
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,4 @@ class SchedulerConfig:
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "SchedulerConfig":
-        return cls(schedule_policy=args.schedule_policy,
-                   schedule_conservativeness=args.schedule_conservativeness,
-                   chunked_prefill_size=args.chunked_prefill_size,
-                   max_prefill_tokens=args.max_prefill_tokens,
-                   disable_overlap_schedule=args.disable_overlap_schedule,
-                   disable_jump_forward=args.disable_jump_forward,
-                   grammar_backend=args.grammar_backend, random_seed=args.random_seed)
+        return config_from_args(args, cls)

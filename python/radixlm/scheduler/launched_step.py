@@ -38,8 +38,8 @@ class LaunchedStep:
     # Each row's Req.kv_epoch when the forward was launched: a request whose KV was reset since
     # (jump-forward while this step ran) gets nothing from this step.
     epochs: list[int]
+    pool_rows: torch.Tensor                # the batch's req-to-token rows (device), for sampling
     sampled: SampleOutput | None = None
-    pool_rows: torch.Tensor | None = None  # the batch's req-to-token rows (device), for sampling
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
     _copied: torch.cuda.Event | None = None

@@ -371,9 +371,7 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids)
             out = runner.forward(fb)
-        step = LaunchedStep(batch, out, batch.sample_rows(), epochs)
-        step.pool_rows = fb.req_pool_indices
-        return step
+        return LaunchedStep(batch, out, batch.sample_rows(), epochs, fb.req_pool_indices)
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedStep) -> None:

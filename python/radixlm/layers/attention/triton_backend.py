@@ -82,15 +82,8 @@ class TritonAttnBackend(AttentionBackend):
         fb = forward_batch
         table = self.req_to_token_pool.req_to_token
         if fb.forward_mode.is_decode:
-            kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
-                                                     sum(fb.seq_lens_cpu))
-            max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads,
-                                                 max(fb.seq_lens_cpu, default=1),
-                                                 num_sms(table.device))
-            self.metadata = TritonDecodeMetadata(
-                fb.batch_size, kv_indptr, kv_indices,
-                per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits)
-            return self.metadata
+            return self._init_decode_metadata(fb, sum(fb.seq_lens_cpu),
+                                              max(fb.seq_lens_cpu, default=1))
 
         bs = fb.batch_size
         # The prefix a request's queries see is everything before its new tokens; computed the
@@ -110,13 +103,21 @@ class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
 
     def init_forward_metadata_capture(self, forward_batch: ForwardBatch) -> TritonDecodeMetadata:
-        fb = forward_batch
-        table = self.req_to_token_pool.req_to_token
+        # Sized for every request at the full context length: shapes depend on the batch size
+        # alone, so a replay recomputes the rest on the device.
         max_ctx = self.req_to_token_pool.max_context_len
+        return self._init_decode_metadata(forward_batch, forward_batch.batch_size * max_ctx,
+                                          max_ctx)
+
+    def _init_decode_metadata(self, fb: ForwardBatch, num_kv_indices: int,
+                              max_seq_len: int) -> TritonDecodeMetadata:
+        """Decode metadata with room for num_kv_indices slots and splits chosen for sequences
+        of up to max_seq_len tokens."""
+        table = self.req_to_token_pool.req_to_token
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
-                                                 fb.batch_size * max_ctx)
-        max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads, max_ctx,
-                                             num_sms(table.device))
+                                                 num_kv_indices)
+        max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads,
+                                             max_seq_len, num_sms(table.device))
         self.metadata = TritonDecodeMetadata(
             fb.batch_size, kv_indptr, kv_indices,
             per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits)
