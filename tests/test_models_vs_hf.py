@@ -146,6 +146,58 @@ def test_verify_step_scores_every_draft_token(pair):
     kv.prefix_cache.cache_finished_req(req)
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_with_jump_forward_rows_matches_hf(pair, page_size):
+    """A request that jumped forward rides in the next decode step with one row per forced token
+    (the step stays a decode step: one CUDA graph, no extend pass). Every row gives HF's logits
+    at its position, the request beside it is unaffected, and decoding goes on correctly from
+    the jumped tokens; with pages, the released tail page and the new one line up."""
+    hf, runner, kv = pair
+    if page_size != 1:
+        runner, kv = create_runner_and_kv(RunnerConfig(
+            model_path=runner.config.model_path, device="cpu", max_total_tokens=512,
+            page_size=page_size))
+    kv.flush()
+    g = torch.Generator().manual_seed(4)
+    a = Req("a", torch.randint(0, 97, (9,), generator=g).tolist(), SamplingParams(), seed=0)
+    b = Req("b", torch.randint(0, 97, (14,), generator=g).tolist(), SamplingParams(), seed=0)
+    reqs = [a, b]
+    logits = _extend(runner, kv, reqs)
+    for _ in range(3):
+        for r, row in zip(reqs, logits):
+            r.output_ids.append(int(row.argmax()))
+        logits = _decode(runner, kv, reqs)
+    for r, row in zip(reqs, logits):
+        r.output_ids.append(int(row.argmax()))   # sampled, no KV yet (kv_allocated_len + 1)
+    # b's last two output tokens are replaced by five forced ones (position 16 starts a page).
+    forced = torch.randint(0, 97, (5,), generator=g).tolist()
+    keep = b.seq_len - 2
+    assert keep == 16 and b.kv_allocated_len == 17
+    kv.release_tail(b.req_pool_idx, keep, b.kv_allocated_len)
+    b.jump_to(2, forced, keep)
+    assert b.input_on_host and b.num_decode_tokens == 5
+    runner.last_token_ids[a.req_pool_idx] = a.output_ids[-1]
+    runner.last_token_ids[b.req_pool_idx] = 0    # b's sampled token is stale: never read
+    batch = ScheduleBatch(reqs, ForwardMode.DECODE)
+    fb = batch.prepare_decode(kv, runner.last_token_ids)
+    assert fb.forward_mode.is_decode and fb.batch_size == 6
+    assert batch.last_rows.tolist() == [0, 5] and not b.input_on_host
+    every = runner.forward(fb).next_token_logits
+    torch.testing.assert_close(every[0], _hf_logits(hf, a.fill_ids)[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(every[1:], _hf_logits(hf, b.fill_ids)[keep:], atol=1e-4,
+                               rtol=1e-4)
+    slots = kv.req_to_token_pool.req_to_token[b.req_pool_idx, :b.seq_len]
+    assert bool((slots % page_size == torch.arange(b.seq_len) % page_size).all())
+    kv.check_invariant([(r.kv_allocated_len, r.prefix_len) for r in reqs])
+    for r, row in zip(reqs, every[batch.last_rows]):
+        r.output_ids.append(int(row.argmax()))
+    logits = _decode(runner, kv, reqs)
+    for r, row in zip(reqs, logits):
+        torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)
+    for r in reqs:
+        kv.prefix_cache.cache_finished_req(r)
+
+
 def test_kv_cache_spec_matches_the_pool(pair):
     """What the model declares per token is what the runner's KV pool holds per token (the
     runner still sizes the pool from the config; the spec must agree until it takes over)."""

@@ -628,6 +628,7 @@ def test_decode_tokens_needed_page_size_1_is_one_per_request() -> None:
     reqs = [make_req(toks(0, n), i) for i, n in enumerate([1, 7, 16, 33])]
     for r in reqs:
         r.kv_allocated_len = r.seq_len
+        r.num_pending = 1   # the overlap state: its last token is on the device
     assert decode_tokens_needed(reqs, 1) == 4
     assert decode_tokens_needed([], 1) == 0
 
@@ -639,6 +640,7 @@ def test_decode_tokens_needed_page_size_16_counts_new_pages() -> None:
     for i, kv in enumerate(kv_lens):
         r = make_req(toks(0, kv), i)
         r.kv_allocated_len = kv
+        r.num_pending = 1
         reqs.append(r)
     # Oracle: let the allocator grow each request by one token and count the pages it takes.
     alloc = KVAllocator(64 * page, page, "cpu")
@@ -656,9 +658,22 @@ def test_decode_tokens_needed_page_size_16_hand_cases() -> None:
     def need(kv: int) -> int:
         r = make_req(toks(0, kv), 0)
         r.kv_allocated_len = kv
+        r.num_pending = 1
         return decode_tokens_needed([r], 16)
     # Token position kv goes to page kv // 16: new page exactly when kv is a multiple of 16.
     assert [need(kv) for kv in (1, 15, 16, 17, 32, 47, 48)] == [0, 0, 16, 0, 16, 0, 16]
+
+
+def test_decode_tokens_needed_counts_jumped_tokens() -> None:
+    # After a jump-forward a request computes every forced token whose KV is missing.
+    r = make_req(toks(0, 20), 0, output=[1, 2, 3, 4, 5])
+    r.kv_allocated_len = 21          # 4 output tokens (and the prompt) keep their KV
+    assert r.num_decode_tokens == 4
+    assert decode_tokens_needed([r], 1) == 4
+    # Positions 21..24 with page 16: none starts a page; 31..34 cross into page 2 (position 32).
+    assert decode_tokens_needed([r], 16) == 0
+    r.kv_allocated_len, r.output_ids = 31, list(range(15))
+    assert r.num_decode_tokens == 4 and decode_tokens_needed([r], 16) == 16
 
 
 def test_new_token_ratio_decays_to_its_floor_and_stays() -> None:

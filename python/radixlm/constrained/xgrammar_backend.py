@@ -80,8 +80,12 @@ class XGrammarBackend(GrammarBackend):
     def matcher(self, compiled: object) -> GrammarMatcher:
         return XGrammarMatcher(compiled)  # type: ignore[arg-type]
 
-    def allocate_mask(self, batch_size: int) -> torch.Tensor:
-        return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
+    def allocate_mask(self, batch_size: int, pinned: bool = False) -> torch.Tensor:
+        if not pinned:
+            return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
+        # From the caching host allocator: a block is reused only after its copy has run.
+        return torch.full((batch_size, xgr.get_bitmask_shape(1, self.vocab_size)[1]), -1,
+                          dtype=torch.int32, pin_memory=True)
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:

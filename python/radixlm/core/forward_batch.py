@@ -18,7 +18,9 @@ import torch
 
 class ForwardMode(enum.Enum):
     EXTEND = "extend"   # prefill, or a prefill chunk, possibly on top of a cached prefix
-    DECODE = "decode"   # one new token per request
+    # One new token per row. A row is usually a request; a request that jumped forward has one
+    # row per forced token (consecutive positions), each attending to its KV up to that row.
+    DECODE = "decode"
     # Several new tokens per request on top of a running request's KV, scored like an extend:
     # a jump-forward string, or a speculative draft to verify. Backends treat it as EXTEND.
     VERIFY = "verify"
@@ -36,7 +38,7 @@ class ForwardMode(enum.Enum):
 @dataclass(frozen=True)
 class ForwardBatch:
     forward_mode: ForwardMode
-    batch_size: int
+    batch_size: int                  # requests (decode: rows, see ForwardMode.DECODE)
     input_ids: torch.Tensor          # [T] int64, T = sum of extend lengths (decode: B)
     positions: torch.Tensor          # [T] int64
     out_cache_loc: torch.Tensor      # [T] int64: KV slot each new token is written to

@@ -105,12 +105,14 @@ class KVCacheManager:
             raise OutOfKVMemory(f"no KV memory for {num_tokens} tokens of {what}")
         return locs
 
-    def alloc_decode(self, req_idx: torch.Tensor, pos_t: torch.Tensor,
-                     positions: list[int]) -> torch.Tensor:
-        """One slot per decoding request, for the token at positions[i], without reading
-        anything back from the device: with page size P, a request continues in its last page
-        unless its position starts a new page (known on the host), and the last page's slot is
-        read on the device from req_to_token."""
+    def alloc_decode(self, req_idx: torch.Tensor, pos_t: torch.Tensor, positions: list[int],
+                     starts: list[int] | None = None) -> torch.Tensor:
+        """One slot per decode row, for the token at positions[i], without reading anything
+        back from the device. A request may have several consecutive rows (jump-forward
+        tokens); starts[i] is the first position its rows compute this step (default: one row
+        per request, starts == positions). With page size P a row continues a page unless its
+        position starts a new one (known on the host): a page begun in an earlier step is found
+        on the device in req_to_token, one begun this step is the fresh page of an earlier row."""
         alloc = self.allocator
         ps = alloc.page_size
         new_rows = [i for i, p in enumerate(positions) if p % ps == 0]
@@ -119,15 +121,38 @@ class KVCacheManager:
             self.prefix_cache.evict(short)
         fresh = alloc.alloc(len(new_rows) * ps)
         if fresh is None:
-            raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} requests")
+            raise OutOfKVMemory(f"no KV memory for a decode step of {len(positions)} rows")
         if ps == 1:
             return fresh
         table = self.req_to_token_pool.req_to_token
-        locs = table[req_idx, (pos_t - 1).clamp_(min=0)].to(torch.int64) + 1
+        offset = pos_t % ps
+        locs = table[req_idx, pos_t - offset].to(torch.int64) + offset
         if new_rows:
-            rows = to_device(new_rows, torch.int64, locs.device)
-            locs[rows] = fresh[::ps]
+            # Rows inside a page begun this step: that page's first row is `offset` rows back.
+            page_of_row = {row: j for j, row in enumerate(new_rows)}
+            rows, pages = [], []
+            for i, p in enumerate(positions):
+                first = p - p % ps
+                if first >= (starts[i] if starts is not None else p):
+                    rows.append(i)
+                    pages.append(page_of_row[i - p % ps])
+            idx = to_device(rows + pages, torch.int64, locs.device)
+            n = len(rows)
+            locs[idx[:n]] = fresh[::ps][idx[n:]] + offset[idx[:n]]
         return locs
+
+    def release_tail(self, req_row: int, keep: int, allocated: int) -> None:
+        """Give back the slots of a request's positions [keep, allocated) (jump-forward replaced
+        those tokens). Pages wholly past `keep` are freed; the page holding position keep stays
+        the request's (its slots are overwritten by the recomputed tokens). The slots may still
+        be written by a step in flight: stream order puts that write before any new owner's."""
+        if allocated <= keep:
+            return
+        ps = self.page_size
+        first = -(-keep // ps) * ps
+        if first < allocated:
+            row = self.req_to_token_pool.req_to_token[req_row]
+            self.allocator.free(row[first:allocated].to(torch.int64))
 
     # ------------------------------------------------------------------ accounting
 

@@ -1,4 +1,4 @@
-"""Keeping a decode batch inside the KV pool: check room for one more token per request, and
+"""Keeping a decode batch inside the KV pool: check room for the next token of each request, and
 retract requests (back to the waiting queue, KV released) when there is none."""
 
 from __future__ import annotations
@@ -36,11 +36,16 @@ class NewTokenRatio:
 
 
 def decode_tokens_needed(reqs: list[Req], page_size: int) -> int:
-    """Tokens of KV (in whole pages) that one decode step of these requests takes."""
+    """Tokens of KV (in whole pages) that one decode step of these requests takes: one token
+    each, or every forced token of a request that jumped forward."""
     if page_size == 1:
-        return len(reqs)
-    # A decode step writes the token at position kv_allocated_len; a new page when it starts one.
-    return sum(page_size for r in reqs if r.kv_allocated_len % page_size == 0)
+        return sum(r.num_decode_tokens for r in reqs)
+    # A request's rows write positions kv_allocated_len...; a new page for each one they start.
+    total = 0
+    for r in reqs:
+        start, end = r.kv_allocated_len, r.kv_allocated_len + r.num_decode_tokens
+        total += (-(-end // page_size) - -(-start // page_size)) * page_size
+    return total
 
 
 def pick_retraction_victim(reqs: list[Req]) -> Req:

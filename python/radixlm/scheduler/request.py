@@ -51,7 +51,10 @@ class Req:
     # Tokens sampled by launched steps whose results the host has not processed yet (overlap
     # scheduler: at most 1). They are on the device in ModelRunner.last_token_ids.
     num_pending: int = 0
-    kv_epoch: int = 0                      # bumped by reset_kv
+    kv_epoch: int = 0                      # bumped by reset_kv and jump_to
+    # The tokens from kv_allocated_len on are known on the host only (a jump-forward replaced
+    # them): the next decode step feeds them from the host, not from the sampler's output.
+    input_on_host: bool = False
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
@@ -98,6 +101,12 @@ class Req:
     @property
     def prefix_len(self) -> int:
         return len(self.prefix_indices)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Tokens the next decode step computes for this request: one (its last sampled token),
+        or, after a jump-forward, every forced token whose KV is not computed yet."""
+        return self.seq_len + self.num_pending - self.kv_allocated_len
 
     @property
     def remaining_prefill(self) -> int:
@@ -159,6 +168,20 @@ class Req:
         self.last_node = None
         self.kv_allocated_len = 0
         self.extend_input_len = 0
-        # Launched steps that sampled for the old KV no longer count (see LaunchedStep.epochs).
+        self.input_on_host = False
+        self._forget_launched_steps()
+
+    def jump_to(self, num_replaced: int, new_tokens: list[int], kv_kept: int) -> None:
+        """Jump-forward: the last num_replaced output tokens become new_tokens, and only the
+        first kv_kept tokens keep their KV (the caller released the slots after them). The
+        request stays in the running batch; its next decode step computes the rest."""
+        del self.output_ids[len(self.output_ids) - num_replaced:]
+        self.output_ids.extend(new_tokens)
+        self.kv_allocated_len = kv_kept
+        self.input_on_host = True
+        self._forget_launched_steps()
+
+    def _forget_launched_steps(self) -> None:
+        # Launched steps that sampled for the old tokens no longer count (LaunchedStep.epochs).
         self.kv_epoch += 1
         self.num_pending = 0

@@ -16,6 +16,7 @@ from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, R
 from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
+    from radixlm.mem_cache.kv_cache_manager import KVCacheManager
     from radixlm.model_executor.model_runner import ForwardOutput
     from radixlm.scheduler.launched_step import LaunchedStep
 
@@ -24,16 +25,17 @@ if TYPE_CHECKING:
 class StepResult:
     """What processing one step changed that the scheduler owns: it applies this to its queues
     and counters (the processor never touches them)."""
-    jumped: list[Req] = field(default_factory=list)   # back to the queue head, in batch order
+    jumps: int = 0              # requests that jumped forward (they stay in the running batch)
     prompt_tokens: int = 0      # prompts that finished their prefill this step
     cached_tokens: int = 0      # of which came from the prefix cache
     generated_tokens: int = 0   # tokens sampled and kept
 
 
 class ResultProcessor:
-    def __init__(self, prefix_cache, send: Callable[[Any], None], tokenizer, context_len: int,
-                 eos_token_ids: Sequence[int], jump_forward: bool = True):
-        self.prefix_cache = prefix_cache
+    def __init__(self, kv: "KVCacheManager", send: Callable[[Any], None], tokenizer,
+                 context_len: int, eos_token_ids: Sequence[int], jump_forward: bool = True):
+        self.kv = kv
+        self.prefix_cache = kv.prefix_cache
         self.send = send
         self.tokenizer = tokenizer
         self.context_len = context_len
@@ -48,7 +50,7 @@ class ResultProcessor:
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
-                continue  # jumped while this step ran: its KV was reset, the row is moot
+                continue  # jumped (or retracted) while this step ran: the row is moot
             j = row_of.get(i)
             if j is not None:
                 req.num_pending -= 1
@@ -88,7 +90,7 @@ class ResultProcessor:
                 outputs.append(self._output(req))
                 continue
             if req.grammar is not None and self._jump_forward(req):
-                result.jumped.append(req)
+                result.jumps += 1
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
@@ -150,20 +152,21 @@ class ResultProcessor:
         return None
 
     def _jump_forward(self, req: Req) -> bool:
-        """Append the grammar's forced continuation; the request then goes through one extend
-        step (its prefix from the radix cache) instead of a decode step per forced token."""
+        """Append the grammar's forced continuation. The request keeps its KV up to the first
+        replaced token and stays in the running batch: its next decode step computes the forced
+        tokens (one row each) and samples after the last, instead of one step per token."""
         if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
         unsent = len(req.output_ids) - req.num_sent_outputs
-        room = req.remaining_new_tokens
-        jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, unsent, room)
+        # Tokens in the shared prefix (a re-prefilled request's outputs) are not replaceable.
+        replaceable = min(unsent, req.seq_len - req.prefix_len)
+        room = min(req.remaining_new_tokens, self.context_len - req.seq_len)
+        jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, replaceable, room)
         if jump is None:
             return False
-        # The tree takes the KV computed so far under the old tokens; then the tail changes.
-        self.prefix_cache.cache_finished_req(req)
-        req.reset_kv()
-        del req.output_ids[len(req.output_ids) - jump.num_replaced:]
-        req.output_ids.extend(jump.new_tokens)
+        keep = min(req.kv_allocated_len, req.seq_len - jump.num_replaced)
+        self.kv.release_tail(req.req_pool_idx, keep, req.kv_allocated_len)
+        req.jump_to(jump.num_replaced, jump.new_tokens, keep)
         if len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)
         elif req.grammar.is_terminated():

@@ -22,6 +22,9 @@ from radixlm.utils.device import to_device
 class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
+    # Decode with jump-forward rows: each request's last row in the ForwardBatch (device), set by
+    # prepare_decode; None when every request has one row (row i is request i).
+    last_rows: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -82,11 +85,50 @@ class ScheduleBatch:
         """Each request feeds its last sampled token at position kv_allocated_len. The token is
         read on the device from `last_token_ids` (the model runner's, written when it samples),
         so the batch can be built while the step that samples it is still running (overlap
-        scheduler)."""
+        scheduler).
+
+        A request that jumped forward (`input_on_host`) feeds its forced tokens instead, one
+        row each, from the host: the step stays a decode step (one CUDA graph, no extend pass),
+        each row attending to the request's KV up to its own position. `last_rows` then names
+        each request's last row, whose logits sample its next token."""
+        self.last_rows = None
+        if not any(r.input_on_host for r in self.reqs):
+            return self._prepare_one_row_each(kv, last_token_ids)
+        pool = kv.req_to_token_pool
+        rows_req, positions, starts, host_rows, host_ids, last_rows = [], [], [], [], [], []
+        for req in self.reqs:
+            start, n = req.kv_allocated_len, req.num_decode_tokens
+            assert n >= 1 and (req.input_on_host or n == 1), "decode request out of step with its KV"
+            if req.input_on_host:
+                host_rows.extend(range(len(positions), len(positions) + n))
+                host_ids.extend(req.fill_ids[start:start + n])
+            rows_req.extend([req.req_pool_idx] * n)
+            positions.extend(range(start, start + n))
+            starts.extend([start] * n)
+            last_rows.append(len(positions) - 1)
+            req.kv_allocated_len = start + n
+            req.input_on_host = False
+        rows, dev = len(positions), last_token_ids.device
+        seq_lens = [p + 1 for p in positions]
+        h = len(host_rows)
+        packed = to_device(rows_req + positions + seq_lens + host_rows + host_ids + last_rows,
+                           torch.int64, dev)
+        req_idx, pos_t, seq_t = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
+        host = packed[3 * rows:]
+        locs = kv.alloc_decode(req_idx, pos_t, positions, starts)
+        pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
+        input_ids = last_token_ids[req_idx]
+        input_ids[host[:h]] = host[h:2 * h]
+        self.last_rows = host[2 * h:]
+        return self._forward_batch(ForwardMode.DECODE, input_ids, pos_t, locs, req_idx, seq_t,
+                                   positions, [1] * rows, seq_lens, [], rows)
+
+    def _prepare_one_row_each(self, kv: KVCacheManager,
+                              last_token_ids: torch.Tensor) -> ForwardBatch:
         pool = kv.req_to_token_pool
         positions = [req.kv_allocated_len for req in self.reqs]
-        for req, pos in zip(self.reqs, positions):
-            assert pos == req.seq_len + req.num_pending - 1, "decode request out of step with its KV"
+        for req in self.reqs:
+            assert req.num_decode_tokens == 1, "decode request out of step with its KV"
         bs, dev = len(self.reqs), last_token_ids.device
         seq_lens = [p + 1 for p in positions]
         packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
@@ -103,9 +145,9 @@ class ScheduleBatch:
                        positions: torch.Tensor, out_cache_loc: torch.Tensor,
                        req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                        prefix_lens: list[int], extend_lens: list[int], seq_lens_cpu: list[int],
-                       logprob_rows: list[list[int]]) -> ForwardBatch:
+                       logprob_rows: list[list[int]], rows: int | None = None) -> ForwardBatch:
         return ForwardBatch(
-            forward_mode=mode, batch_size=len(self.reqs), input_ids=input_ids,
+            forward_mode=mode, batch_size=rows or len(self.reqs), input_ids=input_ids,
             positions=positions, out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices,
             seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens, input_logprob_rows=logprob_rows)

@@ -28,7 +28,7 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
                                        ShutdownReq, TokenizedGenerateReq)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
-from radixlm.model_executor.model_runner import ModelRunner
+from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
@@ -67,7 +67,7 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
-        self.results = ResultProcessor(self.prefix_cache, send, tokenizer, mc.context_len,
+        self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
                                        jump_forward=not config.disable_jump_forward)
 
@@ -86,6 +86,7 @@ class Scheduler:
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
         self.overlapped_steps = 0
+        self.num_jumps = 0
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
 
     # ------------------------------------------------------------------ loop
@@ -144,10 +145,9 @@ class Scheduler:
 
     def _apply(self, result: StepResult) -> None:
         """Step 4's outcome on the scheduler's own state: finished requests leave the running
-        batch; jumped ones (jump-forward) go to the head of the queue to be prefilled next."""
-        gone = {id(r) for r in result.jumped}
-        self.running = [r for r in self.running if not r.finished and id(r) not in gone]
-        self.waiting[:0] = [r for r in result.jumped if not r.finished]
+        batch (jumped ones stay: their forced tokens ride in the next decode step)."""
+        self.running = [r for r in self.running if not r.finished]
+        self.num_jumps += result.jumps
         self.prompt_tokens_total += result.prompt_tokens
         self.cached_tokens_total += result.cached_tokens
         self.gen_throughput.add(result.generated_tokens)
@@ -371,7 +371,11 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids)
             out = runner.forward(fb)
-        return LaunchedStep(batch, out, batch.sample_rows(), epochs, fb.req_pool_indices)
+        pool_rows = fb.req_pool_indices
+        if batch.last_rows is not None:  # jump-forward rows: each request samples its last
+            out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
+            pool_rows = pool_rows[batch.last_rows]
+        return LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows)
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedStep) -> None:
@@ -422,7 +426,8 @@ class Scheduler:
         if not rows:
             return None
         backend = self.grammar_backend
-        mask = backend.allocate_mask(len(reqs))
+        on_gpu = self.runner.device.type == "cuda"
+        mask = backend.allocate_mask(len(reqs), pinned=on_gpu)
         backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
         mask = mask.to(self.runner.device, non_blocking=True)
         return lambda logits: backend.apply_mask(logits, mask)
