@@ -146,12 +146,14 @@ def test_verify_step_scores_every_draft_token(pair):
     kv.prefix_cache.cache_finished_req(req)
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_with_jump_forward_rows_matches_hf(pair, page_size):
+@pytest.mark.parametrize("page_size,max_rows", [(1, None), (16, None), (1, 4), (16, 4)])
+def test_decode_with_jump_forward_rows_matches_hf(pair, page_size, max_rows):
     """A request that jumped forward rides in the next decode step with one row per forced token
     (the step stays a decode step: one CUDA graph, no extend pass). Every row gives HF's logits
     at its position, the request beside it is unaffected, and decoding goes on correctly from
-    the jumped tokens; with pages, the released tail page and the new one line up."""
+    the jumped tokens; with pages, the released tail page and the new one line up. With a row
+    cap (the largest CUDA graph) the forced tokens that do not fit come in the next step, and
+    the request samples only after its last one."""
     hf, runner, kv = pair
     if page_size != 1:
         runner, kv = create_runner_and_kv(RunnerConfig(
@@ -173,24 +175,33 @@ def test_decode_with_jump_forward_rows_matches_hf(pair, page_size):
     forced = torch.randint(0, 97, (5,), generator=g).tolist()
     keep = b.seq_len - 2
     assert keep == 16 and b.kv_allocated_len == 17
-    kv.release_tail(b.req_pool_idx, keep, b.kv_allocated_len)
+    kv.release_tails([(b.req_pool_idx, keep, b.kv_allocated_len)])
     b.jump_to(2, forced, keep)
     assert b.input_on_host and b.num_decode_tokens == 5
-    runner.last_token_ids[a.req_pool_idx] = a.output_ids[-1]
-    runner.last_token_ids[b.req_pool_idx] = 0    # b's sampled token is stale: never read
-    batch = ScheduleBatch(reqs, ForwardMode.DECODE)
-    fb = batch.prepare_decode(kv, runner.last_token_ids)
-    assert fb.forward_mode.is_decode and fb.batch_size == 6
-    assert batch.last_rows.tolist() == [0, 5] and not b.input_on_host
-    every = runner.forward(fb).next_token_logits
-    torch.testing.assert_close(every[0], _hf_logits(hf, a.fill_ids)[-1], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(every[1:], _hf_logits(hf, b.fill_ids)[keep:], atol=1e-4,
-                               rtol=1e-4)
-    slots = kv.req_to_token_pool.req_to_token[b.req_pool_idx, :b.seq_len]
-    assert bool((slots % page_size == torch.arange(b.seq_len) % page_size).all())
-    kv.check_invariant([(r.kv_allocated_len, r.prefix_len) for r in reqs])
-    for r, row in zip(reqs, every[batch.last_rows]):
-        r.output_ids.append(int(row.argmax()))
+    want_b = _hf_logits(hf, b.fill_ids)[keep:]
+    done = 0   # forced tokens of b computed so far
+    while True:
+        runner.last_token_ids[a.req_pool_idx] = a.output_ids[-1]
+        runner.last_token_ids[b.req_pool_idx] = 0    # b's sampled token is stale: never read
+        batch = ScheduleBatch(reqs, ForwardMode.DECODE)
+        fb = batch.prepare_decode(kv, runner.last_token_ids, max_rows)
+        n = fb.batch_size - 1
+        assert fb.forward_mode.is_decode and n == (5 if max_rows is None else min(3, 5 - done))
+        every = runner.forward(fb).next_token_logits
+        torch.testing.assert_close(every[0], _hf_logits(hf, a.fill_ids)[-1], atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(every[1:], want_b[done:done + n], atol=1e-4, rtol=1e-4)
+        done += n
+        kv.check_invariant([(r.kv_allocated_len, r.prefix_len) for r in reqs])
+        assert batch.last_rows.tolist() == [0, n]
+        assert batch.sample_rows() == ([0, 1] if done == 5 else [0])
+        assert b.input_on_host == (done < 5)
+        a.output_ids.append(int(every[0].argmax()))
+        if done == 5:
+            b.output_ids.append(int(every[-1].argmax()))
+            break
+    slots = kv.req_to_token_pool.req_to_token[b.req_pool_idx, :b.seq_len - 1]
+    assert bool((slots % page_size == torch.arange(b.seq_len - 1) % page_size).all())
     logits = _decode(runner, kv, reqs)
     for r, row in zip(reqs, logits):
         torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4, rtol=1e-4)

@@ -217,3 +217,31 @@ def test_batched_mask_fill_equals_per_matcher_fill(tokenizer, monkeypatch, threa
     assert torch.equal(batched[1], backend.allocate_mask(1)[0])   # untouched row
     assert not torch.equal(batched[0], batched[1])                # a filled row differs
     backend.shutdown()
+
+
+def test_fill_timer_keeps_the_faster_way_and_keeps_checking():
+    """Automatic mask filling: serial first, threaded once, then whichever is faster per row,
+    with the other tried again every EXPLORE_EVERY fills (the mix of grammars changes)."""
+    from radixlm.constrained.xgrammar_backend import FillTimer
+
+    def run(timer, serial_s, threaded_s, n):
+        picks = []
+        for _ in range(n):
+            threaded = timer.pick_threaded()
+            picks.append(threaded)
+            timer.record(threaded, threaded_s if threaded else serial_s)
+        return picks
+
+    cheap = FillTimer()   # a simple regex: threads only add hand-off cost
+    picks = run(cheap, 10e-6, 30e-6, 200)
+    assert picks[:2] == [False, True]
+    assert sum(picks[2:]) == len([c for c in range(3, 201) if c % FillTimer.EXPLORE_EVERY == 0])
+    costly = FillTimer()  # bounded JSON strings: threads pay off
+    picks = run(costly, 400e-6, 80e-6, 200)
+    assert picks[:2] == [False, True] and sum(not p for p in picks[2:]) == 3
+    # The served grammars change: serial gets cheap, and the next exploration switches back.
+    picks = run(costly, 5e-6, 80e-6, 2 * FillTimer.EXPLORE_EVERY)
+    assert sum(picks[-FillTimer.EXPLORE_EVERY:]) == 1   # serial again, threaded only to explore
+    fixed = FillTimer(explore=False)
+    assert all(run(fixed, 1e-6, 1e-3, 10))
+

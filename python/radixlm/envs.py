@@ -33,9 +33,12 @@ def overlap_on_cpu() -> bool:
     return _flag("RADIXLM_OVERLAP_ON_CPU")
 
 
-def grammar_fill_threads() -> int:
-    """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks
-    (default 1: on an H200 host with 16 CPUs, 8 threads made the mask overhead at batch 64
-    178% instead of 30.5%; see benchmarks/RESULTS.md, issue 11)."""
+def grammar_fill_threads() -> int | None:
+    """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks; unset
+    or 0 means automatic (the backend times both ways and keeps the faster). Filling costs ~10 us
+    a row for a simple regex, where threads only add hand-off cost (8 threads once made the
+    mask overhead at batch 64 178% instead of 30.5%), and ~400 us a row for bounded JSON
+    strings or long alternations, where 8 threads are ~2-6x faster (benchmarks/RESULTS.md,
+    issue 11)."""
     value = int(os.environ.get("RADIXLM_GRAMMAR_FILL_THREADS", "0") or 0)
-    return value if value > 0 else 1
+    return value if value > 0 else None

@@ -65,9 +65,8 @@ class GrammarBackend(ABC):
     def matcher(self, compiled: object) -> GrammarMatcher: ...
 
     @abstractmethod
-    def allocate_mask(self, batch_size: int, pinned: bool = False) -> torch.Tensor:
-        """A CPU mask for a batch, every token allowed; `pinned` (page-locked) when it goes to a
-        GPU: a copy from pageable memory would wait for the step running on the GPU."""
+    def allocate_mask(self, batch_size: int) -> torch.Tensor:
+        """A CPU mask for a batch, every token allowed."""
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
@@ -12,6 +15,50 @@ import xgrammar as xgr
 import radixlm.envs as envs
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
+
+
+AUTO_FILL_THREADS = 8
+
+
+@dataclass
+class FillTimer:
+    """Chooses between a serial and a threaded mask fill by their measured cost per row.
+
+    The cost of a fill depends on the grammars and states being served (~10 us a row for a
+    simple regex, ~400 us for bounded JSON strings) and threads pay off only for costly ones, so
+    both ways are timed: an exponential average of each, the faster one used, and the other
+    tried again every EXPLORE_EVERY fills (the mix of requests changes). With explore off (a
+    fixed thread count) the threaded filler is always used."""
+
+    explore: bool = True
+    serial_s: float | None = None
+    threaded_s: float | None = None
+    calls: int = 0
+    exploring: bool = False       # this fill tries the slower way: its time replaces the old
+
+    EXPLORE_EVERY = 64
+    DECAY = 0.8
+
+    def pick_threaded(self) -> bool:
+        self.calls += 1
+        if not self.explore:
+            return True
+        if self.serial_s is None or self.threaded_s is None:
+            return self.serial_s is not None       # serial first, then threaded once
+        faster_threaded = self.threaded_s < self.serial_s
+        self.exploring = self.calls % self.EXPLORE_EVERY == 0
+        return faster_threaded != self.exploring
+
+    def record(self, threaded: bool, seconds_per_row: float) -> None:
+        old = self.threaded_s if threaded else self.serial_s
+        if old is None or self.exploring:
+            new = seconds_per_row
+        else:
+            new = self.DECAY * old + (1 - self.DECAY) * seconds_per_row
+        if threaded:
+            self.threaded_s = new
+        else:
+            self.serial_s = new
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -45,11 +92,15 @@ class XGrammarBackend(GrammarBackend):
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
         self._cache: dict[ConstraintKey, Future] = {}
         self._lock = threading.Lock()
-        # One C++ call fills every constrained row of a step (no Python loop per row), on one
-        # thread unless RADIXLM_GRAMMAR_FILL_THREADS says otherwise: xgrammar's worker threads
-        # made filling slower on the GPU host (envs.grammar_fill_threads).
-        self.fill_threads = envs.grammar_fill_threads()
-        self._batch_filler = xgr.BatchGrammarMatcher(self.fill_threads)
+        # One C++ call fills every constrained row of a step (no Python loop per row), serially
+        # or on xgrammar's worker threads: whichever is faster for the grammars being served
+        # (FillTimer), unless RADIXLM_GRAMMAR_FILL_THREADS fixes the thread count.
+        fixed = envs.grammar_fill_threads()
+        self.fill_threads = fixed or min(AUTO_FILL_THREADS, max((os.cpu_count() or 1) // 2, 1))
+        self._serial = xgr.BatchGrammarMatcher(1)
+        self._threaded = (xgr.BatchGrammarMatcher(self.fill_threads)
+                          if self.fill_threads > 1 else None)
+        self._timer = FillTimer(explore=fixed is None and self._threaded is not None)
 
     def compile(self, key: ConstraintKey) -> Future:
         with self._lock:
@@ -80,17 +131,17 @@ class XGrammarBackend(GrammarBackend):
     def matcher(self, compiled: object) -> GrammarMatcher:
         return XGrammarMatcher(compiled)  # type: ignore[arg-type]
 
-    def allocate_mask(self, batch_size: int, pinned: bool = False) -> torch.Tensor:
-        if not pinned:
-            return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
-        # From the caching host allocator: a block is reused only after its copy has run.
-        return torch.full((batch_size, xgr.get_bitmask_shape(1, self.vocab_size)[1]), -1,
-                          dtype=torch.int32, pin_memory=True)
+    def allocate_mask(self, batch_size: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(batch_size, self.vocab_size)
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:
-        self._batch_filler.batch_fill_next_token_bitmask(
+        threaded = self._threaded is not None and len(rows) > 1 and self._timer.pick_threaded()
+        filler = self._threaded if threaded else self._serial
+        start = time.perf_counter()
+        filler.batch_fill_next_token_bitmask(
             [m._m for m in matchers], mask, rows)  # type: ignore[attr-defined]
+        self._timer.record(threaded, (time.perf_counter() - start) / len(rows))
 
     def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size)

@@ -141,18 +141,25 @@ class KVCacheManager:
             locs[idx[:n]] = fresh[::ps][idx[n:]] + offset[idx[:n]]
         return locs
 
-    def release_tail(self, req_row: int, keep: int, allocated: int) -> None:
-        """Give back the slots of a request's positions [keep, allocated) (jump-forward replaced
-        those tokens). Pages wholly past `keep` are freed; the page holding position keep stays
-        the request's (its slots are overwritten by the recomputed tokens). The slots may still
-        be written by a step in flight: stream order puts that write before any new owner's."""
-        if allocated <= keep:
-            return
+    def release_tails(self, tails: list[tuple[int, int, int]]) -> None:
+        """For each (req_row, keep, allocated), give back the slots of the request's positions
+        [keep, allocated) (jump-forward replaced those tokens). Pages wholly past `keep` are
+        freed; the page holding position keep stays the request's (its slots are overwritten
+        by the recomputed tokens). The slots may still be written by a step in flight: stream
+        order puts that write before any new owner's. One free for the whole step's jumps
+        when pages are single tokens (each free is a few device ops)."""
         ps = self.page_size
-        first = -(-keep // ps) * ps
-        if first < allocated:
-            row = self.req_to_token_pool.req_to_token[req_row]
-            self.allocator.free(row[first:allocated].to(torch.int64))
+        table = self.req_to_token_pool.req_to_token
+        pieces = []
+        for req_row, keep, allocated in tails:
+            first = -(-keep // ps) * ps
+            if first < allocated:
+                pieces.append(table[req_row, first:allocated].to(torch.int64))
+        if ps == 1 and pieces:
+            self.allocator.free(torch.cat(pieces))
+        elif pieces:  # a tail's pages start at multiples of ps only within its own piece
+            for piece in pieces:
+                self.allocator.free(piece)
 
     # ------------------------------------------------------------------ accounting
 

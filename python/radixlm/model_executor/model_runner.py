@@ -94,6 +94,11 @@ class ModelRunner:
         return self.memory_plan.max_running_requests
 
     @property
+    def max_graph_batch_size(self) -> int | None:
+        """Rows of the largest captured decode graph (None without CUDA graphs)."""
+        return self.graph_runner.max_bs if self.graph_runner is not None else None
+
+    @property
     def attention_backend_name(self) -> str:
         """--attention-backend, else the project's Triton kernels on CUDA, torch_native on CPU."""
         if self.config.attention_backend:

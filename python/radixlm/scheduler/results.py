@@ -41,12 +41,14 @@ class ResultProcessor:
         self.context_len = context_len
         self.eos_token_ids = set(eos_token_ids)
         self.jump_forward = jump_forward
+        self._released_tails: list[tuple[int, int, int]] = []   # jumps of the step in process
 
     def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
         row_of = {i: j for j, i in enumerate(step.sample_rows)}
         rows = step.wait()
         result = StepResult()
+        self._released_tails: list[tuple[int, int, int]] = []
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
@@ -64,6 +66,8 @@ class ResultProcessor:
                     req.prompt_counted = True
                     result.prompt_tokens += req.prompt_len
                     result.cached_tokens += req.cached_tokens
+            if j is None and batch.forward_mode.is_decode:
+                continue  # a jump's forced tokens that did not all fit: the rest come next step
             if req.kv_allocated_len < req.seq_len:      # a chunk of a longer prompt
                 self.prefix_cache.cache_unfinished_req(req)
                 continue
@@ -101,6 +105,7 @@ class ResultProcessor:
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
+        self.kv.release_tails(self._released_tails)
         if outputs:
             self.send(BatchReqOutput(outputs))
         return result
@@ -165,7 +170,7 @@ class ResultProcessor:
         if jump is None:
             return False
         keep = min(req.kv_allocated_len, req.seq_len - jump.num_replaced)
-        self.kv.release_tail(req.req_pool_idx, keep, req.kv_allocated_len)
+        self._released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
         req.jump_to(jump.num_replaced, jump.new_tokens, keep)
         if len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)

@@ -23,7 +23,8 @@ class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
     # Decode with jump-forward rows: each request's last row in the ForwardBatch (device), set by
-    # prepare_decode; None when every request has one row (row i is request i).
+    # prepare_decode; None when every request has one row (row i is request i). Sampling then
+    # reads the logits of sample_rows() out of these.
     last_rows: torch.Tensor | None = None
 
     @property
@@ -31,11 +32,12 @@ class ScheduleBatch:
         return len(self.reqs)
 
     def sample_rows(self) -> list[int]:
-        """The rows that produce a token this step: all in decode; in extend, not a prefill
-        chunk mid-prompt, and not max_new_tokens == 0 (which only fills the cache). Called after
-        the batch was prepared, when kv_allocated_len already counts this step's tokens."""
+        """The rows that produce a token this step: in decode, all but a jump whose forced
+        tokens did not all fit this step; in extend, not a prefill chunk mid-prompt, and not
+        max_new_tokens == 0 (which only fills the cache). Called after the batch was prepared,
+        when kv_allocated_len already counts this step's tokens."""
         if self.forward_mode.is_decode:
-            return list(range(len(self.reqs)))
+            return [i for i, r in enumerate(self.reqs) if not r.input_on_host]
         return [i for i, r in enumerate(self.reqs)
                 if r.kv_allocated_len >= r.seq_len and r.max_new_tokens > 0]
 
@@ -81,7 +83,8 @@ class ScheduleBatch:
                                    packed[2 * t + bs:], prefix_lens, extend_lens, seq_lens,
                                    logprob_rows if any(logprob_rows) else [])
 
-    def prepare_decode(self, kv: KVCacheManager, last_token_ids: torch.Tensor) -> ForwardBatch:
+    def prepare_decode(self, kv: KVCacheManager, last_token_ids: torch.Tensor,
+                       max_rows: int | None = None) -> ForwardBatch:
         """Each request feeds its last sampled token at position kv_allocated_len. The token is
         read on the device from `last_token_ids` (the model runner's, written when it samples),
         so the batch can be built while the step that samples it is still running (overlap
@@ -90,24 +93,31 @@ class ScheduleBatch:
         A request that jumped forward (`input_on_host`) feeds its forced tokens instead, one
         row each, from the host: the step stays a decode step (one CUDA graph, no extend pass),
         each row attending to the request's KV up to its own position. `last_rows` then names
-        each request's last row, whose logits sample its next token."""
+        each request's last row, whose logits sample its next token. At most `max_rows` rows
+        (the largest CUDA graph) when the requests fit: forced tokens past that wait for the
+        next step, and their request samples only once all of them are computed."""
         self.last_rows = None
         if not any(r.input_on_host for r in self.reqs):
             return self._prepare_one_row_each(kv, last_token_ids)
         pool = kv.req_to_token_pool
+        spare = None if max_rows is None else max(max_rows - len(self.reqs), 0)
         rows_req, positions, starts, host_rows, host_ids, last_rows = [], [], [], [], [], []
         for req in self.reqs:
             start, n = req.kv_allocated_len, req.num_decode_tokens
             assert n >= 1 and (req.input_on_host or n == 1), "decode request out of step with its KV"
             if req.input_on_host:
+                if spare is not None:
+                    extra = min(n - 1, spare)
+                    spare -= extra
+                    n = 1 + extra
                 host_rows.extend(range(len(positions), len(positions) + n))
                 host_ids.extend(req.fill_ids[start:start + n])
+                req.input_on_host = start + n < req.seq_len   # forced tokens left for later
             rows_req.extend([req.req_pool_idx] * n)
             positions.extend(range(start, start + n))
             starts.extend([start] * n)
             last_rows.append(len(positions) - 1)
             req.kv_allocated_len = start + n
-            req.input_on_host = False
         rows, dev = len(positions), last_token_ids.device
         seq_lens = [p + 1 for p in positions]
         h = len(host_rows)

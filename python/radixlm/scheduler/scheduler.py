@@ -87,6 +87,8 @@ class Scheduler:
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
         self.overlapped_steps = 0
         self.num_jumps = 0
+        # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
+        self.max_decode_rows: int | None = runner.max_graph_batch_size
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
 
     # ------------------------------------------------------------------ loop
@@ -369,7 +371,7 @@ class Scheduler:
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
         else:
-            fb = batch.prepare_decode(self.kv, runner.last_token_ids)
+            fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
         pool_rows = fb.req_pool_indices
         if batch.last_rows is not None:  # jump-forward rows: each request samples its last
@@ -426,10 +428,11 @@ class Scheduler:
         if not rows:
             return None
         backend = self.grammar_backend
-        on_gpu = self.runner.device.type == "cuda"
-        mask = backend.allocate_mask(len(reqs), pinned=on_gpu)
+        mask = backend.allocate_mask(len(reqs))
         backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
-        mask = mask.to(self.runner.device, non_blocking=True)
+        # Staged through pinned memory: a copy from pageable memory would wait for the forward
+        # pass running on the GPU, and the host would stop queueing work until it ends.
+        mask = to_device(mask, torch.int32, self.runner.device)
         return lambda logits: backend.apply_mask(logits, mask)
 
     # ------------------------------------------------------------------ figures
