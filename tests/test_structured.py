@@ -245,3 +245,17 @@ def test_fill_timer_keeps_the_faster_way_and_keeps_checking():
     fixed = FillTimer(explore=False)
     assert all(run(fixed, 1e-6, 1e-3, 10))
 
+
+
+def test_prompt_is_shared_when_the_first_step_jumps(engine):
+    """Requests with one long prompt: the first is prefilled alone (the others wait to share
+    its prefix) and jumps forward right after its first token; its prompt must still go into
+    the radix cache then, or every other request waits again and computes it anew."""
+    prompt = _chat(engine, "Is the sky blue? " * 12 + "Reply in JSON.")
+    params = {"max_new_tokens": 40, "temperature": 0, "regex": r'\{"answer": "(yes|no)"\}'}
+    outs = engine.generate([prompt] * 3, [params] * 3)
+    prompt_tokens = outs[0]["meta_info"]["prompt_tokens"]
+    assert prompt_tokens > 64
+    cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
+    assert cached[0] == 0 and cached[1] == cached[2] == prompt_tokens - 1, cached
+    assert all(o["text"] == outs[0]["text"] for o in outs)

@@ -93,15 +93,15 @@ class ResultProcessor:
                 self.finish(req, reason, send=False)
                 outputs.append(self._output(req))
                 continue
+            if batch.forward_mode.is_extend:
+                # The prompt's KV goes into the tree now, not when the request ends: requests
+                # running alongside (or deferred by PrefillAdder) share it.
+                self.prefix_cache.cache_unfinished_req(req)
             if req.grammar is not None and self._jump_forward(req):
                 result.jumps += 1
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
-            if batch.forward_mode.is_extend:
-                # The prompt's KV goes into the tree now, not when the request ends: requests
-                # running alongside (or deferred by PrefillAdder) share it.
-                self.prefix_cache.cache_unfinished_req(req)
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
