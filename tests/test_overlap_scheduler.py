@@ -105,7 +105,14 @@ def test_overlap_structured_matches_plain_loop(overlap_engine, make_engine, jump
     prompts = ["Describe a person as JSON:", "Give me a JSON record of someone:",
                "A colour and a short phrase:", PROMPTS[2], PROMPTS[1]]
     kwargs = dict(max_total_tokens=4096, disable_jump_forward=not jump_forward)
-    want = make_engine(disable_overlap_schedule=True, **kwargs).generate(prompts, params)
+    plain = make_engine(disable_overlap_schedule=True, **kwargs)
+    # A chat prompt: the model opens with '{' and the forced '"name": "' that follows merges
+    # with it ('{"'), so the jump replaces the first output token, whose KV the overlapped next
+    # step is already writing when the prefill's results are processed.
+    params.append({"max_new_tokens": 60, "temperature": 0, "json_schema": SCHEMA})
+    prompts.append(plain.apply_chat_template([{"role": "user", "content":
+                                               "Describe Luna Lovegood as JSON."}]))
+    want = plain.generate(prompts, params)
     overlapped = overlap_engine(**kwargs)
     got = overlapped.generate(prompts, params)
     for w, g in zip(want, got):

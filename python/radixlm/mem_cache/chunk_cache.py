@@ -50,9 +50,10 @@ class ChunkCache(PrefixCache):
         req.last_node = None
         req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def cache_unfinished_req(self, req: CachedRequest) -> None:
+    def cache_unfinished_req(self, req: CachedRequest, kv_len: int | None = None) -> None:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        req.prefix_indices = row[:req.kv_allocated_len].to(torch.int64)
+        req.prefix_indices = row[:req.kv_allocated_len if kv_len is None else kv_len].to(
+            torch.int64)
 
     def inc_lock_ref(self, node: TreeNode | None) -> None:
         pass

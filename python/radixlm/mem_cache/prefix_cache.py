@@ -75,8 +75,10 @@ class PrefixCache(ABC):
         """A request ended (or was retracted): keep its KV in the cache, release its slot row."""
 
     @abstractmethod
-    def cache_unfinished_req(self, req: CachedRequest) -> None:
-        """A prefill chunk finished: cache what the request has so far, keep it running."""
+    def cache_unfinished_req(self, req: CachedRequest, kv_len: int | None = None) -> None:
+        """A prefill chunk finished: cache the request's first kv_len tokens (default: all
+        with KV), keep it running. A smaller kv_len leaves out tokens whose KV a step in
+        flight is still writing, which the request may yet replace (jump-forward)."""
 
     @abstractmethod
     def inc_lock_ref(self, node: Any) -> None: ...

@@ -183,11 +183,12 @@ class RadixCache(PrefixCache):
         req.last_node = None
         req.prefix_indices = torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def cache_unfinished_req(self, req: CachedRequest) -> None:
-        """A prefill (or a chunk of one) finished: insert what is computed so far and lock it, so
-        the request's KV becomes shareable and the next chunk starts from the tree's copy."""
-        kv_len = req.kv_allocated_len
-        self._commit(req, keep_tail=True)
+    def cache_unfinished_req(self, req: CachedRequest, kv_len: int | None = None) -> None:
+        """A prefill (or a chunk of one) finished: insert what is computed so far (the first
+        kv_len tokens) and lock it, so the request's KV becomes shareable and the next chunk
+        starts from the tree's copy."""
+        kv_len = req.kv_allocated_len if kv_len is None else kv_len
+        self._commit(req, keep_tail=True, kv_len=kv_len)
         match = self.match_prefix(req.fill_ids[:kv_len])
         n = len(match.indices)
         self.req_to_token_pool.write(req.req_pool_idx, 0, match.indices)
@@ -197,8 +198,9 @@ class RadixCache(PrefixCache):
         req.prefix_indices = torch.cat([match.indices, row[n:kv_len].to(torch.int64)])
         req.last_node = match.last_node
 
-    def _commit(self, req: CachedRequest, keep_tail: bool = False) -> None:
-        kv_len = req.kv_allocated_len
+    def _commit(self, req: CachedRequest, keep_tail: bool = False,
+                kv_len: int | None = None) -> None:
+        kv_len = req.kv_allocated_len if kv_len is None else kv_len
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         slots = row[:kv_len].to(torch.int64)
         already = self.insert(req.fill_ids[:kv_len], slots)

@@ -95,8 +95,11 @@ class ResultProcessor:
                 continue
             if batch.forward_mode.is_extend:
                 # The prompt's KV goes into the tree now, not when the request ends: requests
-                # running alongside (or deferred by PrefillAdder) share it.
-                self.prefix_cache.cache_unfinished_req(req)
+                # running alongside (or deferred by PrefillAdder) share it. Only what this
+                # step computed: under overlap the next step may already be writing the first
+                # output token's KV, and jump-forward may still replace that token.
+                self.prefix_cache.cache_unfinished_req(
+                    req, kv_len=min(req.kv_allocated_len, req.seq_len - 1))
             if req.grammar is not None and self._jump_forward(req):
                 result.jumps += 1
                 if req.stream or req.finished:
