@@ -238,7 +238,9 @@ def test_fill_timer_keeps_the_faster_way_and_keeps_checking():
     assert sum(picks[2:]) == len([c for c in range(3, 201) if c % FillTimer.EXPLORE_EVERY == 0])
     costly = FillTimer()  # bounded JSON strings: threads pay off
     picks = run(costly, 400e-6, 80e-6, 200)
-    assert picks[:2] == [False, True] and sum(not p for p in picks[2:]) == 3
+    assert picks[:2] == [False, True]
+    assert sum(not p for p in picks[2:]) == len([c for c in range(3, 201)
+                                                 if c % FillTimer.EXPLORE_EVERY == 0])
     # The served grammars change: serial gets cheap, and the next exploration switches back.
     picks = run(costly, 5e-6, 80e-6, 2 * FillTimer.EXPLORE_EVERY)
     assert sum(picks[-FillTimer.EXPLORE_EVERY:]) == 1   # serial again, threaded only to explore
@@ -257,5 +259,7 @@ def test_prompt_is_shared_when_the_first_step_jumps(engine):
     prompt_tokens = outs[0]["meta_info"]["prompt_tokens"]
     assert prompt_tokens > 64
     cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
-    assert cached[0] == 0 and cached[1] == cached[2] == prompt_tokens - 1, cached
+    # The first computes the prompt (the engine's cache may hold the chat template's head);
+    # the other two find all of it but the last token in the cache.
+    assert cached[0] < prompt_tokens - 32 and cached[1] == cached[2] == prompt_tokens - 1, cached
     assert all(o["text"] == outs[0]["text"] for o in outs)

@@ -36,7 +36,7 @@ class FillTimer:
     calls: int = 0
     exploring: bool = False       # this fill tries the slower way: its time replaces the old
 
-    EXPLORE_EVERY = 64
+    EXPLORE_EVERY = 16
     DECAY = 0.8
 
     def pick_threaded(self) -> bool:
