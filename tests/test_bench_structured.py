@@ -83,3 +83,22 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
     [other] = mask["other_batch_sizes"]
     assert other["batch_size"] == 1 and other["all_full_length"]
     assert "at bs 1)" in last_line
+
+
+def test_grammar_fill_benchmark_times_each_grammar(tokenizer, tmp_path):
+    """`bench grammar-fill`: its examples are outputs the grammars accept (so the matchers are
+    spread over real states), and every fill way is timed."""
+    from radixlm.bench import grammar_fill
+    examples = grammar_fill.EXAMPLES
+    assert structured._valid_character(examples["json_schema"])
+    assert re.fullmatch(structured.CITY_REGEX, examples["city_regex"])
+    assert re.fullmatch(structured.MASK_REGEX, examples["mask_regex"])
+    out = tmp_path / "fill.json"
+    assert grammar_fill.main(["--tokenizer-path", tokenizer.name_or_path, "--batch-size", "4",
+                              "--repeats", "1", "--output", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == set(examples)
+    for r in results.values():
+        assert set(r["fill_ms_by_threads"]) == {str(t) for t in grammar_fill.THREADS}
+        assert all(v > 0 for v in r["fill_ms_by_threads"].values())
+        assert r["per_row_us_serial"] > 0 and r["overlap_fraction"] >= 0

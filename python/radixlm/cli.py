@@ -68,7 +68,8 @@ def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) ->
 
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
-BENCHMARKS = ("structured", "programs", "one-batch", "offline", "serving", "headline", "overlap")
+BENCHMARKS = ("structured", "grammar-fill", "programs", "one-batch", "offline", "serving", "headline",
+              "overlap")
 
 
 def _generate(ns: argparse.Namespace) -> int:

@@ -36,9 +36,9 @@ def overlap_on_cpu() -> bool:
 def grammar_fill_threads() -> int | None:
     """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks; unset
     or 0 means automatic (the backend times both ways and keeps the faster). Filling costs ~10 us
-    a row for a simple regex, where threads only add hand-off cost (8 threads once made the
-    mask overhead at batch 64 178% instead of 30.5%), and ~400 us a row for bounded JSON
-    strings or long alternations, where 8 threads are ~2-6x faster (benchmarks/RESULTS.md,
-    issue 11)."""
+    a row for a simple regex, where threads gain little and once lost much (the mask overhead at
+    batch 64 was 178% with 8 threads instead of 30.5% in one run), and ~0.2-0.7 ms a row for
+    bounded JSON strings or long alternations, where 8 threads were 2-5x faster
+    (`radixlm bench grammar-fill`; benchmarks/RESULTS.md, issue 11)."""
     value = int(os.environ.get("RADIXLM_GRAMMAR_FILL_THREADS", "0") or 0)
     return value if value > 0 else None
