@@ -61,14 +61,18 @@ def _generate(make_engine, model_path: str, **flags) -> list[list[int]]:
     return outs
 
 
-def test_gpu_graphs_and_overlap_match_plain_paths(make_engine, model_path, monkeypatch):
+def _fast_paths_match_plain(run, monkeypatch) -> list:
+    """run(**flags) -> outputs: graphs + overlap, and graphs alone, give the plain loop's."""
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
-    plain = _generate(make_engine, model_path, disable_cuda_graph=True,
-                      disable_overlap_schedule=True)
-    fast = _generate(make_engine, model_path)
-    assert fast == plain
-    graphs_only = _generate(make_engine, model_path, disable_overlap_schedule=True)
-    assert graphs_only == plain
+    plain = run(disable_cuda_graph=True, disable_overlap_schedule=True)
+    assert run() == plain
+    assert run(disable_overlap_schedule=True) == plain
+    return plain
+
+
+def test_gpu_graphs_and_overlap_match_plain_paths(make_engine, model_path, monkeypatch):
+    plain = _fast_paths_match_plain(
+        lambda **flags: _generate(make_engine, model_path, **flags), monkeypatch)
     monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", "1")
     unfused = _generate(make_engine, model_path)
     assert unfused == plain
@@ -111,13 +115,8 @@ def _structured(make_engine, model_path: str, **flags) -> list[dict]:
 
 
 def test_gpu_structured_jump_forward_matches_plain_paths(make_engine, smollm_dir, monkeypatch):
-    """Jump-forward's forced tokens ride in decode steps (one row per token): through CUDA
-    graphs and the overlap scheduler they give the same tokens as the plain loop, and the same
-    as an engine where nothing jumps wherever the retokenized text is the same."""
-    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
-    plain = _structured(make_engine, smollm_dir, disable_cuda_graph=True,
-                        disable_overlap_schedule=True)
-    fast = _structured(make_engine, smollm_dir)
-    assert fast == plain
-    graphs_only = _structured(make_engine, smollm_dir, disable_overlap_schedule=True)
-    assert graphs_only == plain
+    """Jump-forward's forced tokens ride in decode steps (one row per token, the rows past the
+    largest graph in the next step): through CUDA graphs and the overlap scheduler they give
+    the same tokens as the plain loop."""
+    _fast_paths_match_plain(lambda **flags: _structured(make_engine, smollm_dir, **flags),
+                            monkeypatch)
