@@ -4,9 +4,8 @@ The grammars of `bench structured` (the JSON character schema, the city regex, t
 mask regex) are compiled with the model's tokenizer; `--batch-size` matchers per grammar are
 advanced to different points of a typical output (so the batch holds a mix of states), and one
 batched fill of their bitmask rows is timed serially and on 2 / 4 / 8 / 16 of xgrammar's
-threads (median of `--repeats`). Also timed: a Python loop right after a threaded fill (do the
-workers keep a core busy?) and one fill in a worker thread beside Python work (does the fill
-release the GIL? if so the two overlap).
+threads (median of `--repeats`). Also timed: one serial fill in a worker thread beside Python
+work on this one (does the fill release the GIL? if so the two overlap).
 
     python -m radixlm.bench.grammar_fill --tokenizer-path <model dir> --batch-size 32
 """
@@ -14,9 +13,9 @@ release the GIL? if so the two overlap).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import threading
-import time
 from typing import Any, Callable
 
 from radixlm.bench import common
@@ -37,12 +36,8 @@ EXAMPLES = {
 
 
 def _ms(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * common.median(times)
+    """Median wall time of `repeats` calls, in milliseconds."""
+    return 1e3 * common.median(common.timed(fn)[1] for _ in range(repeats))
 
 
 def _python_work(n: int = 200_000) -> int:
@@ -76,21 +71,20 @@ def measure(tokenizer, vocab_size: int, eos: list[int], batch_size: int,
             matchers.append(m)
         mask = xgr.allocate_token_bitmask(batch_size, vocab_size)
         rows = list(range(batch_size))
+        fills = {threads: functools.partial(
+                     xgr.BatchGrammarMatcher(threads).batch_fill_next_token_bitmask,
+                     matchers, mask, rows) for threads in THREADS}
         fill_ms = {}
-        for threads in THREADS:
-            filler = xgr.BatchGrammarMatcher(threads)
-            fill = lambda: filler.batch_fill_next_token_bitmask(matchers, mask, rows)  # noqa: E731
-            fill()
+        for threads, fill in fills.items():
+            fill()  # warm-up: the threaded filler starts its workers on the first call
             fill_ms[threads] = _ms(fill, repeats)
-        serial = xgr.BatchGrammarMatcher(1)
-        fill = lambda: serial.batch_fill_next_token_bitmask(matchers, mask, rows)  # noqa: E731
         python_ms = _ms(_python_work, repeats)
-        worker = threading.Thread(target=fill)
-        start = time.perf_counter()
-        worker.start()
-        _python_work()
-        worker.join()
-        beside_ms = 1e3 * (time.perf_counter() - start)
+        worker = threading.Thread(target=fills[1])
+        with common.Timed() as beside:
+            worker.start()
+            _python_work()
+            worker.join()
+        beside_ms = 1e3 * beside.seconds
         out[name] = {
             "fill_ms_by_threads": fill_ms,
             "per_row_us_serial": 1e3 * fill_ms[1] / batch_size,

@@ -2,12 +2,12 @@
 
 Appends sampled tokens, records logprobs, checks stop conditions, hands finished requests'
 KV to the prefix cache, and sends per-request deltas to the tokenizer side. What changes the
-scheduler's own state (its queues, its counters) comes back as a StepResult for it to apply.
+scheduler's own counters comes back as a StepResult for it to apply.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from radixlm.constrained.jump_forward import plan_jump
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepResult:
-    """What processing one step changed that the scheduler owns: it applies this to its queues
-    and counters (the processor never touches them)."""
-    jumps: int = 0              # requests that jumped forward (they stay in the running batch)
+    """What processing one step changed that the scheduler owns: it adds these to its counters
+    (the processor never touches them; finished requests leave the running batch by their
+    `finished` flag)."""
     prompt_tokens: int = 0      # prompts that finished their prefill this step
     cached_tokens: int = 0      # of which came from the prefix cache
     generated_tokens: int = 0   # tokens sampled and kept
@@ -41,14 +41,13 @@ class ResultProcessor:
         self.context_len = context_len
         self.eos_token_ids = set(eos_token_ids)
         self.jump_forward = jump_forward
-        self._released_tails: list[tuple[int, int, int]] = []   # jumps of the step in process
 
     def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
         row_of = {i: j for j, i in enumerate(step.sample_rows)}
         rows = step.wait()
         result = StepResult()
-        self._released_tails: list[tuple[int, int, int]] = []
+        released_tails: list[tuple[int, int, int]] = []   # KV the step's jumps gave back
         outputs: list[ReqOutput] = []
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
@@ -100,15 +99,14 @@ class ResultProcessor:
                 # output token's KV, and jump-forward may still replace that token.
                 self.prefix_cache.cache_unfinished_req(
                     req, kv_len=min(req.kv_allocated_len, req.seq_len - 1))
-            if req.grammar is not None and self._jump_forward(req):
-                result.jumps += 1
+            if req.grammar is not None and self._jump_forward(req, released_tails):
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
                 continue
             # Streams get every token; others their first (for time-to-first-token) and last.
             if req.stream or len(req.output_ids) == 1:
                 outputs.append(self._output(req))
-        self.kv.release_tails(self._released_tails)
+        self.kv.release_tails(released_tails)
         if outputs:
             self.send(BatchReqOutput(outputs))
         return result
@@ -159,10 +157,11 @@ class ResultProcessor:
             return FinishReason("stop", matched=token)
         return None
 
-    def _jump_forward(self, req: Req) -> bool:
+    def _jump_forward(self, req: Req, released_tails: list[tuple[int, int, int]]) -> bool:
         """Append the grammar's forced continuation. The request keeps its KV up to the first
         replaced token and stays in the running batch: its next decode step computes the forced
-        tokens (one row each) and samples after the last, instead of one step per token."""
+        tokens (one row each) and samples after the last, instead of one step per token. The
+        KV after that token goes into `released_tails`, freed once for the whole step."""
         if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
         unsent = len(req.output_ids) - req.num_sent_outputs
@@ -173,7 +172,7 @@ class ResultProcessor:
         if jump is None:
             return False
         keep = min(req.kv_allocated_len, req.seq_len - jump.num_replaced)
-        self._released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+        released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
         req.jump_to(jump.num_replaced, jump.new_tokens, keep)
         if len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)

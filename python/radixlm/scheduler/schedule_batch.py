@@ -135,6 +135,8 @@ class ScheduleBatch:
 
     def _prepare_one_row_each(self, kv: KVCacheManager,
                               last_token_ids: torch.Tensor) -> ForwardBatch:
+        """The common case, kept apart from the jump rows' path because it runs every step: no
+        per-row lists, no host tokens, row i is request i."""
         pool = kv.req_to_token_pool
         positions = [req.kv_allocated_len for req in self.reqs]
         for req in self.reqs:

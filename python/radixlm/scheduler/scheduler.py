@@ -86,7 +86,6 @@ class Scheduler:
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
         self.overlapped_steps = 0
-        self.num_jumps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
@@ -149,7 +148,6 @@ class Scheduler:
         """Step 4's outcome on the scheduler's own state: finished requests leave the running
         batch (jumped ones stay: their forced tokens ride in the next decode step)."""
         self.running = [r for r in self.running if not r.finished]
-        self.num_jumps += result.jumps
         self.prompt_tokens_total += result.prompt_tokens
         self.cached_tokens_total += result.cached_tokens
         self.gen_throughput.add(result.generated_tokens)
