@@ -1,5 +1,6 @@
-"""radixlm workers behind SGLang's own router (the `sglang-router` package from PyPI): it
-discovers the model and tokenizer from /model_info and routes native and OpenAI requests."""
+"""radixlm workers behind SGLang's own router (the `sglang-router` package from PyPI): two
+workers under its cache-aware policy; it discovers the model and tokenizer from /model_info and
+routes native and OpenAI requests."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
-    proc, worker = start_server("--max-total-tokens", "4096")
+    servers = [start_server("--max-total-tokens", "4096") for _ in range(2)]
+    workers = [url for _, url in servers]
     port = free_port()
     log = tmp_path_factory.mktemp("router") / "router.log"
     with open(log, "w") as out:
         router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", worker,
-             "--port", str(port), "--host", "127.0.0.1", "--log-level", "info",
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+             "--policy", "cache_aware", "--port", str(port), "--host", "127.0.0.1", "--log-level", "info",
              "--prometheus-port", str(free_port())],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -42,18 +44,19 @@ def routed(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.3)
-        yield url, worker, log
+        yield url, workers, log
     finally:
         router.terminate()
         router.wait(timeout=30)
-        stop_server(proc)
+        for proc, _ in servers:
+            stop_server(proc)
 
 
 def test_router_registers_model_and_routes(routed):
-    url, worker, log = routed
+    url, workers, log = routed
     body = {"text": "The capital of France is",
             "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-    direct = httpx.post(worker + "/generate", json=body, timeout=60).json()
+    direct = httpx.post(workers[0] + "/generate", json=body, timeout=60).json()
     via = httpx.post(url + "/generate", json=body, timeout=60)
     assert via.status_code == 200, via.text
     assert via.json()["output_ids"] == direct["output_ids"]
@@ -73,3 +76,19 @@ def test_router_registers_model_and_routes(routed):
     text = log.read_text()
     assert "No tokenizer_path or model_path found" not in text
     assert "SmolLM2-135M-Instruct" in text  # the worker's model was discovered by name
+
+
+def test_every_worker_serves_through_the_real_router(routed):
+    """Distinct prompts are spread over both workers, and the worker endpoints the real router
+    polls (/get_load for its load-aware policies) answer in its shape."""
+    url, workers, _ = routed
+    for i in range(8):
+        r = httpx.post(url + "/generate", timeout=60, json={
+            "text": f"{i} " * 3 + f"Topic number {i}: tell me about it.",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+        assert r.status_code == 200, r.text
+    served = [httpx.get(w + "/get_server_info").json()["generated_tokens_total"] > 0
+              for w in workers]
+    assert all(served)
+    load = httpx.get(workers[0] + "/get_load").json()
+    assert set(load[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}

@@ -1,4 +1,4 @@
-"""`radixlm serve | generate | bench`: the command line.
+"""`radixlm serve | generate | router | bench`: the command line.
 
 Server flags use SGLang's names (`--model-path`, `--chunked-prefill-size`, ...), generated from
 ServerArgs so that the CLI, Engine(**kwargs) and the server agree on every default.
@@ -13,6 +13,7 @@ import sys
 from typing import Sequence
 
 from radixlm.config import ServerArgs
+from radixlm.router.config import RouterArgs
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -40,11 +41,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     gen.add_argument("--json", action="store_true", help="print the whole result as JSON")
     ServerArgs.add_cli_args(gen)
 
+    router = sub.add_parser("router", help="the cache-aware router in front of radixlm or "
+                                           "SGLang servers (SGLang's router flags)")
+    RouterArgs.add_cli_args(router)
+
     bench = sub.add_parser("bench", help="benchmarks: radixlm bench NAME --help",
                            add_help=False)
     bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
-    return parser, {"serve": serve, "generate": gen, "bench": bench}
+    return parser, {"serve": serve, "generate": gen, "router": router, "bench": bench}
 
 
 def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
@@ -69,7 +74,7 @@ def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) ->
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
 BENCHMARKS = ("structured", "grammar-fill", "programs", "one-batch", "offline", "serving", "headline",
-              "overlap")
+              "overlap", "router")
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -118,9 +123,18 @@ def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
             import importlib
             module = importlib.import_module(f"radixlm.bench.{ns.name.replace('-', '_')}")
             return module.main(ns.args)
-        from radixlm.entrypoints.http_server import serve
-        code = serve(ServerArgs.from_cli_args(ns))
-    except ValueError as e:  # ServerArgs validation names the bad flag
+        if ns.command == "router":
+            from radixlm.router.server import run_router
+            code = run_router(RouterArgs.from_cli_args(ns))
+        else:
+            args = ServerArgs.from_cli_args(ns)
+            if args.dp_size > 1:
+                from radixlm.router.dp import serve_dp
+                code = serve_dp(args)
+            else:
+                from radixlm.entrypoints.http_server import serve
+                code = serve(args)
+    except ValueError as e:  # ServerArgs / RouterArgs validation names the bad flag
         parser.exit(2, f"radixlm {ns.command}: error: {e}\n")
     if fast_exit:
         # The engine and its children are stopped and the logs flushed: skip the interpreter's

@@ -29,7 +29,7 @@ class ServerArgs:
     random_seed: int = 0
 
     # Memory
-    mem_fraction_static: float = 0.85      # GPU: fraction of total memory for weights + KV
+    mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
     max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
     max_running_requests: int | None = None
     page_size: int = 1
@@ -54,7 +54,8 @@ class ServerArgs:
     port: int = 30000
     api_key: str | None = None
     tp_size: int = 1
-    dp_size: int = 1
+    dp_size: int = 1                       # > 1: that many engines behind the cache-aware router
+    base_gpu_id: int = 0                   # the first GPU used (engine i of --dp-size: base + i)
     log_level: str = "info"
     log_requests: bool = False
     enable_metrics: bool = False
@@ -107,10 +108,10 @@ class ServerArgs:
             raise bad("context-length", f"must be >= 1, got {self.context_length}")
         if self.tp_size != 1:
             raise bad("tp-size", "tensor parallelism is not implemented yet; use 1")
-        if self.dp_size != 1:
-            raise bad("dp-size", "data parallelism is not implemented yet; use 1 (or run "
-                                 "several servers behind SGLang's router: python -m "
-                                 "sglang_router.launch_router --worker-urls URL ...)")
+        if self.dp_size < 1:
+            raise bad("dp-size", f"must be >= 1, got {self.dp_size}")
+        if self.base_gpu_id < 0:
+            raise bad("base-gpu-id", f"must be >= 0, got {self.base_gpu_id}")
         if self.max_request_body_mb <= 0:
             raise bad("max-request-body-mb", f"must be > 0, got {self.max_request_body_mb}")
         for name in ("max_n_per_request", "max_prompts_per_request", "max_stop_strings"):
@@ -144,6 +145,21 @@ class ServerArgs:
             elif f.name == "load_format":
                 kwargs["choices"] = LOAD_FORMATS
             parser.add_argument(flag, **kwargs)
+
+    def to_cli_args(self, **changes: Any) -> list[str]:
+        """The flags that give these args (with `changes`) back: non-default fields only."""
+        args = dataclasses.replace(self, **changes)
+        out: list[str] = []
+        for f in dataclasses.fields(args):
+            value = getattr(args, f.name)
+            if value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                out.append(flag)      # store_true flags; a default of True has no flag
+            else:
+                out += [flag, str(value)]
+        return out
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":

@@ -30,6 +30,7 @@ from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
+from radixlm.utils.gpus import pinned_env
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +48,11 @@ class _Children:
         self.inbox = ipc.pull_socket(self.ctx, self.endpoints.tokenizer)
         self.to_scheduler = ipc.push_socket(self.ctx, self.endpoints.scheduler)
         ep = json.dumps(dataclasses.asdict(self.endpoints))
+        # --base-gpu-id N: the scheduler (the one process that uses the GPU) sees only GPU N.
+        env = pinned_env(args.base_gpu_id) if args.base_gpu_id and args.device != "cpu" else None
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "radixlm.scheduler.process",
-             json.dumps(dataclasses.asdict(args)), ep])
+             json.dumps(dataclasses.asdict(args)), ep], env=env)
         self.detokenizer = subprocess.Popen(
             [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
              args.log_level])

@@ -76,6 +76,18 @@ async def health_generate(request: Request) -> Response:
     return Response(status_code=200)
 
 
+@router.get("/get_load")
+async def get_load(request: Request):
+    """What sglang-router's power_of_two policy polls: one entry per engine (one here)."""
+    try:
+        stats = await request.app.state.engine.tokenizer_manager.get_stats()
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
+    in_use = stats.max_total_num_tokens - stats.available_kv_tokens - stats.evictable_kv_tokens
+    return [{"dp_rank": 0, "num_reqs": stats.num_running_reqs + stats.num_waiting_reqs,
+             "num_waiting_reqs": stats.num_waiting_reqs, "num_tokens": in_use}]
+
+
 # SGLang serves both names: `/model_info` and `/server_info` are its current ones, which
 # sglang-router probes first; the `get_` names are the older ones its clients still use.
 

@@ -49,6 +49,10 @@ class ForwardOutput:
     input_logprobs: list[InputLogprobs] | None   # per request, when fb.input_logprob_rows is set
 
 
+# GPU memory a server leaves free beyond its --mem-fraction-static share (activations, graphs).
+ACTIVATION_RESERVE_BYTES = 2 ** 30
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -128,13 +132,7 @@ class ModelRunner:
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
         elif self.device.type == "cuda":
-            free, total_mem = torch.cuda.mem_get_info(self.device)
-            used = total_mem - free
-            budget = total_mem * cfg.mem_fraction_static - used
-            if budget <= per_token * 1024:
-                raise RuntimeError(f"--mem-fraction-static {cfg.mem_fraction_static} leaves no "
-                                   f"room for the KV cache after loading the model")
-            total = int(budget // per_token)
+            total = int(self._kv_budget_bytes() // per_token)
         else:
             total = CPU_DEFAULT_MAX_TOTAL_TOKENS
         ps = cfg.page_size
@@ -144,6 +142,28 @@ class ModelRunner:
             DEFAULT_MAX_RUNNING_REQUESTS, max((num_slots - ps) // 2, 1))
         return MemoryPlan(num_slots=num_slots, page_size=ps, max_running_requests=max_running,
                           max_context_len=mc.context_len + 8)
+
+    def _kv_budget_bytes(self) -> int:
+        """--mem-fraction-static is this server's own share of the GPU (weights + KV cache),
+        as in SGLang: what other processes hold does not count against it, so several engines
+        can share a GPU with a fraction each. The share must still fit in what is free now,
+        leaving room for activations and CUDA graphs."""
+        cfg = self.config
+        free, total_mem = torch.cuda.mem_get_info(self.device)
+        own = torch.cuda.memory_reserved(self.device)       # the weights, loaded by now
+        budget = total_mem * cfg.mem_fraction_static - own
+        gib = 2 ** 30
+        if budget <= self.kv_spec.bytes_per_token(self.dtype) * 1024:
+            raise RuntimeError(f"--mem-fraction-static {cfg.mem_fraction_static} leaves no "
+                               f"room for the KV cache after loading the model")
+        if budget > free - ACTIVATION_RESERVE_BYTES:
+            raise RuntimeError(
+                f"--mem-fraction-static {cfg.mem_fraction_static} asks for "
+                f"{budget / gib:.1f} GiB of KV cache, but only {free / gib:.1f} GiB of the GPU "
+                f"are free ({(total_mem - free - own) / gib:.1f} GiB are held by other "
+                f"processes) and {ACTIVATION_RESERVE_BYTES / gib:.0f} GiB must stay free for "
+                f"activations: lower it")
+        return int(budget)
 
     @functools.cached_property
     def weight_bytes(self) -> int:

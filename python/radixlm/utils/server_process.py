@@ -31,13 +31,21 @@ def launch_server(args: Sequence[str], timeout_s: float,
     proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
                              *args], start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    wait_healthy(proc, url, timeout_s, poll_s)
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, poll_s: float = 0.5,
+                 headers: dict[str, str] | None = None) -> None:
+    """Return once `url`/health answers 200. Raises RuntimeError (after stopping the process)
+    if it exits or is not healthy in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} during start-up")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
+            if httpx.get(url + "/health", timeout=2, headers=headers).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(poll_s)

@@ -1,0 +1,227 @@
+"""`radixlm router`: the HTTP load balancer in front of radixlm (or SGLang) workers.
+
+Routed endpoints (one worker each, chosen by the policy): /generate, /v1/completions,
+/v1/chat/completions. Passed to any healthy worker: /v1/models, /get_model_info, /model_info,
+/health_generate, /tokenize, /detokenize. Fanned out to every healthy worker: /flush_cache,
+/abort_request, /get_load, /get_server_info (aggregated). The router's own: /health,
+/metrics, /add_worker?url=, /remove_worker?url=, /list_workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import sys
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from radixlm.router.config import RouterArgs
+from radixlm.router.metrics import RouterMetrics
+from radixlm.router.policy import create_policy
+from radixlm.router.proxy import Forwarder, json_error
+from radixlm.router.routing_key import routing_key
+from radixlm.router.workers import WorkerPool
+
+logger = logging.getLogger("radixlm.router")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = ("/health",)      # answered without the API key (load balancers' probes)
+
+
+class Router:
+    def __init__(self, args: RouterArgs) -> None:
+        self.args = args
+        self.pool = WorkerPool(args)
+        self.metrics = RouterMetrics()
+        self.policy = create_policy(args.policy, args.cache_threshold,
+                                    args.balance_abs_threshold, args.balance_rel_threshold)
+        self.forwarder = Forwarder(self.pool, self.policy, self.metrics)
+        self._tasks: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ app
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth], client_max_size=self.args.max_payload_size)
+        r = app.router
+        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            r.add_post(path, self.routed)
+        r.add_put("/generate", self.routed)
+        for path in ("/v1/models", "/get_model_info", "/model_info", "/health_generate"):
+            r.add_get(path, self.any_worker)
+        for path in ("/tokenize", "/detokenize"):
+            r.add_post(path, self.any_worker)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_get("/get_load", self.get_load)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_get("/server_info", self.server_info)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics_text)
+        r.add_route("*", "/add_worker", self.add_worker)
+        r.add_route("*", "/remove_worker", self.remove_worker)
+        r.add_get("/list_workers", self.list_workers)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.pool.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False)
+        await self.pool.probe_all()
+        healthy = len(self.pool.healthy())
+        logger.info("router: %d of %d workers healthy, policy %s", healthy,
+                    len(self.pool.workers), self.args.policy)
+        self._tasks = [asyncio.create_task(self.pool.health_loop()),
+                       asyncio.create_task(self.pool.eviction_loop())]
+
+    async def _stop(self, app: web.Application) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.pool.session is not None:
+            await self.pool.session.close()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = self.args.api_key
+        if key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), key):
+                return json_error("invalid or missing API key (Authorization: Bearer KEY)", 401)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(f"request body over --max-payload-size "
+                              f"({self.args.max_payload_size} bytes)", 413)
+
+    # ------------------------------------------------------------------ routed
+
+    async def routed(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            parsed: Any = json.loads(body) if body else None
+        except ValueError:
+            parsed = None      # the worker answers the malformed body with its own 400
+        return await self.forwarder.forward(request, body, routing_key(request.path, parsed))
+
+    async def any_worker(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read() if request.can_read_body else None
+        return await self.forwarder.forward(request, body, None, routed=False)
+
+    # ------------------------------------------------------------------ fanned out
+
+    async def _each_healthy(self, method: str, path: str, body: bytes | None = None
+                            ) -> list[tuple[str, int, bytes]]:
+        """(url, status, body) from every healthy worker; status 0 if it could not answer."""
+        async def one(w) -> tuple[str, int, bytes]:
+            try:
+                async with self.pool.session.request(
+                        method, w.url + path, data=body, headers=self.pool.auth_headers,
+                        timeout=aiohttp.ClientTimeout(total=self.args.request_timeout_secs)) as r:
+                    return w.url, r.status, await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                self.pool.mark_failed(w, f"{path}: {type(e).__name__}")
+                return w.url, 0, str(e).encode()
+        return list(await asyncio.gather(*(one(w) for w in self.pool.healthy())))
+
+    async def flush_cache(self, request: web.Request) -> web.StreamResponse:
+        answers = await self._each_healthy("POST", "/flush_cache")
+        for w in self.pool.workers.values():
+            w.tree.clear()      # the workers' caches are empty now
+        failed = [f"{url}: HTTP {status} {body[:200]!r}" for url, status, body in answers
+                  if status != 200]
+        if not answers:
+            return json_error("no healthy worker", 503)
+        if failed:
+            return json_error("cache not flushed on " + "; ".join(failed), 500)
+        return web.Response(text=f"Cache flushed on {len(answers)} workers.\n")
+
+    async def abort_request(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        answers = await self._each_healthy("POST", "/abort_request", body)
+        # A bad body gets the same 400 from every worker: pass the first one on.
+        for _, status, data in answers:
+            if status == 400:
+                return web.Response(body=data, status=400, content_type="application/json")
+        return web.Response(status=200)
+
+    async def get_load(self, request: web.Request) -> web.StreamResponse:
+        loads: list[Any] = []
+        for url, status, data in await self._each_healthy("GET", "/get_load"):
+            if status == 200:
+                got = json.loads(data)
+                loads.extend(got if isinstance(got, list) else [got])
+        return web.json_response(loads)
+
+    async def server_info(self, request: web.Request) -> web.StreamResponse:
+        """The first worker's info, with every worker's `internal_states` and each worker's
+        own answer under `workers`."""
+        infos = []
+        for url, status, data in await self._each_healthy("GET", "/get_server_info"):
+            if status == 200:
+                infos.append({"url": url, **json.loads(data)})
+        if not infos:
+            return json_error("no healthy worker", 503)
+        merged = {k: v for k, v in infos[0].items() if k != "url"}
+        merged["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
+        merged["workers"] = infos
+        return web.json_response(merged)
+
+    # ------------------------------------------------------------------ the router's own
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        if self.pool.healthy():
+            return web.Response(text="OK")
+        return json_error("no healthy worker", 503)
+
+    async def metrics_text(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=self.metrics.render(list(self.pool.workers.values())),
+                            content_type="text/plain", headers={"X-Version": "0.0.4"})
+
+    def _url_param(self, request: web.Request) -> str:
+        url = request.query.get("url")
+        if not url:
+            raise ValueError("the worker's URL is required: ?url=http://HOST:PORT")
+        return url
+
+    async def add_worker(self, request: web.Request) -> web.StreamResponse:
+        try:
+            worker = await self.pool.add(self._url_param(request))
+        except ValueError as e:
+            return json_error(str(e), 400)
+        return web.json_response({"status": "ok", "url": worker.url,
+                                  "message": f"worker {worker.url} added"})
+
+    async def remove_worker(self, request: web.Request) -> web.StreamResponse:
+        try:
+            url = self._url_param(request)
+            self.pool.remove(url)
+        except ValueError as e:
+            return json_error(str(e), 400)
+        return web.json_response({"status": "ok", "url": url.rstrip("/"),
+                                  "message": f"worker {url} removed"})
+
+    async def list_workers(self, request: web.Request) -> web.StreamResponse:
+        workers = list(self.pool.workers.values())
+        return web.json_response({
+            "urls": [w.url for w in workers],
+            "workers": [{"url": w.url, "healthy": w.healthy, "in_flight": w.in_flight,
+                         "requests_total": w.requests_total, "tree_size": w.tree.size}
+                        for w in workers]})
+
+
+def run_router(args: RouterArgs) -> int:
+    """Serve until SIGTERM / Ctrl-C."""
+    level = "WARNING" if args.log_level == "warn" else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    router = Router(args)
+    print(f"radixlm router on http://{args.host}:{args.port}, policy {args.policy}, "
+          f"{len(router.pool.workers)} workers", file=sys.stderr, flush=True)
+    # (uvloop measured no faster here: aiohttp's own request handling dominates.)
+    web.run_app(router.app(), host=args.host, port=args.port, print=None,
+                handler_cancellation=True, access_log=None, handle_signals=True,
+                shutdown_timeout=5)
+    return 0

@@ -1,0 +1,113 @@
+"""The router's workers: membership, health checks and tree upkeep.
+
+A worker counts as healthy once `/health` answers 200 and `/get_model_info` has shown it to be a
+radixlm or SGLang server (a JSON object with `model_path`). A worker that fails a request or a
+health check is taken out at once and its prefix tree dropped (its cache is gone or unknown);
+the periodic check takes it back in when it answers again. Workers listed at start-up that are
+not up yet are simply unhealthy until they are: the router starts and serves with the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+from radixlm.router.config import RouterArgs, check_worker_url
+from radixlm.router.policy import Worker
+
+logger = logging.getLogger("radixlm.router")
+
+
+class WorkerPool:
+    def __init__(self, args: RouterArgs) -> None:
+        self.args = args
+        self.workers: dict[str, Worker] = {}
+        self.session: aiohttp.ClientSession | None = None   # set by the app at start-up
+        for url in args.worker_urls:
+            url = check_worker_url(url, "worker-urls")
+            self.workers.setdefault(url, Worker(url))
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+
+    def healthy(self, exclude: set[Worker] | None = None) -> list[Worker]:
+        return [w for w in self.workers.values() if w.healthy and w not in (exclude or ())]
+
+    def mark_failed(self, worker: Worker, reason: str) -> None:
+        worker.failures_total += 1
+        if worker.healthy:
+            logger.warning("worker %s taken out: %s", worker.url, reason)
+        worker.healthy = False
+        worker.tree.clear()
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=self.args.health_check_timeout_secs)
+        async with self.session.get(url, headers=self.auth_headers, timeout=timeout) as r:
+            return r.status, await r.read()
+
+    async def identify(self, worker: Worker) -> None:
+        """Raises ValueError unless the URL is a healthy radixlm / SGLang server."""
+        try:
+            status, _ = await self._get(worker.url + "/health")
+            if status != 200:
+                raise ValueError(f"{worker.url}/health answered HTTP {status}")
+            status, body = await self._get(worker.url + "/get_model_info")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise ValueError(f"cannot reach {worker.url}: {e or type(e).__name__}") from None
+        try:
+            info = json.loads(body) if status == 200 else None
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "model_path" not in info:
+            raise ValueError(f"{worker.url} is not a radixlm or SGLang server "
+                             f"(GET /get_model_info: HTTP {status}, no model_path)")
+        worker.model_id = info.get("served_model_name") or info.get("model_path")
+
+    async def probe(self, worker: Worker) -> None:
+        try:
+            await self.identify(worker)
+        except ValueError as e:
+            if worker.healthy:
+                self.mark_failed(worker, str(e))
+            return
+        if not worker.healthy:
+            logger.info("worker %s is healthy", worker.url)
+        worker.healthy = True
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(w) for w in list(self.workers.values())))
+
+    async def add(self, url: str) -> Worker:
+        url = check_worker_url(url)
+        if url in self.workers:
+            raise ValueError(f"worker {url} is already registered")
+        worker = Worker(url)
+        await self.identify(worker)
+        worker.healthy = True
+        self.workers[url] = worker
+        logger.info("worker %s added", url)
+        return worker
+
+    def remove(self, url: str) -> None:
+        url = url.rstrip("/")
+        if url not in self.workers:
+            raise ValueError(f"worker {url} is not registered")
+        del self.workers[url]
+        logger.info("worker %s removed", url)
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.args.health_check_interval_secs)
+            await self.probe_all()
+
+    async def eviction_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.args.eviction_interval_secs)
+            for w in self.workers.values():
+                w.tree.evict(self.args.max_tree_size)

@@ -1,0 +1,25 @@
+"""Which GPUs a process sees: `--base-gpu-id` and `--dp-size` pick GPUs by index among the
+visible ones (CUDA_VISIBLE_DEVICES, else all), and a child is pinned to one through its
+environment, so that inside it the GPU is simply `cuda` (device 0)."""
+
+from __future__ import annotations
+
+import os
+
+
+def visible_gpus() -> list[str]:
+    """The ids of the GPUs this process may use, as CUDA_VISIBLE_DEVICES would name them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    import torch
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def pinned_env(gpu_index: int) -> dict[str, str]:
+    """This process's environment with only visible GPU `gpu_index` left visible."""
+    gpus = visible_gpus()
+    if gpu_index >= len(gpus):
+        raise ValueError(f"--base-gpu-id: GPU {gpu_index} does not exist (this machine has "
+                         f"{len(gpus)} visible)")
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[gpu_index]}

@@ -1,0 +1,304 @@
+"""`radixlm router` in front of real `radixlm serve` processes on the CPU (the bundled model):
+every endpoint through it, prefix affinity, aborts by disconnect, the API key, bad input,
+workers that die, come back, are added and removed at run time, and `serve --dp-size 2`."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from helpers import free_port, is_alive, openai_client, start_server, stop_server
+from radixlm.utils.server_process import wait_healthy
+
+pytestmark = pytest.mark.slow
+GREEDY = {"max_new_tokens": 6, "temperature": 0}
+
+
+def start_router(*flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "router", "--port", str(port),
+                             "--health-check-interval-secs", "1", "--log-level", "warning",
+                             *flags], start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:   # any answer will do: /health is a 503 until a worker is healthy
+        assert proc.poll() is None, "the router exited during start-up"
+        try:
+            httpx.get(url + "/list_workers", timeout=2)
+            return proc, url
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def worker_counts(url: str) -> dict[str, int]:
+    return {w["url"]: w["requests_total"]
+            for w in httpx.get(url + "/list_workers").json()["workers"]}
+
+
+def wait_for(predicate, timeout_s: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    procs = [start_server("--max-total-tokens", "4096") for _ in range(2)]
+    yield [url for _, url in procs]
+    for proc, _ in procs:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def router(workers):
+    proc, url = start_router("--worker-urls", *workers)
+    wait_for(lambda: httpx.get(url + "/health").status_code == 200, what="router health")
+    yield url
+    stop_server(proc)
+
+
+def test_every_endpoint_through_the_router(router, workers):
+    body = {"text": "The capital of France is", "sampling_params": GREEDY}
+    direct = httpx.post(workers[0] + "/generate", json=body, timeout=60).json()
+    via = httpx.post(router + "/generate", json=body, timeout=60)
+    assert via.status_code == 200 and via.json()["output_ids"] == direct["output_ids"]
+
+    batch = httpx.post(router + "/generate", timeout=60,
+                       json={"text": ["The capital of France is", "1, 2, 3,"],
+                             "sampling_params": GREEDY}).json()
+    assert [b["output_ids"] for b in batch][0] == direct["output_ids"] and len(batch) == 2
+
+    with httpx.stream("POST", router + "/generate", timeout=60,
+                      json={**body, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert len(lines) == GREEDY["max_new_tokens"] + 1 and lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["output_ids"] == direct["output_ids"]
+
+    client = openai_client(router)
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(model=model, max_tokens=4, temperature=0,
+                                          messages=[{"role": "user", "content": "Hi"}])
+    assert chat.usage.completion_tokens == 4 and chat.choices[0].message.content
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=4, temperature=0, stream=True)]
+    assert len("".join(pieces)) > 0
+
+    assert httpx.get(router + "/get_model_info").json()["model_path"]
+    info = httpx.get(router + "/get_server_info").json()
+    assert len(info["internal_states"]) == 2 and len(info["workers"]) == 2
+    loads = httpx.get(router + "/get_load").json()
+    assert len(loads) == 2 and all("num_reqs" in x for x in loads)
+    assert httpx.post(router + "/tokenize", json={"prompt": "Hello"}).json()["count"] >= 1
+    assert httpx.get(router + "/health").status_code == 200
+    assert httpx.post(router + "/flush_cache").status_code == 200
+    assert all(w["tree_size"] == 0 for w in httpx.get(router + "/list_workers").json()["workers"])
+    metrics = httpx.get(router + "/metrics").text
+    assert "radixlm_router_requests_total" in metrics
+    assert 'radixlm_router_policy_decisions_total{decision="cache_miss"}' in metrics
+
+
+def test_requests_sharing_a_prefix_land_on_one_worker(router, workers):
+    httpx.post(router + "/flush_cache")
+    before = worker_counts(router)
+    system = "You are a helpful assistant who answers questions about geography. " * 6
+    outs = [httpx.post(router + "/generate", timeout=60,
+                       json={"text": system + f"Question {i}: name a river.",
+                             "sampling_params": GREEDY}).json() for i in range(4)]
+    after = worker_counts(router)
+    assert sorted(after[w] - before[w] for w in workers) == [0, 4]
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs[1:])
+
+
+def test_client_disconnect_aborts_the_request_on_its_worker(router):
+    long = {"text": "Tell me a long story.", "sampling_params": {"max_new_tokens": 4000,
+                                                                  "ignore_eos": True}}
+    with httpx.stream("POST", router + "/generate", json={**long, "stream": True},
+                      timeout=60) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: "))
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(router + "/generate", json=long, timeout=1.0)
+
+    def idle() -> bool:
+        return all(x["num_reqs"] == 0 for x in httpx.get(router + "/get_load").json())
+    wait_for(idle, 20, "the workers to drop the abandoned requests")
+
+
+def test_api_key_is_checked_and_sent_on(workers):
+    proc, url = start_router("--worker-urls", *workers, "--api-key", "sekret")
+    try:
+        wait_for(lambda: httpx.get(url + "/health").status_code == 200, what="router health")
+        body = {"text": "Hi", "sampling_params": GREEDY}
+        denied = httpx.post(url + "/generate", json=body)
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == 401
+        ok = httpx.post(url + "/generate", json=body, timeout=60,
+                        headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+    finally:
+        stop_server(proc)
+
+
+class _NotAServer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_bad_input_gets_clear_errors(router):
+    malformed = httpx.post(router + "/generate", content=b"{not json",
+                           headers={"Content-Type": "application/json"})
+    assert malformed.status_code == 400 and "message" in malformed.json()  # the worker's 400
+    bad_params = httpx.post(router + "/v1/completions", json={"model": "x", "prompt": "a",
+                                                              "max_tokens": -3})
+    assert bad_params.status_code == 400
+    assert httpx.post(router + "/add_worker").status_code == 400
+    assert httpx.post(router + "/remove_worker", params={"url": "http://nope:1"}).status_code == 400
+    dead = httpx.post(router + "/add_worker", params={"url": f"http://127.0.0.1:{free_port()}"})
+    assert dead.status_code == 400 and "cannot reach" in dead.json()["message"]
+    assert httpx.post(router + "/add_worker", params={"url": "ftp://x"}).status_code == 400
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAServer)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        r = httpx.post(router + "/add_worker",
+                       params={"url": f"http://127.0.0.1:{other.server_address[1]}"})
+        assert r.status_code == 400 and "not a radixlm or SGLang server" in r.json()["message"]
+    finally:
+        other.shutdown()
+    # The router still serves.
+    assert httpx.post(router + "/generate", json={"text": "Hi", "sampling_params": GREEDY},
+                      timeout=60).status_code == 200
+
+
+def test_no_healthy_worker_is_a_503_and_a_worker_added_later_serves(workers):
+    proc, url = start_router("--worker-urls", f"http://127.0.0.1:{free_port()}")
+    try:
+        r = httpx.post(url + "/generate", json={"text": "Hi", "sampling_params": GREEDY})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "internal_server_error"
+        assert httpx.get(url + "/health").status_code == 503
+        added = httpx.post(url + "/add_worker", params={"url": workers[0]})
+        assert added.status_code == 200, added.text
+        assert url and httpx.get(url + "/health").status_code == 200
+        ok = httpx.post(url + "/generate", json={"text": "Hi", "sampling_params": GREEDY},
+                        timeout=60)
+        assert ok.status_code == 200
+        assert httpx.post(url + "/remove_worker", params={"url": workers[0]}).status_code == 200
+        assert workers[0] not in worker_counts(url)
+    finally:
+        stop_server(proc)
+
+
+def _serve_on(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--device", "cpu",
+                             "--log-level", "warning", "--max-total-tokens", "4096",
+                             "--port", str(port)], start_new_session=True)
+    wait_healthy(proc, f"http://127.0.0.1:{port}", 240)
+    return proc
+
+
+def test_worker_killed_mid_load_then_back(workers):
+    port = free_port()
+    victim, victim_url = _serve_on(port), f"http://127.0.0.1:{port}"
+    proc, url = start_router("--worker-urls", workers[0], victim_url, "--policy", "round_robin")
+    try:
+        wait_for(lambda: all(w["healthy"] for w in
+                             httpx.get(url + "/list_workers").json()["workers"]), what="health")
+        n = 48
+        body = {"sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0}}
+
+        def plain(i: int) -> httpx.Response:
+            return httpx.post(url + "/generate", json={**body, "text": f"Story {i}:"},
+                              timeout=180)
+
+        def streamed(i: int) -> list[str]:
+            with httpx.stream("POST", url + "/generate", timeout=180,
+                              json={**body, "text": f"Tale {i}:", "stream": True}) as r:
+                return [line for line in r.iter_lines() if line.startswith("data: ")]
+
+        with ThreadPoolExecutor(12) as pool:
+            plains = [pool.submit(plain, i) for i in range(8)]
+            streams = [pool.submit(streamed, i) for i in range(4)]
+            wait_for(lambda: httpx.get(victim_url + "/get_load").json()[0]["num_reqs"] > 0,
+                     30, "the victim to be busy")
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+            results = [f.result(timeout=240) for f in plains]
+            streamed_lines = [f.result(timeout=240) for f in streams]
+        # Nothing reached the client of a plain request before the failure: all were retried.
+        assert all(r.status_code == 200 for r in results), [r.text for r in results]
+        assert all(r.json()["meta_info"]["completion_tokens"] == n for r in results)
+        # A stream ends: completely, or with an error event; always with [DONE].
+        for lines in streamed_lines:
+            assert lines[-1] == "data: [DONE]"
+            last = json.loads(lines[-2][6:])
+            assert ("error" in last) or last["meta_info"]["completion_tokens"] == n
+        state = {w["url"]: w for w in httpx.get(url + "/list_workers").json()["workers"]}
+        assert not state[victim_url]["healthy"]
+        assert httpx.post(url + "/generate", json={**body, "text": "after"},
+                          timeout=180).status_code == 200
+
+        victim = _serve_on(port)     # back on the same address: taken in again
+        wait_for(lambda: {w["url"]: w["healthy"] for w in httpx.get(
+            url + "/list_workers").json()["workers"]}[victim_url], 30, "the worker to return")
+        before = worker_counts(url)[victim_url]
+        for i in range(2):
+            assert httpx.post(url + "/generate", json={"text": f"x{i}", "sampling_params": GREEDY},
+                              timeout=60).status_code == 200
+        assert worker_counts(url)[victim_url] == before + 1
+    finally:
+        stop_server(proc)
+        stop_server(victim)
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.split("\n"):
+        if line.strip():
+            p, pp = map(int, line.split())
+            children.setdefault(pp, []).append(p)
+    found, stack = [], [pid]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            found.append(c)
+            stack.append(c)
+    return found
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_dp_size_2_serves_and_leaves_no_orphans(stop_signal):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--dp-size", "2",
+                             "--device", "cpu", "--log-level", "warning", "--port", str(port),
+                             "--max-total-tokens", "4096"], start_new_session=True)
+    try:
+        wait_healthy(proc, url, 300)
+        info = httpx.get(url + "/get_server_info").json()
+        assert len(info["internal_states"]) == 2
+        out = httpx.post(url + "/generate", json={"text": "The capital of France is",
+                                                  "sampling_params": GREEDY}, timeout=60)
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 6
+        family = _descendants(proc.pid)
+        assert len(family) >= 6   # 2 engines, each with a scheduler and a detokenizer
+        os.kill(proc.pid, stop_signal)
+        proc.wait(timeout=60)
+        wait_for(lambda: not any(is_alive(p) for p in family), 30, "every engine to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
