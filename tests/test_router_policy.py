@@ -21,14 +21,15 @@ def workers(n: int) -> list[Worker]:
 
 def test_tree_matches_longest_prefix_across_split_edges():
     t = PrefixTree()
-    t.insert("system: you are helpful. question: one")
-    t.insert("system: you are helpful. question: two")
+    shared = "system: you are helpful. question: "
+    t.insert(shared + "one")
+    t.insert(shared + "two")
     t.insert("other")
-    assert t.match("system: you are helpful. question: three") == len("system: you are helpful. question: t")
-    assert t.match("system: you are helpful. question: one") == len("system: you are helpful. question: one")
+    assert t.match(shared + "three") == len(shared + "t")
+    assert t.match(shared + "one") == len(shared + "one")
     assert t.match("oth") == 3 and t.match("zzz") == 0 and t.match("") == 0
     # Stored once: the shared part, two tails, "other".
-    assert t.size == len("system: you are helpful. question: ") + len("one") + len("two") + 5
+    assert t.size == len(shared) + len("one") + len("two") + 5
 
 
 def test_tree_evicts_least_recently_used_leaves_first():

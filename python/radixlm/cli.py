@@ -109,6 +109,18 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _as_dp_engine(ns: argparse.Namespace) -> None:
+    """An engine started by `serve --dp-size N` (router/dp.py) exits with that process, and
+    takes the API key from the environment (where `ps` does not show it)."""
+    from radixlm import envs
+    parent = envs.dp_parent_pid()
+    if parent is not None:
+        from radixlm.managers.ipc import die_with_parent
+        die_with_parent(parent)
+    if ns.api_key is None:
+        ns.api_key = envs.api_key()
+
+
 def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
     parser, commands = _parser()
     # Unknown flags are reported by the subcommand's parser (its usage, the nearest flag), not
@@ -116,6 +128,8 @@ def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
     ns, unknown = parser.parse_known_args(argv)
     if unknown:
         commands[ns.command].error(unknown_args_message(commands[ns.command], unknown))
+    if ns.command == "serve":
+        _as_dp_engine(ns)
     try:
         if ns.command == "generate":
             return _generate(ns)

@@ -52,7 +52,7 @@ class ServerArgs:
     # Server
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
+    api_key: str | None = None             # also RADIXLM_API_KEY in the environment (serve)
     tp_size: int = 1
     dp_size: int = 1                       # > 1: that many engines behind the cache-aware router
     base_gpu_id: int = 0                   # the first GPU used (engine i of --dp-size: base + i)

@@ -42,3 +42,16 @@ def grammar_fill_threads() -> int | None:
     (`radixlm bench grammar-fill`; benchmarks/RESULTS.md, issue 11)."""
     value = int(os.environ.get("RADIXLM_GRAMMAR_FILL_THREADS", "0") or 0)
     return value if value > 0 else None
+
+
+def api_key() -> str | None:
+    """RADIXLM_API_KEY: `radixlm serve`'s --api-key when the flag is not given (the engines of
+    `serve --dp-size N` get the key this way, where `ps` does not show it)."""
+    return os.environ.get("RADIXLM_API_KEY") or None
+
+
+def dp_parent_pid() -> int | None:
+    """RADIXLM_DIE_WITH_PARENT=<pid>: set by `serve --dp-size N` on its engines, which then exit
+    when that process does (even if it was SIGKILLed)."""
+    value = os.environ.get("RADIXLM_DIE_WITH_PARENT")
+    return int(value) if value else None

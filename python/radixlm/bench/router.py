@@ -34,6 +34,7 @@ import aiohttp
 import httpx
 
 from radixlm.bench import common
+from radixlm.utils.sequences import common_prefix_len
 from radixlm.utils.server_process import free_port, stop_server, wait_healthy
 
 WORDS = ("time year people way day man thing woman life child world school state family "
@@ -96,20 +97,12 @@ def ceiling_hit_rate(token_ids: list[list[int]]) -> float:
     """Cached tokens if each request found the longest prefix it shares with any earlier
     request (arrival order; one engine with an unbounded cache), over all prompt tokens. The
     longest common prefix with a set of sequences is with a neighbour in sorted order."""
-    def lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
-
     earlier: list[tuple[int, ...]] = []
     hits = 0
     for ids in map(tuple, token_ids):
         i = bisect.bisect_left(earlier, ids)
-        best = max((lcp(ids, earlier[j]) for j in (i - 1, i) if 0 <= j < len(earlier)),
-                   default=0)
+        neighbours = [earlier[j] for j in (i - 1, i) if 0 <= j < len(earlier)]
+        best = max((common_prefix_len(ids, e) for e in neighbours), default=0)
         hits += min(best, len(ids) - 1)    # at least one token is always computed
         earlier.insert(i, ids)
     return hits / sum(len(t) for t in token_ids)

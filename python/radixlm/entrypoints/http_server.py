@@ -111,9 +111,6 @@ def serve(args: ServerArgs) -> int:
 
     from radixlm.entrypoints.engine import Engine
 
-    if os.environ.get("RADIXLM_DIE_WITH_PARENT") == "1":
-        from radixlm.managers.ipc import die_with_parent
-        die_with_parent()   # an engine of `serve --dp-size N`: exit with the router's process
     started = time.perf_counter()
     engine = Engine(**vars(args))
     app = create_app(engine, args)

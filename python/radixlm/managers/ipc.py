@@ -74,9 +74,13 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Make this child process exit when its parent dies, even by SIGKILL: the kernel's
-    parent-death signal where available, plus a watchdog thread polling the parent pid."""
+    parent-death signal where available, plus a watchdog thread polling the parent pid.
+    `parent`: the pid the parent gave; if it is already gone (the child was re-parented before
+    getting here), exit now."""
+    if parent is not None and os.getppid() != parent:
+        os._exit(0)
     parent = os.getppid()
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)

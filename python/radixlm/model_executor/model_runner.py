@@ -132,7 +132,7 @@ class ModelRunner:
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
         elif self.device.type == "cuda":
-            total = int(self._kv_budget_bytes() // per_token)
+            total = int(self._kv_budget_bytes(per_token) // per_token)
         else:
             total = CPU_DEFAULT_MAX_TOTAL_TOKENS
         ps = cfg.page_size
@@ -143,26 +143,27 @@ class ModelRunner:
         return MemoryPlan(num_slots=num_slots, page_size=ps, max_running_requests=max_running,
                           max_context_len=mc.context_len + 8)
 
-    def _kv_budget_bytes(self) -> int:
-        """--mem-fraction-static is this server's own share of the GPU (weights + KV cache),
-        as in SGLang: what other processes hold does not count against it, so several engines
-        can share a GPU with a fraction each. The share must still fit in what is free now,
-        leaving room for activations and CUDA graphs."""
+    def _kv_budget_bytes(self, per_token: int) -> int:
+        """--mem-fraction-static is this server's own share of the GPU (weights + KV cache):
+        what other processes hold does not count against it, so several servers can share a
+        GPU with a fraction each (SGLang counts it, so a second server there finds no room).
+        The share is cut down, with a warning, to what is free now less room for activations
+        and CUDA graphs."""
         cfg = self.config
         free, total_mem = torch.cuda.mem_get_info(self.device)
         own = torch.cuda.memory_reserved(self.device)       # the weights, loaded by now
         budget = total_mem * cfg.mem_fraction_static - own
-        gib = 2 ** 30
-        if budget <= self.kv_spec.bytes_per_token(self.dtype) * 1024:
+        room = free - ACTIVATION_RESERVE_BYTES
+        if budget > room:
+            gib = 2 ** 30
+            logger.warning("--mem-fraction-static %s asks for %.1f GiB of KV cache; %.1f GiB "
+                           "of the GPU are free (%.1f GiB held by other processes), so the "
+                           "cache gets %.1f GiB", cfg.mem_fraction_static, budget / gib,
+                           free / gib, (total_mem - free - own) / gib, max(room, 0) / gib)
+            budget = room
+        if budget <= per_token * 1024:
             raise RuntimeError(f"--mem-fraction-static {cfg.mem_fraction_static} leaves no "
                                f"room for the KV cache after loading the model")
-        if budget > free - ACTIVATION_RESERVE_BYTES:
-            raise RuntimeError(
-                f"--mem-fraction-static {cfg.mem_fraction_static} asks for "
-                f"{budget / gib:.1f} GiB of KV cache, but only {free / gib:.1f} GiB of the GPU "
-                f"are free ({(total_mem - free - own) / gib:.1f} GiB are held by other "
-                f"processes) and {ACTIVATION_RESERVE_BYTES / gib:.0f} GiB must stay free for "
-                f"activations: lower it")
         return int(budget)
 
     @functools.cached_property

@@ -36,7 +36,7 @@ class RouterArgs:
             return ValueError(f"--{flag}: {msg}")
 
         for url in self.worker_urls:
-            check_worker_url(url, "worker-urls")
+            check_worker_url(url, "--worker-urls")
         if self.policy not in POLICIES:
             raise bad("policy", f"must be one of {POLICIES}, got {self.policy!r}")
         if not 0.0 <= self.cache_threshold <= 1.0:
@@ -93,13 +93,14 @@ class RouterArgs:
         return cls(**{k: v for k, v in vars(ns).items() if k in names})
 
 
-def check_worker_url(url: str, flag: str = "url") -> str:
-    """An http(s) URL with a host; returned without a trailing slash."""
+def check_worker_url(url: str, where: str = "url") -> str:
+    """An http(s) URL with a host; returned without a trailing slash. `where` names what gave
+    it in the error (a flag, or the `url` query parameter)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--{flag}: {url!r} is not a worker URL (http://HOST:PORT)")
+        raise ValueError(f"{where}: {url!r} is not a worker URL (http://HOST:PORT)")
     try:
         parts.port
     except ValueError:
-        raise ValueError(f"--{flag}: {url!r} has an invalid port") from None
+        raise ValueError(f"{where}: {url!r} has an invalid port") from None
     return url.rstrip("/")

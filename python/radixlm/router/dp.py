@@ -3,8 +3,9 @@ per GPU from `--base-gpu-id` on a GPU machine; all on the CPU otherwise), and th
 router in this process on `--port`.
 
 Process hygiene as for one server: SIGTERM / Ctrl-C stops the router, then every engine (each
-stops its own scheduler and detokenizer); the engines run with RADIXLM_DIE_WITH_PARENT=1 and
-so exit if this process dies, even by SIGKILL.
+stops its own scheduler and detokenizer); the engines run with RADIXLM_DIE_WITH_PARENT=<this
+pid> and so exit if this process dies, even by SIGKILL. The API key reaches them through the
+environment (RADIXLM_API_KEY), not their command lines.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ENGINE_START_TIMEOUT_S = 900
 
 def engine_gpus(args: ServerArgs) -> list[int | None]:
     """The visible-GPU index each engine is pinned to (None: CPU)."""
-    if args.device is not None and args.device.startswith("cpu"):
+    if args.device == "cpu":
         return [None] * args.dp_size
     from radixlm.utils.gpus import visible_gpus
     count = len(visible_gpus())
@@ -40,11 +41,13 @@ def engine_gpus(args: ServerArgs) -> list[int | None]:
 
 def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subprocess.Popen, str]]:
     engines = []
-    env = {**os.environ, "RADIXLM_DIE_WITH_PARENT": "1"}
+    env = {**os.environ, "RADIXLM_DIE_WITH_PARENT": str(os.getpid())}
+    if args.api_key:
+        env["RADIXLM_API_KEY"] = args.api_key
     for gpu in gpus:
         port = free_port()
         flags = args.to_cli_args(dp_size=1, port=port, host="127.0.0.1",
-                                 base_gpu_id=gpu or 0)
+                                 base_gpu_id=gpu or 0, api_key=None)
         proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", *flags],
                                 env=env, start_new_session=True)
         engines.append((proc, f"http://127.0.0.1:{port}"))

@@ -25,8 +25,8 @@ class RouterMetrics:
         self.retries = Counter("radixlm_router_retries", "requests retried on another worker",
                                registry=r)
         self.failures = Counter("radixlm_router_worker_failures",
-                                "failed requests or health checks per worker", ["worker"],
-                                registry=r)
+                                "requests that failed on each worker (and were retried "
+                                "elsewhere if they could be)", ["worker"], registry=r)
         self.latency = Histogram("radixlm_router_request_latency_seconds",
                                  "time from a request's arrival to its last byte",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
@@ -52,6 +52,9 @@ class RouterMetrics:
     def count_routed(self, worker_url: str, decision: str) -> None:
         self._child(self.requests, worker_url).inc()
         self._child(self.decisions, decision).inc()
+
+    def count_failure(self, worker_url: str) -> None:
+        self._child(self.failures, worker_url).inc()
 
     def observe_latency(self, endpoint: str, seconds: float) -> None:
         self._child(self.latency, endpoint).observe(seconds)

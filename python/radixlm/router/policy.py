@@ -21,8 +21,7 @@ class Worker:
     healthy: bool = False
     in_flight: int = 0                 # requests sent and not yet answered
     requests_total: int = 0
-    failures_total: int = 0
-    model_id: str | None = None        # what /v1/models reports, learnt once healthy
+    failures_total: int = 0            # times taken out (failed requests, health checks)
     tree: PrefixTree = field(default_factory=PrefixTree)
 
 
@@ -104,9 +103,9 @@ class CacheAware(Policy):
     `balance_abs_threshold` requests, or the busiest has no more than `balance_rel_threshold`
     times the idlest's): the worker with the longest prefix match, if that match covers at
     least `cache_threshold` of the request; otherwise (a miss) the smallest tree among the
-    workers no busier than average (`most_free_cache`). Unbalanced: the least loaded worker. The request's key goes into the
-    chosen worker's tree at once, so requests of one prefix group that arrive together all
-    follow the first of them.
+    workers no busier than average (`most_free_cache`). Unbalanced: the least loaded worker.
+    The request's key goes into the chosen worker's tree at once, so requests of one prefix
+    group that arrive together all follow the first of them.
     """
     name = "cache_aware"
 

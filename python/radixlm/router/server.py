@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixlm.router.config import RouterArgs
 from radixlm.router.metrics import RouterMetrics
@@ -30,6 +31,13 @@ logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = ("/health",)      # answered without the API key (load balancers' probes)
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 class Router:
@@ -69,8 +77,10 @@ class Router:
         return app
 
     async def _start(self, app: web.Application) -> None:
+        # Idle connections are dropped before the workers' own keep-alive limit (uvicorn: 5 s),
+        # so a request is rarely sent on a connection the worker is closing.
         self.pool.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False)
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4), auto_decompress=False)
         await self.pool.probe_all()
         healthy = len(self.pool.healthy())
         logger.info("router: %d of %d workers healthy, policy %s", healthy,
@@ -87,7 +97,7 @@ class Router:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         key = self.args.api_key
-        if key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
+        if key and request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), key):
                 return json_error("invalid or missing API key (Authorization: Bearer KEY)", 401)
@@ -129,12 +139,12 @@ class Router:
 
     async def flush_cache(self, request: web.Request) -> web.StreamResponse:
         answers = await self._each_healthy("POST", "/flush_cache")
+        if not answers:
+            return json_error("no healthy worker", 503)
         for w in self.pool.workers.values():
             w.tree.clear()      # the workers' caches are empty now
         failed = [f"{url}: HTTP {status} {body[:200]!r}" for url, status, body in answers
                   if status != 200]
-        if not answers:
-            return json_error("no healthy worker", 503)
         if failed:
             return json_error("cache not flushed on " + "; ".join(failed), 500)
         return web.Response(text=f"Cache flushed on {len(answers)} workers.\n")
@@ -142,6 +152,8 @@ class Router:
     async def abort_request(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         answers = await self._each_healthy("POST", "/abort_request", body)
+        if not answers:
+            return json_error("no healthy worker", 503)
         # A bad body gets the same 400 from every worker: pass the first one on.
         for _, status, data in answers:
             if status == 400:
@@ -151,9 +163,11 @@ class Router:
     async def get_load(self, request: web.Request) -> web.StreamResponse:
         loads: list[Any] = []
         for url, status, data in await self._each_healthy("GET", "/get_load"):
-            if status == 200:
-                got = json.loads(data)
-                loads.extend(got if isinstance(got, list) else [got])
+            got = _json_or_none(data) if status == 200 else None
+            if isinstance(got, list):
+                loads.extend(got)
+            elif isinstance(got, dict):
+                loads.append(got)
         return web.json_response(loads)
 
     async def server_info(self, request: web.Request) -> web.StreamResponse:
@@ -161,12 +175,14 @@ class Router:
         own answer under `workers`."""
         infos = []
         for url, status, data in await self._each_healthy("GET", "/get_server_info"):
-            if status == 200:
-                infos.append({"url": url, **json.loads(data)})
+            info = _json_or_none(data) if status == 200 else None
+            if isinstance(info, dict):
+                infos.append({"url": url, **info})
         if not infos:
-            return json_error("no healthy worker", 503)
+            return json_error("no healthy worker answered", 503)
         merged = {k: v for k, v in infos[0].items() if k != "url"}
-        merged["internal_states"] = [s for i in infos for s in i.get("internal_states", [])]
+        merged["internal_states"] = [s for i in infos
+                                     for s in (i.get("internal_states") or [])]
         merged["workers"] = infos
         return web.json_response(merged)
 
@@ -179,7 +195,7 @@ class Router:
 
     async def metrics_text(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=self.metrics.render(list(self.pool.workers.values())),
-                            content_type="text/plain", headers={"X-Version": "0.0.4"})
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _url_param(self, request: web.Request) -> str:
         url = request.query.get("url")
@@ -209,7 +225,8 @@ class Router:
         return web.json_response({
             "urls": [w.url for w in workers],
             "workers": [{"url": w.url, "healthy": w.healthy, "in_flight": w.in_flight,
-                         "requests_total": w.requests_total, "tree_size": w.tree.size}
+                         "requests_total": w.requests_total, "failures_total": w.failures_total,
+                         "tree_size": w.tree.size}
                         for w in workers]})
 
 

@@ -28,7 +28,7 @@ class WorkerPool:
         self.workers: dict[str, Worker] = {}
         self.session: aiohttp.ClientSession | None = None   # set by the app at start-up
         for url in args.worker_urls:
-            url = check_worker_url(url, "worker-urls")
+            url = check_worker_url(url, "--worker-urls")
             self.workers.setdefault(url, Worker(url))
 
     @property
@@ -39,8 +39,8 @@ class WorkerPool:
         return [w for w in self.workers.values() if w.healthy and w not in (exclude or ())]
 
     def mark_failed(self, worker: Worker, reason: str) -> None:
-        worker.failures_total += 1
         if worker.healthy:
+            worker.failures_total += 1
             logger.warning("worker %s taken out: %s", worker.url, reason)
         worker.healthy = False
         worker.tree.clear()
@@ -67,7 +67,6 @@ class WorkerPool:
         if not isinstance(info, dict) or "model_path" not in info:
             raise ValueError(f"{worker.url} is not a radixlm or SGLang server "
                              f"(GET /get_model_info: HTTP {status}, no model_path)")
-        worker.model_id = info.get("served_model_name") or info.get("model_path")
 
     async def probe(self, worker: Worker) -> None:
         try:
@@ -89,6 +88,8 @@ class WorkerPool:
             raise ValueError(f"worker {url} is already registered")
         worker = Worker(url)
         await self.identify(worker)
+        if url in self.workers:   # added by a concurrent call while this one waited
+            raise ValueError(f"worker {url} is already registered")
         worker.healthy = True
         self.workers[url] = worker
         logger.info("worker %s added", url)

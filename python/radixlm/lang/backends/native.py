@@ -24,15 +24,7 @@ from radixlm.lang.backends.base import (Backend, GenResult, PromptContext, Selec
 from radixlm.lang.choices import ChoicesMethod
 from radixlm.lang.errors import BackendError, BackendUnavailableError, RequestRejectedError
 from radixlm.lang.ir import SamplingArgs
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from radixlm.utils.sequences import common_prefix_len
 
 
 def check_result(out: Any) -> dict[str, Any]:
