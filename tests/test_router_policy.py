@@ -163,12 +163,3 @@ def test_router_args_take_sglang_names():
     with pytest.raises(ValueError, match="--policy"):
         RouterArgs(policy="least_busy")
 
-
-@pytest.mark.parametrize("flags, message", [
-    (["--dp-size", "0"], "--dp-size"),
-    (["--base-gpu-id", "-1"], "--base-gpu-id"),
-])
-def test_bad_dp_flags_name_the_flag(flags, message, capsys):
-    with pytest.raises(SystemExit):
-        main(["serve", "--device", "cpu", *flags])
-    assert message in capsys.readouterr().err

@@ -142,7 +142,10 @@ def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
             code = run_router(RouterArgs.from_cli_args(ns))
         else:
             args = ServerArgs.from_cli_args(ns)
-            if args.dp_size > 1:
+            if args.node_rank > 0:
+                from radixlm.entrypoints.ranks import run_follower_node
+                code = run_follower_node(args)
+            elif args.dp_size > 1:
                 from radixlm.router.dp import serve_dp
                 code = serve_dp(args)
             else:

@@ -53,7 +53,11 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None             # also RADIXLM_API_KEY in the environment (serve)
-    tp_size: int = 1
+    tp_size: int = 1                       # ranks (processes, one per GPU) sharding the model
+    dist_init_addr: str | None = None      # HOST:PORT where the ranks meet (default: a free port)
+    nnodes: int = 1                        # machines the --tp-size ranks are spread over
+    node_rank: int = 0                     # this machine's index; node 0 serves HTTP
+    dist_timeout: int | None = None        # seconds for the ranks to join (default 600)
     dp_size: int = 1                       # > 1: that many engines behind the cache-aware router
     base_gpu_id: int = 0                   # the first GPU used (engine i of --dp-size: base + i)
     log_level: str = "info"
@@ -106,8 +110,25 @@ class ServerArgs:
                                                    f"got {self.schedule_conservativeness}")
         if self.context_length is not None and self.context_length < 1:
             raise bad("context-length", f"must be >= 1, got {self.context_length}")
-        if self.tp_size != 1:
-            raise bad("tp-size", "tensor parallelism is not implemented yet; use 1")
+        if self.tp_size < 1:
+            raise bad("tp-size", f"must be >= 1, got {self.tp_size}")
+        if self.nnodes < 1:
+            raise bad("nnodes", f"must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise bad("node-rank", f"must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes}), "
+                                   f"got {self.node_rank}")
+        if self.tp_size % self.nnodes != 0:
+            raise bad("nnodes", f"--tp-size {self.tp_size} must be a multiple of it "
+                                f"({self.nnodes}): each node runs as many ranks")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise bad("dist-init-addr", f"is required with --nnodes {self.nnodes}: HOST:PORT of "
+                                        f"node 0, where the ranks meet")
+        if self.dist_timeout is not None and self.dist_timeout < 1:
+            raise bad("dist-timeout", f"must be >= 1 second, got {self.dist_timeout}")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise bad("dist-init-addr", f"must be HOST:PORT, got {self.dist_init_addr!r}")
         if self.dp_size < 1:
             raise bad("dp-size", f"must be >= 1, got {self.dp_size}")
         if self.base_gpu_id < 0:

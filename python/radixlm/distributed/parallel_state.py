@@ -1,39 +1,108 @@
-"""The tensor-parallel group handed to every layer.
+"""The tensor-parallel group handed to every layer, and the process group behind it.
 
-Size 1 (the only size today) makes every collective a no-op; the layers are written against this
-object so that tensor parallelism can arrive later without rewriting the models.
+Each rank is its own scheduler process (`--tp-size N`). `init_tensor_parallel` joins them into
+a torch.distributed group: NCCL on GPUs (the layers' all-reduces and all-gathers), gloo on the
+CPU, and always a gloo group for the small host-side messages (rank 0's broadcast of what the
+scheduler received, the agreed KV capacity). Size 1 makes every collective a no-op.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
+
+# A rank that never joins, or a peer that died, must end in an error, not a hang
+# (--dist-timeout).
+DEFAULT_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
 class TPGroup:
     rank: int = 0
     size: int = 1
+    group: Any = field(default=None, compare=False, repr=False)       # device collectives
+    cpu_group: Any = field(default=None, compare=False, repr=False)   # host-side objects
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        torch.distributed.all_reduce(x)
+        dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        torch.distributed.all_gather(parts, x.contiguous())
+        dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
+
+    def broadcast_from_first(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (the others' argument is ignored)."""
+        if self.size == 1:
+            return obj
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+    def min_over_ranks(self, value: int) -> int:
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+    def same_on_all_ranks(self, obj: Any) -> bool:
+        """Whether every rank holds an equal `obj` (a start-up check that ranks agree)."""
+        if self.size == 1:
+            return True
+        blob = pickle.dumps(obj)
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, blob, group=self.cpu_group)
+        return all(g == blob for g in gathered)
 
     def shard(self, total: int, what: str) -> int:
         """This rank's share of a dimension that must divide evenly."""
         if total % self.size != 0:
-            raise ValueError(f"{what} ({total}) is not divisible by tp size {self.size}")
+            raise ValueError(f"--tp-size {self.size}: {what} ({total}) is not divisible by it")
         return total // self.size
 
 
 SINGLE = TPGroup()
+_current: TPGroup = SINGLE
+
+
+def init_tensor_parallel(rank: int, size: int, init_addr: str, device_type: str,
+                         timeout_s: int | None = None) -> TPGroup:
+    """Join the ranks (all call this) at `init_addr` (HOST:PORT, rank 0 listens there)."""
+    global _current
+    if size == 1:
+        _current = SINGLE
+        return _current
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{init_addr}", rank=rank,
+                                world_size=size, timeout=timeout)
+        group = dist.group.WORLD
+        cpu_group = group if backend == "gloo" else dist.new_group(backend="gloo",
+                                                                   timeout=timeout)
+        # A first collective: returns once every rank has joined (or times out).
+        dist.barrier(group=cpu_group)
+    except Exception as e:   # the store's and gloo's messages do not say what to check
+        raise RuntimeError(
+            f"the {size} tensor-parallel ranks did not all join at {init_addr} within "
+            f"{timeout.total_seconds():.0f} s (--dist-timeout): is every node started, with "
+            f"the same --tp-size, --nnodes and --dist-init-addr and its own --node-rank? "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    _current = TPGroup(rank, size, group, cpu_group)
+    return _current
+
+
+def tp_group() -> TPGroup:
+    """This process's group (SINGLE unless init_tensor_parallel made one)."""
+    return _current

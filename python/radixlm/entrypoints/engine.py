@@ -30,7 +30,8 @@ from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
-from radixlm.utils.gpus import pinned_env
+from radixlm.entrypoints.ranks import start_ranks
+from radixlm.utils.server_process import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -39,23 +40,27 @@ _START_TIMEOUT_S = 600
 
 
 class _Children:
-    """The scheduler and detokenizer processes and the sockets to reach them."""
+    """The scheduler processes (one per tensor-parallel rank) and the detokenizer, and the
+    sockets to reach them."""
 
     def __init__(self, args: ServerArgs, tokenizer_path: str):
         self.endpoints = ipc.IpcEndpoints.create()
+        if args.tp_size > 1 and args.dist_init_addr is None:
+            args = dataclasses.replace(args, dist_init_addr=f"127.0.0.1:{free_port()}")
         self.ctx = zmq.Context()
         # Bind our inbox before the children start so nothing they send is lost.
         self.inbox = ipc.pull_socket(self.ctx, self.endpoints.tokenizer)
         self.to_scheduler = ipc.push_socket(self.ctx, self.endpoints.scheduler)
+        try:
+            self.processes: list[tuple[str, subprocess.Popen]] = start_ranks(args,
+                                                                             self.endpoints)
+        except ValueError:   # too few GPUs for the ranks: nothing was started
+            self._close_sockets()
+            raise
         ep = json.dumps(dataclasses.asdict(self.endpoints))
-        # --base-gpu-id N: the scheduler (the one process that uses the GPU) sees only GPU N.
-        env = pinned_env(args.base_gpu_id) if args.base_gpu_id and args.device != "cpu" else None
-        self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "radixlm.scheduler.process",
-             json.dumps(dataclasses.asdict(args)), ep], env=env)
-        self.detokenizer = subprocess.Popen(
+        self.processes.append(("detokenizer", subprocess.Popen(
             [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
-             args.log_level])
+             args.log_level])))
         self._send_lock = threading.Lock()
         self._shutdown_sent = False
 
@@ -65,10 +70,12 @@ class _Children:
             for msg in ipc.recv_all(self.inbox, 0.2):
                 if isinstance(msg, SchedulerReady):
                     return msg
-            for name, proc in (("scheduler", self.scheduler), ("detokenizer", self.detokenizer)):
-                if proc.poll() is not None:
-                    return _failed(f"the {name} process exited with code {proc.returncode} "
-                                   f"during start-up (see its log above)")
+            if (reason := self.dead_child()) is not None:
+                # Rank 0's own error, if it is on its way, says more than "rank 1 exited".
+                for msg in ipc.recv_all(self.inbox, 2.0):
+                    if isinstance(msg, SchedulerReady) and msg.error is not None:
+                        return msg
+                return _failed(f"{reason} during start-up (see its log above)")
         return _failed(f"start-up took longer than {_START_TIMEOUT_S} s")
 
     def send(self, msg: Any) -> None:
@@ -76,30 +83,33 @@ class _Children:
             ipc.send(self.to_scheduler, msg)
 
     def dead_child(self) -> str | None:
-        for name, proc in (("scheduler", self.scheduler), ("detokenizer", self.detokenizer)):
+        for name, proc in self.processes:
             if proc.poll() is not None:
                 return f"the {name} process exited with code {proc.returncode}"
         return None
 
     def request_shutdown(self) -> None:
         """Ask the scheduler to abort everything and exit (it then stops the detokenizer)."""
-        if not self._shutdown_sent and self.scheduler.poll() is None:
+        if not self._shutdown_sent and self.processes[0][1].poll() is None:
             self._shutdown_sent = True
             self.send(ShutdownReq())
 
     def kill(self) -> None:
-        for proc in (self.scheduler, self.detokenizer):
+        for _, proc in self.processes:
             if proc.poll() is None:
                 proc.kill()
 
     def stop(self, timeout_s: float = 20.0) -> None:
         self.request_shutdown()
-        for proc in (self.scheduler, self.detokenizer):
+        for _, proc in self.processes:
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         self.to_scheduler.close(linger=0)  # the scheduler is gone: nothing left to deliver
         self.inbox.close()
         self.ctx.term()
@@ -154,6 +164,9 @@ class Engine:
                 if not self._closed:
                     logger.error("engine stopped: %s", reason)
                     self.loop.call_soon_threadsafe(tm.mark_dead, reason)
+                    # The others cannot go on without it (a rank would wait in a collective
+                    # for ever): stop them too.
+                    children.kill()
                 return
 
     def _run(self, coro) -> Any:

@@ -86,11 +86,18 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
-                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None):
+                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None,
+                 shards: list[tuple[int, int]] | None = None):
+        """`shards`: (size, first row in the checkpoint tensor) of this rank's part of each
+        sub-matrix, where it is not simply the rank's 1/tp slice (replicated KV heads)."""
         super().__init__()
         self.tp = tp
         self.input_size = input_size
-        self.shard_sizes = [tp.shard(s, "output size") for s in output_sizes]
+        if shards is None:
+            sizes = [tp.shard(s, "output size") for s in output_sizes]
+            shards = [(n, tp.rank * n) for n in sizes]
+        self.shard_sizes = [n for n, _ in shards]
+        self.shard_sources = [start for _, start in shards]
         self.shard_offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
         self.linear_method = linear_method or UNQUANTIZED
         # The bias is split like the weight's rows, so the same loader fills both.
@@ -99,7 +106,7 @@ class ColumnParallelLinear(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         size, offset = self.shard_sizes[shard_id], self.shard_offsets[shard_id]
-        src = loaded.narrow(0, self.tp.rank * size, size)
+        src = loaded.narrow(0, self.shard_sources[shard_id], size)
         param.data.narrow(0, offset, size).copy_(src)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,15 +117,31 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices with the same input fused into one matmul (gate_up)."""
 
 
+def kv_heads_of_rank(num_kv_heads: int, tp: TPGroup) -> tuple[int, int]:
+    """(how many KV heads this rank holds, the first one). With more ranks than KV heads each
+    head is replicated on tp / num_kv_heads ranks, each rank holding one."""
+    if num_kv_heads >= tp.size:
+        n = tp.shard(num_kv_heads, "num_key_value_heads")
+        return n, tp.rank * n
+    if tp.size % num_kv_heads != 0:
+        raise ValueError(f"--tp-size {tp.size}: num_key_value_heads ({num_kv_heads}) must "
+                         f"divide it when it is smaller")
+    return 1, tp.rank * num_kv_heads // tp.size
+
+
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections fused; shard ids 'q', 'k', 'v'."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False, tp: TPGroup = SINGLE,
                  linear_method: LinearMethod | None = None):
+        q_heads = tp.shard(num_heads, "num_attention_heads")
+        kv_heads, first_kv = kv_heads_of_rank(num_kv_heads, tp)
+        q = (q_heads * head_dim, tp.rank * q_heads * head_dim)
+        kv = (kv_heads * head_dim, first_kv * head_dim)
         super().__init__(hidden_size, [num_heads * head_dim, num_kv_heads * head_dim,
                                        num_kv_heads * head_dim], bias=bias, tp=tp,
-                         linear_method=linear_method)
+                         linear_method=linear_method, shards=[q, kv, kv])
         self.q_size, self.kv_size = self.shard_sizes[0], self.shard_sizes[1]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,

@@ -7,6 +7,7 @@ import contextlib
 import torch
 from torch import nn
 
+from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.model_executor.model_config import ModelConfig
 from radixlm.model_executor.weight_source import iter_safetensors_weights
 from radixlm.models.registry import resolve_model_class
@@ -23,13 +24,14 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device: torch.device,
-               dtype: torch.dtype, seed: int = 0) -> nn.Module:
+               dtype: torch.dtype, seed: int = 0, tp: TPGroup = SINGLE) -> nn.Module:
+    """`tp`: this rank's group; each rank builds and loads only its shards."""
     cls = resolve_model_class(model_config)
     # Parameters are created directly on the device in the compute dtype (an 8B model must not
     # pass through float32 CPU memory first). The model sizes its rotary table from
     # model_config.context_len.
     with _default_dtype(dtype), torch.device(device):
-        model = cls(model_config)
+        model = cls(model_config, tp)
     if load_format == "dummy":
         _init_dummy(model, seed)
     else:

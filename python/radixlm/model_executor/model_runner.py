@@ -24,6 +24,7 @@ import torch
 
 from radixlm.core.forward_batch import ForwardBatch
 from radixlm.core.kv_spec import KVCacheSpec
+from radixlm.distributed.parallel_state import tp_group
 from radixlm.layers.attention.base import AttentionBackend, create_attention_backend
 from radixlm.layers.attention.radix_attention import bind_attention_backend
 from radixlm.layers.logits import InputLogprobs, compute_input_logprobs
@@ -68,8 +69,12 @@ class ModelRunner:
                                                 _generation_eos(self.hf_dir))
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         torch.manual_seed(config.random_seed)
+        self.tp = tp_group()
+        if self.tp.size != config.tp_size:
+            raise RuntimeError(f"--tp-size {config.tp_size}: this process joined a group of "
+                               f"{self.tp.size} (init_tensor_parallel first)")
         self.model = load_model(self.model_config, self.hf_dir, self.load_format, self.device,
-                                self.dtype, seed=config.random_seed)
+                                self.dtype, seed=config.random_seed, tp=self.tp)
         # The model declares what a token costs in the cache; the pool is built from that.
         self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
         if self.kv_spec.kind != "mha":
@@ -135,6 +140,8 @@ class ModelRunner:
             total = int(self._kv_budget_bytes(per_token) // per_token)
         else:
             total = CPU_DEFAULT_MAX_TOTAL_TOKENS
+        # Ranks run one schedule: they must agree on the capacity (the smallest one's).
+        total = self.tp.min_over_ranks(total)
         ps = cfg.page_size
         # +1 page for the padding page 0 that is never handed out.
         num_slots = (total // ps + 1) * ps

@@ -42,11 +42,12 @@ class LlamaAttention(nn.Module):
                  o_bias: bool, qk_norm: bool):
         super().__init__()
         self.head_dim = config.head_dim
-        self.num_heads = tp.shard(config.num_attention_heads, "num_attention_heads")
-        self.num_kv_heads = tp.shard(config.num_kv_heads, "num_key_value_heads")
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
                                           config.num_attention_heads, config.num_kv_heads,
                                           bias=qkv_bias, tp=tp)
+        # This rank's heads (KV heads are replicated when there are fewer than ranks).
+        self.num_heads = self.qkv_proj.q_size // self.head_dim
+        self.num_kv_heads = self.qkv_proj.kv_size // self.head_dim
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim,
                                         config.hidden_size, bias=o_bias, tp=tp)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None

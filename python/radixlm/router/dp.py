@@ -33,10 +33,12 @@ def engine_gpus(args: ServerArgs) -> list[int | None]:
         if args.device is not None:
             raise ValueError(f"--device {args.device}: no GPU is visible")
         return [None] * args.dp_size
-    if args.base_gpu_id + args.dp_size > count:
-        raise ValueError(f"--dp-size {args.dp_size} from --base-gpu-id {args.base_gpu_id} needs "
-                         f"{args.base_gpu_id + args.dp_size} GPUs; {count} are visible")
-    return [args.base_gpu_id + i for i in range(args.dp_size)]
+    need = args.base_gpu_id + args.dp_size * args.tp_size   # each engine: --tp-size GPUs
+    if need > count:
+        raise ValueError(f"--dp-size {args.dp_size} x --tp-size {args.tp_size} from "
+                         f"--base-gpu-id {args.base_gpu_id} needs {need} GPUs; {count} are "
+                         f"visible")
+    return [args.base_gpu_id + i * args.tp_size for i in range(args.dp_size)]
 
 
 def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subprocess.Popen, str]]:
@@ -47,7 +49,7 @@ def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subpr
     for gpu in gpus:
         port = free_port()
         flags = args.to_cli_args(dp_size=1, port=port, host="127.0.0.1",
-                                 base_gpu_id=gpu or 0, api_key=None)
+                                 base_gpu_id=gpu or 0, api_key=None, dist_init_addr=None)
         proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", *flags],
                                 env=env, start_new_session=True)
         engines.append((proc, f"http://127.0.0.1:{port}"))
@@ -57,6 +59,9 @@ def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subpr
 def serve_dp(args: ServerArgs) -> int:
     from radixlm.router.server import run_router
 
+    if args.nnodes > 1:
+        raise ValueError("--dp-size: with --nnodes > 1 start the engines on each machine and "
+                         "put `radixlm router` in front of them")
     gpus = engine_gpus(args)
     router_args = RouterArgs(host=args.host, port=args.port, api_key=args.api_key,
                              log_level=args.log_level)   # validated before any engine starts

@@ -21,6 +21,9 @@ class SchedulerConfig:
     disable_jump_forward: bool = False
     grammar_backend: str = "xgrammar"
     random_seed: int = 0
+    # Tensor parallelism: every rank runs this scheduler and must take the same decisions, so
+    # nothing may depend on timing (a grammar is waited for instead of polled).
+    tp_size: int = 1
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "SchedulerConfig":

@@ -1,16 +1,22 @@
 """The scheduler process: ModelRunner + Scheduler, fed over ZMQ.
 
-Started as `python -m radixlm.scheduler.process ARGS_JSON ENDPOINTS_JSON` (a fresh interpreter:
-no fork of a threaded parent, no re-import of the user's __main__). Its first message downstream
-is SchedulerReady, or the start-up error, so the parent fails fast with the real reason.
+Started as `python -m radixlm.scheduler.process ARGS_JSON ENDPOINTS_JSON [TP_RANK]` (a fresh
+interpreter: no fork of a threaded parent, no re-import of the user's __main__). Its first
+message downstream is SchedulerReady, or the start-up error, so the parent fails fast with the
+real reason.
+
+With `--tp-size N` there are N of these, one per rank, joined by torch.distributed. Only rank 0
+talks ZMQ: each scheduler iteration, what it received is broadcast to the other ranks, so every
+rank runs the same schedule on its shard of the model, and only rank 0 sends outputs.
 """
 
 from __future__ import annotations
 
-import logging
-import traceback
 import json
+import logging
+import os
 import sys
+import traceback
 
 import zmq
 
@@ -21,27 +27,45 @@ from radixlm.managers.messages import SchedulerReady, ShutdownReq
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints) -> None:
+def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank: int = 0) -> None:
     ipc.die_with_parent()
-    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"[%(asctime)s]{f' TP{tp_rank}' if args.tp_size > 1 else ''} "
+                               "%(name)s: %(message)s")
+    first = tp_rank == 0
     ctx = zmq.Context()
-    inbox = ipc.pull_socket(ctx, endpoints.scheduler)
-    outbox = ipc.push_socket(ctx, endpoints.detokenizer)
+    inbox = ipc.pull_socket(ctx, endpoints.scheduler) if first else None
+    outbox = ipc.push_socket(ctx, endpoints.detokenizer) if first else None
+
+    def send(msg) -> None:
+        if outbox is not None:
+            ipc.send(outbox, msg)
+
     try:
+        from radixlm.distributed.parallel_state import init_tensor_parallel
         from radixlm.model_executor.model_runner import create_runner_and_kv
         from radixlm.model_executor.runner_config import RunnerConfig
         from radixlm.model_executor.weight_source import load_tokenizer
         from radixlm.scheduler.config import SchedulerConfig
         from radixlm.scheduler.scheduler import Scheduler
 
-        runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args),
-                                          radix=not args.disable_radix_cache)
+        runner_config = RunnerConfig.from_server_args(args, tp_rank)
+        on_gpu = _on_gpu(args)
+        if args.tp_size > 1 and not on_gpu:   # the ranks share the CPU's cores
+            import torch
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
+        tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
+                                  "cuda" if on_gpu else "cpu", args.dist_timeout)
+
+        def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
+            return tp.broadcast_from_first(ipc.recv_all(inbox, timeout_s) if first else None)
+
+        runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache)
         tokenizer = load_tokenizer(runner.tokenizer_path)
-        scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv,
-                              lambda t: ipc.recv_all(inbox, t), lambda m: ipc.send(outbox, m),
+        scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv, send,
                               tokenizer)
         mc = runner.model_config
-        ipc.send(outbox, SchedulerReady(
+        send(SchedulerReady(
             max_total_num_tokens=runner.max_total_num_tokens,
             max_running_requests=runner.max_running_requests, context_len=mc.context_len,
             vocab_size=mc.vocab_size, eos_token_ids=list(mc.eos_token_ids),
@@ -49,9 +73,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints) -> None
             model_path=runner.hf_dir, tokenizer_path=runner.tokenizer_path))
     except Exception as e:
         logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
-        ipc.send(outbox, SchedulerReady(0, 0, 0, 0, [], "", "", "", "",
-                                       error=f"{type(e).__name__}: {e}"))
-        outbox.close()
+        send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))
+        if outbox is not None:
+            outbox.close()
         ctx.term()
         return
     try:
@@ -60,15 +84,24 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints) -> None
         logger.error("scheduler crashed:\n%s", traceback.format_exc())
         raise
     finally:
-        ipc.send(outbox, ShutdownReq())  # after everything else: the detokenizer stops too
-        outbox.close()
-        inbox.close()
+        send(ShutdownReq())  # after everything else: the detokenizer stops too
+        for sock in (outbox, inbox):
+            if sock is not None:
+                sock.close()
         ctx.term()
+
+
+def _on_gpu(args: ServerArgs) -> bool:
+    if args.device is not None:
+        return args.device.startswith("cuda")
+    import torch
+    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":
     run_scheduler_process(ServerArgs(**json.loads(sys.argv[1])),
-                          ipc.IpcEndpoints(**json.loads(sys.argv[2])))
+                          ipc.IpcEndpoints(**json.loads(sys.argv[2])),
+                          int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     # Everything is sent and closed: skip the interpreter's teardown of torch and friends,
     # which takes seconds and only delays the server's shutdown.
     ipc.exit_now(0)

@@ -287,8 +287,8 @@ class Scheduler:
     def _resolve_grammars(self) -> None:
         """Give compiled grammars to their requests; reject requests whose grammar failed."""
         for req in [r for r in self.waiting if r.grammar_future is not None]:
-            if not req.grammar_future.done():
-                continue
+            if not req.grammar_future.done() and self.config.tp_size == 1:
+                continue   # (tensor-parallel ranks wait: when it is done must not differ)
             fut, req.grammar_future = req.grammar_future, None
             try:
                 req.grammar = self.grammar_backend.matcher(fut.result())

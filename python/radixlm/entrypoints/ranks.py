@@ -1,0 +1,70 @@
+"""Starting the scheduler processes of this node's tensor-parallel ranks, and running a node
+other than node 0 (`radixlm serve --nnodes N --node-rank K`, K > 0).
+
+The --tp-size ranks are spread evenly over --nnodes machines: node K runs ranks
+K*per_node .. (K+1)*per_node - 1, rank i on its GPU --base-gpu-id + (i - K*per_node). Node 0
+also runs the HTTP server, the tokenizer and the detokenizer, and its rank 0 receives the
+requests and broadcasts them; the other nodes only run their ranks, which exit when rank 0 tells
+them to (or when this process dies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from radixlm.config import ServerArgs
+from radixlm.managers import ipc
+from radixlm.utils.gpus import pinned_env, visible_gpus
+
+
+def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
+                ) -> list[tuple[str, subprocess.Popen]]:
+    """One scheduler process per rank of this node; raises ValueError (naming the flag) when
+    the node has fewer GPUs than ranks."""
+    per_node = args.tp_size // args.nnodes
+    gpus = 0 if args.device == "cpu" else len(visible_gpus())
+    if gpus and args.base_gpu_id + per_node > gpus:
+        raise ValueError(f"--tp-size {args.tp_size} over --nnodes {args.nnodes} puts {per_node} "
+                         f"ranks on this node from --base-gpu-id {args.base_gpu_id}: "
+                         f"{args.base_gpu_id + per_node} GPUs needed, {gpus} visible")
+    args_json = json.dumps(dataclasses.asdict(args))
+    ep = json.dumps(dataclasses.asdict(endpoints))
+    procs = []
+    for local in range(per_node):
+        rank = args.node_rank * per_node + local
+        gpu = args.base_gpu_id + local
+        # Each rank (the one process that uses a GPU) sees only its own GPU.
+        env = pinned_env(gpu) if gpu and gpus else None
+        name = "scheduler" if args.tp_size == 1 else f"scheduler (TP rank {rank})"
+        procs.append((name, subprocess.Popen(
+            [sys.executable, "-m", "radixlm.scheduler.process", args_json, ep, str(rank)],
+            env=env)))
+    return procs
+
+
+def run_follower_node(args: ServerArgs) -> int:
+    """Node K > 0: run this node's ranks until they exit. SIGTERM / Ctrl-C stops them."""
+    procs = start_ranks(args, ipc.IpcEndpoints.create())   # (they talk no ZMQ)
+    print(f"radixlm node {args.node_rank} of {args.nnodes}: {len(procs)} tensor-parallel ranks, "
+          f"joining at {args.dist_init_addr}", file=sys.stderr, flush=True)
+
+    def stop(sig, frame) -> None:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    codes = []
+    for name, p in procs:
+        while p.poll() is None:
+            time.sleep(0.2)
+            if any(q.poll() not in (None, 0) for _, q in procs):
+                stop(None, None)   # one rank failed: the others cannot go on
+        codes.append(p.returncode)
+    return max(codes, default=0)
