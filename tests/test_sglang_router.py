@@ -20,34 +20,44 @@ pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.slow
 
 
+def launch_sglang_router(workers: list[str], policy: str, log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    with open(log, "w") as out:
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+             "--policy", policy, "--port", str(port), "--host", "127.0.0.1",
+             "--log-level", "info", "--prometheus-port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert router.poll() is None, log.read_text()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return router, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            router.kill()
+            raise AssertionError(log.read_text())
+        time.sleep(0.3)
+
+
+def stop_router(router: subprocess.Popen) -> None:
+    router.terminate()
+    router.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
     servers = [start_server("--max-total-tokens", "4096") for _ in range(2)]
     workers = [url for _, url in servers]
-    port = free_port()
     log = tmp_path_factory.mktemp("router") / "router.log"
-    with open(log, "w") as out:
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-             "--policy", "cache_aware", "--port", str(port), "--host", "127.0.0.1", "--log-level", "info",
-             "--prometheus-port", str(free_port())],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert router.poll() is None, log.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.3)
+        router, url = launch_sglang_router(workers, "cache_aware", log)
         yield url, workers, log
+        stop_router(router)
     finally:
-        router.terminate()
-        router.wait(timeout=30)
         for proc, _ in servers:
             stop_server(proc)
 
@@ -78,17 +88,25 @@ def test_router_registers_model_and_routes(routed):
     assert "SmolLM2-135M-Instruct" in text  # the worker's model was discovered by name
 
 
-def test_every_worker_serves_through_the_real_router(routed):
-    """Distinct prompts are spread over both workers, and the worker endpoints the real router
-    polls (/get_load for its load-aware policies) answer in its shape."""
-    url, workers, _ = routed
-    for i in range(8):
-        r = httpx.post(url + "/generate", timeout=60, json={
-            "text": f"{i} " * 3 + f"Topic number {i}: tell me about it.",
-            "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
-        assert r.status_code == 200, r.text
-    served = [httpx.get(w + "/get_server_info").json()["generated_tokens_total"] > 0
-              for w in workers]
-    assert all(served)
+def test_every_worker_serves_through_the_real_router(routed, tmp_path):
+    """Under its round_robin policy both workers answer; the worker endpoint the real router
+    polls for its load-aware policies (/get_load) answers in its shape. (How its cache_aware
+    policy spreads a few sequential misses is its own business: in one run all went to one
+    worker.)"""
+    _, workers, _ = routed
+    router, url = launch_sglang_router(workers, "round_robin", tmp_path / "rr.log")
+    try:
+        before = [httpx.get(w + "/get_server_info").json()["generated_tokens_total"]
+                  for w in workers]
+        for i in range(4):
+            r = httpx.post(url + "/generate", timeout=60, json={
+                "text": f"Topic number {i}: tell me about it.",
+                "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+            assert r.status_code == 200, r.text
+        after = [httpx.get(w + "/get_server_info").json()["generated_tokens_total"]
+                 for w in workers]
+        assert all(a > b for a, b in zip(after, before))
+    finally:
+        stop_router(router)
     load = httpx.get(workers[0] + "/get_load").json()
     assert set(load[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
