@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_type_hints
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
 
 
@@ -34,6 +35,11 @@ class ServerArgs:
     max_running_requests: int | None = None
     page_size: int = 1
     disable_radix_cache: bool = False
+    # Hierarchical cache (HiCache): a host-memory tier under the radix cache
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0             # host pool size / device KV pool size
+    hicache_size: float = 0.0              # host pool size in GiB (0: use --hicache-ratio)
+    hicache_write_policy: str = "write_through"   # | write_through_selective | write_back
 
     # Scheduling
     chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
@@ -90,6 +96,16 @@ class ServerArgs:
                                          f"got {self.schedule_policy!r}")
         if self.grammar_backend not in ("xgrammar", "none"):
             raise bad("grammar-backend", f"must be xgrammar or none, got {self.grammar_backend!r}")
+        if self.hicache_ratio <= 0:
+            raise bad("hicache-ratio", f"must be > 0, got {self.hicache_ratio}")
+        if self.hicache_size < 0:
+            raise bad("hicache-size", f"must be >= 0 GiB, got {self.hicache_size}")
+        if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
+            raise bad("hicache-write-policy", f"must be one of {HICACHE_WRITE_POLICIES}, "
+                                              f"got {self.hicache_write_policy!r}")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
+                                                   "--disable-radix-cache)")
         if self.page_size < 1:
             raise bad("page-size", f"must be >= 1, got {self.page_size}")
         if not (0.0 < self.mem_fraction_static < 1.0):

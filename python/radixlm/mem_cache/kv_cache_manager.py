@@ -22,7 +22,8 @@ import torch
 
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.chunk_cache import ChunkCache
-from radixlm.mem_cache.pools import ReqToTokenPool
+from radixlm.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
+from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import PrefixCache
 from radixlm.mem_cache.radix_cache import RadixCache
 from radixlm.utils.device import to_device
@@ -55,18 +56,26 @@ class MemoryPlan:
 
 class KVCacheManager:
     def __init__(self, allocator: KVAllocator, req_to_token_pool: ReqToTokenPool,
-                 radix: bool = True):
+                 radix: bool = True, hicache: tuple[HiCacheConfig, KVPool] | None = None):
+        """`hicache`: the host tier's settings and the device KV pool it copies from and to
+        (the hierarchical radix cache; needs `radix`)."""
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.radix = radix
-        cache_cls = RadixCache if radix else ChunkCache
-        self.prefix_cache: PrefixCache = cache_cls(req_to_token_pool, allocator)
+        self.prefix_cache: PrefixCache
+        if hicache is not None and radix:
+            config, device_pool = hicache
+            self.prefix_cache = HiRadixCache(req_to_token_pool, allocator, device_pool, config)
+        else:
+            cache_cls = RadixCache if radix else ChunkCache
+            self.prefix_cache = cache_cls(req_to_token_pool, allocator)
 
     @classmethod
-    def create(cls, plan: MemoryPlan, device: torch.device | str,
-               radix: bool = True) -> "KVCacheManager":
+    def create(cls, plan: MemoryPlan, device: torch.device | str, radix: bool = True,
+               hicache: tuple[HiCacheConfig, KVPool] | None = None) -> "KVCacheManager":
         return cls(KVAllocator(plan.num_slots, plan.page_size, device),
-                   ReqToTokenPool(plan.req_slots, plan.max_context_len, device), radix=radix)
+                   ReqToTokenPool(plan.req_slots, plan.max_context_len, device), radix=radix,
+                   hicache=hicache)
 
     @property
     def page_size(self) -> int:
@@ -178,3 +187,5 @@ class KVCacheManager:
             raise AssertionError(
                 f"KV accounting broken: free {free} + evictable {cache.evictable_size()} + "
                 f"protected {cache.protected_size()} + owned {owned} != total {self.total_size}")
+        if isinstance(cache, HiRadixCache):
+            cache.check_host_invariant()

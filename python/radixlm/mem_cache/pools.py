@@ -44,7 +44,9 @@ class KVPool:
     """
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False):
+        """`pin_memory`: page-locked host buffers (the hierarchical cache's host tier on a GPU
+        machine, so copies to and from the device run at full speed)."""
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -52,8 +54,12 @@ class KVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        def buffer() -> torch.Tensor:
+            t = torch.zeros(shape, dtype=dtype, device=device)
+            return t.pin_memory() if pin_memory else t
+
+        self.k_buffers = [buffer() for _ in range(num_layers)]
+        self.v_buffers = [buffer() for _ in range(num_layers)]
 
     @property
     def nbytes(self) -> int:

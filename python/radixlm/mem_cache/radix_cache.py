@@ -37,6 +37,10 @@ class TreeNode:
     children: dict = field(default_factory=dict)  # first token (or first page tuple) -> child
     lock_ref: int = 0
     last_access: int = field(default_factory=lambda: next(_clock))
+    # The hierarchical cache's host tier (hiradix_cache.py): host slots holding a copy of this
+    # node's KV (value is None when the node lives on the host only), and how often it was hit.
+    host_value: torch.Tensor | None = None
+    hit_count: int = 0
 
     def __lt__(self, other: "TreeNode") -> bool:  # for the eviction heap
         return self.last_access < other.last_access

@@ -28,6 +28,7 @@ from radixlm.distributed.parallel_state import tp_group
 from radixlm.layers.attention.base import AttentionBackend, create_attention_backend
 from radixlm.layers.attention.radix_attention import bind_attention_backend
 from radixlm.layers.logits import InputLogprobs, compute_input_logprobs
+from radixlm.mem_cache.hiradix_cache import HiCacheConfig
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager, MemoryPlan
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.model_executor.forward_pass import run_model
@@ -207,11 +208,14 @@ class ModelRunner:
         return out
 
 
-def create_runner_and_kv(config: RunnerConfig, radix: bool = True
+def create_runner_and_kv(config: RunnerConfig, radix: bool = True,
+                         hicache: HiCacheConfig | None = None
                          ) -> tuple[ModelRunner, KVCacheManager]:
-    """A ready runner and the KV manager over its memory (see the module docstring)."""
+    """A ready runner and the KV manager over its memory (see the module docstring);
+    `hicache`: a host tier under the radix cache, copying to and from the runner's KV pool."""
     runner = ModelRunner(config)
-    kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=radix)
+    kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=radix,
+                               hicache=(hicache, runner.kv_pool) if hicache else None)
     runner.init_attention(kv.req_to_token_pool)
     return runner, kv
 

@@ -43,6 +43,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
 
     try:
         from radixlm.distributed.parallel_state import init_tensor_parallel
+        from radixlm.mem_cache.hiradix_cache import HiCacheConfig
         from radixlm.model_executor.model_runner import create_runner_and_kv
         from radixlm.model_executor.runner_config import RunnerConfig
         from radixlm.model_executor.weight_source import load_tokenizer
@@ -60,7 +61,11 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
             return tp.broadcast_from_first(ipc.recv_all(inbox, timeout_s) if first else None)
 
-        runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache)
+        hicache = (HiCacheConfig(args.hicache_ratio, args.hicache_size,
+                                 args.hicache_write_policy)
+                   if args.enable_hierarchical_cache else None)
+        runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache,
+                                          hicache=hicache)
         tokenizer = load_tokenizer(runner.tokenizer_path)
         scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv, send,
                               tokenizer)

@@ -1,0 +1,340 @@
+"""The hierarchical radix cache (HiCache, `--enable-hierarchical-cache`): the radix tree over two
+tiers, device KV slots and a larger host KV pool (pinned memory on a GPU machine; on the CPU a
+second pool, so the logic is the same and testable anywhere).
+
+A node's KV lives on the device (`value`), on the host (`host_value`), or both. Along any path
+from the root the device-resident nodes come first: a request's prefix is the concatenation of
+device slots, so a node is only ever device-resident if its parent is.
+
+- Backing up to the host (`--hicache-write-policy`): `write_through` copies a node when it is
+  cached; `write_through_selective` when it is hit a second time; `write_back` only when it is
+  evicted from the device.
+- Device eviction takes unlocked device-resident nodes with no device-resident child, least
+  recently used first. A node with a host copy stays in the tree, host-only; one without (and
+  that cannot get one) leaves with its subtree.
+- Host eviction (to make room for a backup) takes host-only leaves, least recently used first.
+- A match that runs into host-only nodes loads them back into fresh device slots (evicting
+  other device nodes if needed, never the path being loaded), so the request starts from the
+  whole prefix. The copies gather each layer's rows and move them in one copy per layer.
+- Inserting over host-only nodes adopts the request's own device slots for them.
+
+Accounting: the device counts of RadixCache (free + evictable + protected + owned == total)
+cover device-resident nodes only; the host pool keeps host free + held == host total.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
+from radixlm.mem_cache.allocator import KVAllocator
+from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+from radixlm.mem_cache.prefix_cache import MatchResult
+from radixlm.mem_cache.radix_cache import RadixCache, TreeNode, _clock
+
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    ratio: float = 2.0                    # host pool size / device pool size (--hicache-ratio)
+    size_gib: float = 0.0                 # host pool size in GiB; 0: use the ratio
+    write_policy: str = "write_through"
+
+    def host_slots(self, device_slots: int, bytes_per_token: int) -> int:
+        """The host pool's size in tokens; a ValueError naming the flag if the host does not
+        have that much memory available."""
+        if self.size_gib > 0:
+            slots, flag = int(self.size_gib * 2 ** 30 // bytes_per_token), "--hicache-size"
+        else:
+            slots, flag = int(device_slots * self.ratio), "--hicache-ratio"
+        need, have = slots * bytes_per_token, available_host_memory()
+        if have is not None and need > have:
+            raise ValueError(f"{flag}: the host KV pool would take {need / 2 ** 30:.1f} GiB; "
+                             f"only {have / 2 ** 30:.1f} GiB of host memory are available")
+        if slots < 2:
+            raise ValueError(f"{flag}: the host KV pool would hold {slots} tokens")
+        return slots
+
+
+def available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def copy_kv(src: KVPool, src_slots: torch.Tensor, dst: KVPool, dst_slots: torch.Tensor) -> None:
+    """dst[dst_slots] = src[src_slots] in every layer, K and V: one gather and one copy per
+    buffer (ordered after the queued kernels that wrote the source, on the current stream)."""
+    s, d = src_slots.to(src.device), dst_slots.to(dst.device)
+    pin = dst.device.type == "cpu" and src.device.type == "cuda"
+    for layer in range(src.num_layers):
+        for a, b in ((src.k_buffers[layer], dst.k_buffers[layer]),
+                     (src.v_buffers[layer], dst.v_buffers[layer])):
+            rows = a.index_select(0, s)
+            if pin:
+                rows = rows.to("cpu")
+            b.index_copy_(0, d, rows.to(dst.device, non_blocking=True))
+
+
+class HiRadixCache(RadixCache):
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: KVAllocator,
+                 device_pool: KVPool, config: HiCacheConfig):
+        if config.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"--hicache-write-policy: must be one of {WRITE_POLICIES}, "
+                             f"got {config.write_policy!r}")
+        self.config = config
+        self.device_pool = device_pool
+        ps = allocator.page_size
+        per_token = KVPool.bytes_per_token(device_pool.num_layers, device_pool.num_kv_heads,
+                                           device_pool.head_dim, device_pool.dtype)
+        wanted = config.host_slots(allocator.total_size, per_token)
+        host_slots = (wanted // ps + 1) * ps   # + the padding page
+        pinned = device_pool.device.type == "cuda"
+        self.host_pool = KVPool(host_slots, device_pool.num_layers, device_pool.num_kv_heads,
+                                device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned)
+        self.host_allocator = KVAllocator(host_slots, ps, "cpu")
+        self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
+        self.backed_up_tokens = 0    # device -> host
+        super().__init__(req_to_token_pool, allocator)
+
+    def reset(self) -> None:
+        super().reset()
+        self.host_allocator.clear()
+
+    def host_held_size(self) -> int:
+        return self.host_allocator.total_size - self.host_allocator.available_size()
+
+    # ---------------------------------------------------------------- tiers
+
+    def _backup(self, node: TreeNode) -> bool:
+        """Give `node` a host copy (making room by host eviction). False if there is none."""
+        if node.host_value is not None:
+            return True
+        n = len(node.key)
+        slots = self.host_allocator.alloc(n)
+        if slots is None:
+            self._evict_host(n - self.host_allocator.available_size(), keep=node)
+            slots = self.host_allocator.alloc(n)
+            if slots is None:
+                return False
+        copy_kv(self.device_pool, node.value, self.host_pool, slots)
+        node.host_value = slots
+        self.backed_up_tokens += n
+        return True
+
+    def _evict_host(self, num_tokens: int, keep: TreeNode | None = None) -> None:
+        """Drop host-only leaves, least recently used first, until num_tokens host slots are
+        free (or nothing more can go)."""
+        heap = [n for n in self._leaves()
+                if n.value is None and n is not keep and n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            freed += self._drop_host_leaf(leaf)
+            parent = leaf.parent
+            if (parent is not self.root and parent is not keep and not parent.children
+                    and parent.value is None and parent.lock_ref == 0):
+                heapq.heappush(heap, parent)
+
+    def _drop_host_leaf(self, leaf: TreeNode) -> int:
+        assert leaf.value is None and not leaf.children
+        self.host_allocator.free(leaf.host_value)
+        del leaf.parent.children[self._child_key(leaf.key)]
+        return len(leaf.key)
+
+    def _drop_subtree(self, node: TreeNode) -> None:
+        """Remove `node` and everything under it (all host-only but `node` itself)."""
+        stack = list(node.children.values())
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            assert n.value is None
+            if n.host_value is not None:
+                self.host_allocator.free(n.host_value)
+        if node.host_value is not None:
+            self.host_allocator.free(node.host_value)
+        del node.parent.children[self._child_key(node.key)]
+
+    def _load(self, nodes: list[TreeNode], protect: TreeNode) -> int:
+        """Bring host-only `nodes` (a path, top-down, below `protect`) back to the device.
+        Returns how many of them were loaded (a prefix of the list: fewer if the device is
+        full even after evicting everything else that may go)."""
+        need = sum(len(n.key) for n in nodes)
+        short = need - self.allocator.available_size()
+        if short > 0:
+            # The path above must survive the device eviction, and the host nodes themselves
+            # the host eviction that backing up evicted nodes may cause.
+            self.inc_lock_ref(protect)
+            for n in nodes:
+                n.lock_ref += 1
+            self.evict(short)
+            for n in nodes:
+                n.lock_ref -= 1
+            self.dec_lock_ref(protect)
+        loaded = 0
+        for node in nodes:
+            slots = self.allocator.alloc(len(node.key))
+            if slots is None:
+                break
+            copy_kv(self.host_pool, node.host_value, self.device_pool, slots)
+            node.value = slots
+            self.evictable_size_ += len(node.key)
+            self.loaded_tokens += len(node.key)
+            loaded += 1
+        return loaded
+
+    # ---------------------------------------------------------------- RadixCache overrides
+
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        key = list(key[:self._aligned(len(key))])
+        node, parts, host_path = self.root, [], []
+        now = next(_clock)
+        node.last_access = now
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._match_len(child.key, key)
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            child.hit_count += 1
+            if child.value is None:
+                host_path.append(child)
+            else:
+                parts.append(child.value)
+                if (self.config.write_policy == "write_through_selective"
+                        and child.hit_count >= 2 and child.host_value is None):
+                    self._backup(child)
+            node, key = child, key[n:]
+        if host_path:
+            device_end = host_path[0].parent
+            loaded = self._load(host_path, device_end)
+            parts += [n.value for n in host_path[:loaded]]
+            node = host_path[loaded - 1] if loaded else device_end
+        indices = (torch.cat(parts) if parts
+                   else torch.empty(0, dtype=torch.int64, device=self.device))
+        return MatchResult(indices=indices, last_node=node)
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        host = child.host_value
+        mid = super()._split(child, n) if child.value is not None else self._split_host(child, n)
+        if host is not None:
+            mid.host_value, child.host_value = host[:n], host[n:]
+        mid.hit_count = child.hit_count
+        return mid
+
+    def _split_host(self, child: TreeNode, n: int) -> TreeNode:
+        """RadixCache._split for a node without device slots."""
+        parent = child.parent
+        mid = TreeNode(key=child.key[:n], value=None, parent=parent,
+                       lock_ref=child.lock_ref, last_access=child.last_access)
+        parent.children[self._child_key(mid.key)] = mid
+        child.key = child.key[n:]
+        child.parent = mid
+        mid.children[self._child_key(child.key)] = child
+        return mid
+
+    def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
+        """RadixCache.insert, plus: host-only nodes on the way adopt the caller's slots (they
+        are not duplicates: the tree had no device copy), and new nodes are backed up under
+        write_through. Returns the leading tokens the tree already held on the device."""
+        n_aligned = self._aligned(len(key))
+        key, value = list(key[:n_aligned]), value[:n_aligned].to(torch.int64)
+        node, done, on_device = self.root, 0, 0
+        now = next(_clock)
+        while done < len(key):
+            rest = key[done:]
+            child = node.children.get(self._child_key(rest))
+            if child is None:
+                new = TreeNode(key=rest, value=value[done:].clone(), parent=node, last_access=now)
+                node.children[self._child_key(rest)] = new
+                self.evictable_size_ += len(rest)
+                if self.config.write_policy == "write_through":
+                    self._backup(new)
+                return on_device
+            n = self._match_len(child.key, rest)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            if child.value is None:   # host-only: take the caller's copy
+                child.value = value[done:done + n].clone()
+                self.evictable_size_ += n
+            elif on_device == done:
+                on_device += n
+            done += n
+            node = child
+        return on_device
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens device slots: device leaves (no device-resident child),
+        unlocked, least recently used first; each stays on the host if it has (or, under
+        write_back / selective, can get) a host copy."""
+        heap = [n for n in self._device_leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            node = heapq.heappop(heap)
+            if node.host_value is None and self.config.write_policy != "write_through":
+                self._backup(node)
+            self.allocator.free(node.value)
+            node.value = None
+            freed += len(node.key)
+            self.evictable_size_ -= len(node.key)
+            parent = node.parent
+            if node.host_value is None:
+                self._drop_subtree(node)
+            if (parent is not self.root and parent.lock_ref == 0
+                    and not any(c.value is not None for c in parent.children.values())):
+                heapq.heappush(heap, parent)
+        return freed
+
+    def _device_leaves(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            device_children = [c for c in node.children.values() if c.value is not None]
+            stack.extend(device_children)
+            if node is not self.root and not device_children:
+                out.append(node)
+        return out
+
+    def all_values(self) -> torch.Tensor:
+        vals, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root and node.value is not None:
+                vals.append(node.value)
+        if not vals:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return torch.cat(vals)
+
+    def all_host_values(self) -> torch.Tensor:
+        vals, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node is not self.root and node.host_value is not None:
+                vals.append(node.host_value)
+        return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
+
+    def check_host_invariant(self) -> None:
+        held = int(self.all_host_values().numel())
+        free = self.host_allocator.available_size()
+        if held + free != self.host_allocator.total_size:
+            raise AssertionError(f"host KV accounting broken: held {held} + free {free} != "
+                                 f"total {self.host_allocator.total_size}")

@@ -1,0 +1,178 @@
+"""The hierarchical radix cache (host tier under the radix tree), on the CPU: the tree and the
+copies alone (every cached prefix's KV is what was written for its tokens, whatever moved
+between the tiers; accounting holds on both tiers; locked nodes are never lost), and the engine
+with and without it (same tokens; prefixes evicted from the device come back from the host)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixlm.mem_cache.allocator import KVAllocator
+from radixlm.mem_cache.hiradix_cache import HiCacheConfig, HiRadixCache
+from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+
+LAYERS, HEADS, DIM = 2, 1, 2
+
+
+def make_cache(device_slots: int, ratio: float, policy: str, page_size: int = 1):
+    pool = KVPool(device_slots, LAYERS, HEADS, DIM, torch.float32, "cpu")
+    alloc = KVAllocator(device_slots, page_size, "cpu")
+    cache = HiRadixCache(ReqToTokenPool(4, 64, "cpu"), alloc, pool,
+                         HiCacheConfig(ratio=ratio, write_policy=policy))
+    return cache, pool, alloc
+
+
+def cache_tokens(cache, pool, alloc, tokens: list[int]) -> bool:
+    """What a finished request does: its KV (K = token id, V = -token id in every layer) goes
+    into the tree; the slots the tree already had on the device are freed as duplicates, and
+    so is a partial last page."""
+    slots = alloc.alloc(len(tokens))
+    if slots is None:
+        cache.evict(len(tokens) - alloc.available_size())
+        slots = alloc.alloc(len(tokens))
+        if slots is None:
+            return False
+    t = torch.tensor(tokens, dtype=torch.float32)[:, None, None].expand(-1, HEADS, DIM)
+    for layer in range(LAYERS):
+        pool.set_kv(layer, slots, t, -t)
+    already = cache.insert(tokens, slots)
+    alloc.free(slots[:already])
+    aligned = len(tokens) - len(tokens) % alloc.page_size   # the tree keeps whole pages
+    alloc.free(slots[aligned:])
+    return True
+
+
+def check_content(pool, indices: torch.Tensor, tokens: list[int]) -> None:
+    want = torch.tensor(tokens[:len(indices)], dtype=torch.float32)
+    for layer in range(LAYERS):
+        k, v = pool.get_kv(layer)
+        assert torch.equal(k[indices, 0, 0], want) and torch.equal(v[indices, 0, 1], -want)
+
+
+def check_accounting(cache, alloc) -> None:
+    assert (alloc.available_size() + cache.evictable_size() + cache.protected_size()
+            == alloc.total_size)
+    assert int(cache.all_values().numel()) == cache.evictable_size() + cache.protected_size()
+    cache.check_host_invariant()
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
+def test_prefix_evicted_to_host_comes_back_with_its_kv(policy):
+    cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy=policy)
+    a = list(range(100, 130))
+    b = list(range(200, 230))
+    assert cache_tokens(cache, pool, alloc, a)
+    if policy == "write_through_selective":
+        cache.match_prefix(a)            # the second hit is what backs it up
+        cache.match_prefix(a)
+    assert cache_tokens(cache, pool, alloc, b)   # 60 tokens > 47 slots: a is evicted
+    assert cache.peek_prefix(a)[0] == 30          # still in the tree (on the host)
+    match = cache.match_prefix(a + [1, 2])
+    assert len(match.indices) == 30 and cache.loaded_tokens == 30
+    check_content(pool, match.indices, a)
+    check_accounting(cache, alloc)
+
+
+def test_without_host_room_the_prefix_is_dropped():
+    cache, pool, alloc = make_cache(device_slots=48, ratio=0.05, policy="write_back")
+    a, b = list(range(100, 130)), list(range(200, 230))
+    cache_tokens(cache, pool, alloc, a)
+    cache_tokens(cache, pool, alloc, b)
+    assert cache.peek_prefix(a)[0] == 0
+    check_accounting(cache, alloc)
+
+
+def test_inserting_over_host_only_nodes_adopts_the_new_slots():
+    cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_through")
+    a = list(range(100, 130))
+    cache_tokens(cache, pool, alloc, a)
+    cache.evict(30)
+    assert cache.evictable_size() == 0 and cache.peek_prefix(a)[0] == 30
+    # A request that recomputed the same tokens (no room to load them) caches its own copy.
+    assert cache_tokens(cache, pool, alloc, a + [7, 8])
+    match = cache.match_prefix(a + [7, 8])
+    check_content(pool, match.indices, a + [7, 8])
+    check_accounting(cache, alloc)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["cache", "match", "unlock", "evict"]),
+                         st.integers(0, 5), st.integers(1, 24)), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, policy=st.sampled_from(["write_through", "write_back",
+                                        "write_through_selective"]),
+       page_size=st.sampled_from([1, 4]))
+def test_random_operations_keep_both_tiers_consistent(ops, policy, page_size):
+    cache, pool, alloc = make_cache(device_slots=64, ratio=2.0, policy=policy,
+                                    page_size=page_size)
+    # Prompts from a few families sharing prefixes of different lengths.
+    families = [[1000 * f + i for i in range(40)] for f in range(3)]
+    locked: list[tuple[object, torch.Tensor, list[int]]] = []
+    for op, pick, n in ops:
+        tokens = families[pick % 3][:n] + [9000 + pick * 10 + j for j in range(pick)]
+        if op == "cache":
+            cache_tokens(cache, pool, alloc, tokens)
+        elif op == "match":
+            m = cache.match_prefix(tokens)
+            check_content(pool, m.indices, tokens)
+            cache.inc_lock_ref(m.last_node)
+            locked.append((m.last_node, m.indices, tokens))
+        elif op == "unlock" and locked:
+            node, _, _ = locked.pop(pick % len(locked))
+            cache.dec_lock_ref(node)
+        elif op == "evict":
+            cache.evict(n)
+        check_accounting(cache, alloc)
+        for _, indices, toks in locked:   # a locked prefix is never moved or freed
+            check_content(pool, indices, toks)
+    for node, _, _ in locked:
+        cache.dec_lock_ref(node)
+    assert cache.protected_size() == 0
+    check_accounting(cache, alloc)
+
+
+# ---------------------------------------------------------------------- the engine
+
+DOC = ("Radix trees share prefixes between requests, so a long document that many questions "
+       "refer to is computed once. ") * 6
+
+
+@pytest.mark.parametrize("variant", ["plain", "overlap+pages"])
+def test_engine_outputs_equal_and_host_hits(make_engine, monkeypatch, variant):
+    """A small device cache: the document's KV is pushed out by other prompts between the
+    questions. With HiCache the later questions find it on the host; the tokens are the
+    same either way (also under the overlap scheduler with 4-token pages)."""
+    extra = {}
+    if variant == "overlap+pages":
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+        extra = {"page_size": 4}
+    fillers = [f"Filler text number {i}: " + "lorem ipsum dolor sit amet " * 12
+               for i in range(3)]
+    sequence = [DOC + "Question: what is shared?"] + fillers + [DOC + "Question: why?"]
+    params = {"max_new_tokens": 6, "temperature": 0}
+    results = {}
+    for hicache in (False, True):
+        engine = make_engine(max_total_tokens=320, enable_hierarchical_cache=hicache,
+                             hicache_ratio=8.0, **extra)
+        outs = [engine.generate(p, params) for p in sequence]
+        results[hicache] = outs
+        engine.shutdown()
+    assert [o["output_ids"] for o in results[False]] == [o["output_ids"] for o in results[True]]
+    last_plain, last_hi = results[False][-1], results[True][-1]
+    assert last_plain["meta_info"]["cached_tokens"] < 20       # the device lost the document
+    assert last_hi["meta_info"]["cached_tokens"] >= 124        # the host had it (DOC: 127 tokens)
+
+
+def test_bad_hicache_flags(make_engine):
+    from radixlm.config import ServerArgs
+
+    with pytest.raises(ValueError, match="--hicache-write-policy"):
+        ServerArgs(hicache_write_policy="sometimes")
+    with pytest.raises(ValueError, match="--enable-hierarchical-cache"):
+        ServerArgs(enable_hierarchical_cache=True, disable_radix_cache=True)
+    with pytest.raises(RuntimeError, match="--hicache-size: the host KV pool would take"):
+        make_engine(enable_hierarchical_cache=True, hicache_size=1e6)
