@@ -176,3 +176,83 @@ def test_bad_hicache_flags(make_engine):
         ServerArgs(enable_hierarchical_cache=True, disable_radix_cache=True)
     with pytest.raises(RuntimeError, match="--hicache-size: the host KV pool would take"):
         make_engine(enable_hierarchical_cache=True, hicache_size=1e6)
+
+
+# ---------------------------------------------------------------------- the file tier (L3)
+
+def test_file_storage_checksums_and_failures(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from radixlm.mem_cache.kv_storage import FileStorage
+
+    store = FileStorage(str(tmp_path / "l3"))
+    store.set("ab" * 32, b"payload")
+    assert store.get("ab" * 32) == b"payload" and store.exists("ab" * 32)
+    path = store._path("ab" * 32)
+    with open(path, "r+b") as f:          # a flipped byte: a miss, counted
+        f.seek(-1, 2)
+        f.write(b"X")
+    assert store.get("ab" * 32) is None and store.corrupt == 1
+    with open(path, "wb") as f:           # truncated
+        f.write(b"RLM")
+    assert store.get("ab" * 32) is None and store.corrupt == 2
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "replace", disk_full)
+    store.set("cd" * 32, b"x")            # dropped, not raised
+    assert store.failed_writes == 1 and not store.exists("cd" * 32)
+    with pytest.raises(ValueError, match="--hicache-storage-dir"):
+        FileStorage(str(path) + "/below-a-file")
+
+
+def make_file_cache(directory, device_slots=256):
+    pool = KVPool(device_slots, LAYERS, HEADS, DIM, torch.float32, "cpu")
+    alloc = KVAllocator(device_slots, 1, "cpu")
+    cache = HiRadixCache(ReqToTokenPool(4, 512, "cpu"), alloc, pool,
+                         HiCacheConfig(ratio=1.0, storage_dir=str(directory),
+                                       storage_namespace="test-model"))
+    return cache, pool, alloc
+
+
+def test_a_new_cache_on_the_same_directory_finds_the_blocks(tmp_path):
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 200 tokens: 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    match = second.match_prefix(doc + [1, 2, 3])
+    assert len(match.indices) == 192 and second.storage_hit_tokens == 192
+    check_content(pool2, match.indices, doc)
+    check_accounting(second, alloc2)
+    # Another model (namespace) does not see them.
+    other = HiRadixCache(ReqToTokenPool(4, 512, "cpu"), KVAllocator(256, 1, "cpu"),
+                         KVPool(256, LAYERS, HEADS, DIM, torch.float32, "cpu"),
+                         HiCacheConfig(storage_dir=str(tmp_path), storage_namespace="other"))
+    assert len(other.match_prefix(doc).indices) == 0
+
+
+def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
+    import glob
+
+    prompt = DOC + "Question: what is shared?"
+    params = {"max_new_tokens": 6, "temperature": 0}
+    plain = make_engine().generate(prompt, params)
+    kwargs = dict(enable_hierarchical_cache=True, hicache_storage_backend="file",
+                  hicache_storage_dir=str(tmp_path / "l3"))
+    first = make_engine(**kwargs)
+    assert first.generate(prompt, params)["meta_info"]["cached_tokens"] == 0
+    first.shutdown()                               # queued block writes are flushed
+    files = glob.glob(str(tmp_path / "l3" / "*" / "*.kv"))
+    assert len(files) >= 2                          # 132 prompt tokens: 2 blocks of 64
+    again = make_engine(**kwargs).generate(prompt, params)
+    assert again["output_ids"] == plain["output_ids"]
+    assert again["meta_info"]["cached_tokens"] == 128
+    for f in files:                                 # corrupt every block: misses, same tokens
+        with open(f, "r+b") as fh:
+            fh.seek(-2, 2)
+            fh.write(b"??")
+    third = make_engine(**kwargs).generate(prompt, params)
+    assert third["output_ids"] == plain["output_ids"]
+    assert third["meta_info"]["cached_tokens"] == 0

@@ -40,6 +40,8 @@ class ServerArgs:
     hicache_ratio: float = 2.0             # host pool size / device KV pool size
     hicache_size: float = 0.0              # host pool size in GiB (0: use --hicache-ratio)
     hicache_write_policy: str = "write_through"   # | write_through_selective | write_back
+    hicache_storage_backend: str | None = None     # "file": a third tier (L3) on disk
+    hicache_storage_dir: str | None = None         # its directory (default: under the cache dir)
 
     # Scheduling
     chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
@@ -103,6 +105,14 @@ class ServerArgs:
         if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
             raise bad("hicache-write-policy", f"must be one of {HICACHE_WRITE_POLICIES}, "
                                               f"got {self.hicache_write_policy!r}")
+        if self.hicache_storage_backend not in (None, "file"):
+            raise bad("hicache-storage-backend", f"must be file, got "
+                                                 f"{self.hicache_storage_backend!r}")
+        if self.hicache_storage_backend and not self.enable_hierarchical_cache:
+            raise bad("hicache-storage-backend", "needs --enable-hierarchical-cache")
+        if self.hicache_storage_backend and self.tp_size > 1:
+            raise bad("hicache-storage-backend", "is not supported with --tp-size > 1 yet "
+                                                 "(the ranks would have to agree on each hit)")
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
                                                    "--disable-radix-cache)")

@@ -32,10 +32,16 @@ import torch
 
 from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from radixlm.mem_cache.allocator import KVAllocator
+from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import MatchResult
-from radixlm.mem_cache.radix_cache import RadixCache, TreeNode, _clock
+from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
 
+
+
+# Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
+# recomputing it, small enough that a shared prefix wastes little of its last block.
+STORAGE_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class HiCacheConfig:
     ratio: float = 2.0                    # host pool size / device pool size (--hicache-ratio)
     size_gib: float = 0.0                 # host pool size in GiB; 0: use the ratio
     write_policy: str = "write_through"
+    storage_dir: str | None = None        # the file tier (L3) directory; None: no L3
+    storage_namespace: str = ""           # what else names a block: the model, the TP rank
 
     def host_slots(self, device_slots: int, bytes_per_token: int) -> int:
         """The host pool's size in tokens; a ValueError naming the flag if the host does not
@@ -105,6 +113,16 @@ class HiRadixCache(RadixCache):
         self.host_allocator = KVAllocator(host_slots, ps, "cpu")
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
         self.backed_up_tokens = 0    # device -> host
+        self.storage_hit_tokens = 0  # L3 -> device
+        self.storage: KVStorage | None = None
+        if config.storage_dir is not None:
+            self.storage = FileStorage(config.storage_dir)
+            self.writer = BackgroundWriter(self.storage)
+            self.block_size = -(-STORAGE_BLOCK // ps) * ps
+            pool = device_pool
+            self.namespace = (f"{config.storage_namespace}|{pool.dtype}|L{pool.num_layers}"
+                              f"H{pool.num_kv_heads}D{pool.head_dim}|B{self.block_size}")
+            self._stored: set[str] = set()   # names known to be in the store
         super().__init__(req_to_token_pool, allocator)
 
     def reset(self) -> None:
@@ -197,20 +215,17 @@ class HiRadixCache(RadixCache):
     # ---------------------------------------------------------------- RadixCache overrides
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        key = list(key[:self._aligned(len(key))])
-        node, parts, host_path = self.root, [], []
-        now = next(_clock)
-        node.last_access = now
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            n = self._match_len(child.key, key)
-            if n == 0:
-                break
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
+        match = self._match(key)
+        if self.storage is not None and self._fetch_from_storage(key, match):
+            match = self._match(key)
+        return match
+
+    def _match(self, key: Sequence[int]) -> MatchResult:
+        """RadixCache.match_prefix, plus: host-only nodes on the path are loaded back, and under
+        write_through_selective a node hit a second time is backed up."""
+        parts, host_path = [], []
+        node = self.root
+        for child in self._walk(key):
             child.hit_count += 1
             if child.value is None:
                 host_path.append(child)
@@ -219,7 +234,7 @@ class HiRadixCache(RadixCache):
                 if (self.config.write_policy == "write_through_selective"
                         and child.hit_count >= 2 and child.host_value is None):
                     self._backup(child)
-            node, key = child, key[n:]
+            node = child
         if host_path:
             device_end = host_path[0].parent
             loaded = self._load(host_path, device_end)
@@ -228,6 +243,65 @@ class HiRadixCache(RadixCache):
         indices = (torch.cat(parts) if parts
                    else torch.empty(0, dtype=torch.int64, device=self.device))
         return MatchResult(indices=indices, last_node=node)
+
+    # ---------------------------------------------------------------- the file tier (L3)
+
+    def _fetch_from_storage(self, key: Sequence[int], match: MatchResult) -> bool:
+        """Load the blocks that follow `match` from the store into fresh device slots and cache
+        them in the tree. Returns whether any was found."""
+        have, bs = len(match.indices), self.block_size
+        names = block_names(self.namespace, key, bs)
+        blocks: list[torch.Tensor] = []
+        for name in names[have // bs:]:
+            data = self.storage.get(name)
+            block = self._decode_block(data) if data is not None else None
+            if block is None:
+                break
+            blocks.append(block)
+            self._stored.add(name)
+        if not blocks:
+            return False
+        end = (have // bs + len(blocks)) * bs
+        need = end - have
+        short = need - self.allocator.available_size()
+        if short > 0:
+            self.inc_lock_ref(match.last_node)
+            self.evict(short)
+            self.dec_lock_ref(match.last_node)
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            return False
+        kv = torch.cat(blocks, dim=2)[:, :, have % bs:]      # [layers, 2, need, heads, dim]
+        for layer in range(self.device_pool.num_layers):
+            self.device_pool.set_kv(layer, slots, kv[layer, 0].to(self.device),
+                                    kv[layer, 1].to(self.device))
+        already = self.insert(list(key[:end]), torch.cat([match.indices, slots]))
+        assert already == have, "the tree changed under a storage fetch"
+        self.storage_hit_tokens += need
+        return True
+
+    def _decode_block(self, data: bytes) -> torch.Tensor | None:
+        pool = self.device_pool
+        shape = (pool.num_layers, 2, self.block_size, pool.num_kv_heads, pool.head_dim)
+        itemsize = torch.empty((), dtype=pool.dtype).element_size()
+        if len(data) != itemsize * shape[0] * shape[1] * shape[2] * shape[3] * shape[4]:
+            return None      # another layout (should not happen: it is in the name)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(pool.dtype).view(shape)
+
+    def _store_blocks(self, key: list[int], value: torch.Tensor) -> None:
+        """Queue every whole block of a freshly cached key that the store does not have yet."""
+        bs, pool = self.block_size, self.device_pool
+        for i, name in enumerate(block_names(self.namespace, key, bs)):
+            if name in self._stored:
+                continue
+            self._stored.add(name)
+            slots = value[i * bs:(i + 1) * bs]
+            kv = torch.stack([torch.stack([pool.k_buffers[layer][slots],
+                                           pool.v_buffers[layer][slots]])
+                              for layer in range(pool.num_layers)])
+            self.writer.submit(name, kv.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+
+    # ---------------------------------------------------------------- tree shape
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         host = child.host_value
@@ -250,34 +324,23 @@ class HiRadixCache(RadixCache):
 
     def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
         """RadixCache.insert, plus: host-only nodes on the way adopt the caller's slots (they
-        are not duplicates: the tree had no device copy), and new nodes are backed up under
-        write_through. Returns the leading tokens the tree already held on the device."""
-        n_aligned = self._aligned(len(key))
-        key, value = list(key[:n_aligned]), value[:n_aligned].to(torch.int64)
-        node, done, on_device = self.root, 0, 0
-        now = next(_clock)
-        while done < len(key):
-            rest = key[done:]
-            child = node.children.get(self._child_key(rest))
-            if child is None:
-                new = TreeNode(key=rest, value=value[done:].clone(), parent=node, last_access=now)
-                node.children[self._child_key(rest)] = new
-                self.evictable_size_ += len(rest)
-                if self.config.write_policy == "write_through":
-                    self._backup(new)
-                return on_device
-            n = self._match_len(child.key, rest)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            if child.value is None:   # host-only: take the caller's copy
-                child.value = value[done:done + n].clone()
-                self.evictable_size_ += n
-            elif on_device == done:
-                on_device += n
-            done += n
-            node = child
-        return on_device
+        are not duplicates: the tree had no device copy), new nodes are backed up under
+        write_through, and whole blocks go to the file tier."""
+        if self.storage is not None:
+            n = self._aligned(len(key))
+            self._store_blocks(list(key[:n]), value[:n].to(torch.int64))
+        return super().insert(key, value)
+
+    def _has_kv(self, node: TreeNode, offered: torch.Tensor) -> bool:
+        if node.value is not None:
+            return True
+        node.value = offered.clone()      # host-only: take the caller's copy
+        self.evictable_size_ += len(node.key)
+        return False
+
+    def _on_new_node(self, node: TreeNode) -> None:
+        if self.config.write_policy == "write_through":
+            self._backup(node)
 
     def evict(self, num_tokens: int) -> int:
         """Free at least num_tokens device slots: device leaves (no device-resident child),
@@ -313,24 +376,24 @@ class HiRadixCache(RadixCache):
         return out
 
     def all_values(self) -> torch.Tensor:
-        vals, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node is not self.root and node.value is not None:
-                vals.append(node.value)
-        if not vals:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.cat(vals)
+        """Every device slot the tree holds (host-only nodes have none)."""
+        return self._gather("value", self.device)
 
     def all_host_values(self) -> torch.Tensor:
-        vals, stack = [], [self.root]
+        return self._gather("host_value", torch.device("cpu"))
+
+    def _gather(self, attr: str, device: torch.device) -> torch.Tensor:
+        vals, stack = [], list(self.root.children.values())
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            if node is not self.root and node.host_value is not None:
-                vals.append(node.host_value)
-        return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64)
+            if getattr(node, attr) is not None:
+                vals.append(getattr(node, attr))
+        return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64, device=device)
+
+    def close(self) -> None:
+        if self.storage is not None:
+            self.writer.flush()
 
     def check_host_invariant(self) -> None:
         held = int(self.all_host_values().numel())

@@ -1,8 +1,9 @@
 """The prefix-cache interface: what the scheduler and the KV manager may ask of a cache.
 
-Two caches implement it today: RadixCache (the radix tree that shares prefixes between requests)
-and ChunkCache (--disable-radix-cache: a request keeps its own KV and frees it when it ends). A
-host-memory tier (hierarchical cache) is meant to be a third.
+Three caches implement it: RadixCache (the radix tree that shares prefixes between requests),
+HiRadixCache (the same tree over device, host and optionally file tiers,
+--enable-hierarchical-cache) and ChunkCache (--disable-radix-cache: a request keeps its own KV
+and frees it when it ends).
 
 Slot accounting the implementations keep: `evictable_size()` slots are cached and unlocked (the
 cache may free them on `evict`), `protected_size()` slots are cached and locked by running
@@ -93,3 +94,6 @@ class PrefixCache(ABC):
     @abstractmethod
     def all_values(self) -> torch.Tensor:
         """Every slot the cache holds (tests check them against the allocator)."""
+
+    def close(self) -> None:
+        """The server stops: finish what must outlive it (the file tier's queued writes)."""

@@ -96,8 +96,18 @@ class RadixCache(PrefixCache):
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """Longest cached prefix of `key` (page aligned). Splits a node when the match ends inside
         it so that the returned last_node covers exactly the match."""
+        path = self._walk(key)
+        if path:
+            indices = torch.cat([n.value for n in path])
+        else:
+            indices = torch.empty(0, dtype=torch.int64, device=self.device)
+        return MatchResult(indices=indices, last_node=path[-1] if path else self.root)
+
+    def _walk(self, key: Sequence[int]) -> list[TreeNode]:
+        """The nodes that match `key` from the root, the last one split to end with the match;
+        each is marked as used now."""
         key = list(key[:self._aligned(len(key))])
-        node, parts = self.root, []
+        node, path = self.root, []
         now = next(_clock)
         node.last_access = now
         while key:
@@ -110,13 +120,9 @@ class RadixCache(PrefixCache):
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
-            parts.append(child.value)
+            path.append(child)
             node, key = child, key[n:]
-        if parts:
-            indices = torch.cat(parts)
-        else:
-            indices = torch.empty(0, dtype=torch.int64, device=self.device)
-        return MatchResult(indices=indices, last_node=node)
+        return path
 
     def peek_prefix(self, key: Sequence[int]) -> tuple[int, TreeNode]:
         """(length of the longest cached prefix of `key`, the deepest node it reaches), without
@@ -157,7 +163,7 @@ class RadixCache(PrefixCache):
         already had: the caller owns value[:that] as duplicates and must free its own copies."""
         n_aligned = self._aligned(len(key))
         key, value = list(key[:n_aligned]), value[:n_aligned].to(torch.int64)
-        node, done = self.root, 0
+        node, done, already = self.root, 0, 0
         now = next(_clock)
         while done < len(key):
             rest = key[done:]
@@ -166,14 +172,25 @@ class RadixCache(PrefixCache):
                 new = TreeNode(key=rest, value=value[done:].clone(), parent=node, last_access=now)
                 node.children[self._child_key(rest)] = new
                 self.evictable_size_ += len(rest)
-                return done
+                self._on_new_node(new)
+                return already
             n = self._match_len(child.key, rest)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
+            if self._has_kv(child, value[done:done + n]) and already == done:
+                already += n
             done += n
             node = child
-        return done
+        return already
+
+    def _has_kv(self, node: TreeNode, offered: torch.Tensor) -> bool:
+        """Whether the tree already holds `node`'s KV (so the caller's `offered` slots are
+        duplicates). Always here; the hierarchical cache adopts them for host-only nodes."""
+        return True
+
+    def _on_new_node(self, node: TreeNode) -> None:
+        """Hook: a node was just created by insert (the hierarchical cache backs it up)."""
 
     # ---------------------------------------------------------------- requests
 

@@ -18,11 +18,16 @@ import os
 import sys
 import traceback
 
+from typing import TYPE_CHECKING
+
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
+
+if TYPE_CHECKING:
+    from radixlm.mem_cache.hiradix_cache import HiCacheConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +48,6 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
 
     try:
         from radixlm.distributed.parallel_state import init_tensor_parallel
-        from radixlm.mem_cache.hiradix_cache import HiCacheConfig
         from radixlm.model_executor.model_runner import create_runner_and_kv
         from radixlm.model_executor.runner_config import RunnerConfig
         from radixlm.model_executor.weight_source import load_tokenizer
@@ -61,9 +65,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
             return tp.broadcast_from_first(ipc.recv_all(inbox, timeout_s) if first else None)
 
-        hicache = (HiCacheConfig(args.hicache_ratio, args.hicache_size,
-                                 args.hicache_write_policy)
-                   if args.enable_hierarchical_cache else None)
+        hicache = hicache_config(args, tp_rank) if args.enable_hierarchical_cache else None
         runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache,
                                           hicache=hicache)
         tokenizer = load_tokenizer(runner.tokenizer_path)
@@ -89,11 +91,26 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
         logger.error("scheduler crashed:\n%s", traceback.format_exc())
         raise
     finally:
+        kv.prefix_cache.close()   # e.g. the file tier's writes still queued
         send(ShutdownReq())  # after everything else: the detokenizer stops too
         for sock in (outbox, inbox):
             if sock is not None:
                 sock.close()
         ctx.term()
+
+
+def hicache_config(args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
+    from radixlm import envs
+    from radixlm.mem_cache.hiradix_cache import HiCacheConfig
+
+    storage_dir = None
+    if args.hicache_storage_backend == "file":
+        storage_dir = args.hicache_storage_dir or os.path.join(envs.cache_dir(), "hicache")
+    # A stored block is only valid for the same weights and the same slice of the heads.
+    namespace = (f"{args.model_path}|{args.load_format}|seed{args.random_seed}"
+                 f"|tp{tp_rank}/{args.tp_size}")
+    return HiCacheConfig(args.hicache_ratio, args.hicache_size, args.hicache_write_policy,
+                         storage_dir=storage_dir, storage_namespace=namespace)
 
 
 def _on_gpu(args: ServerArgs) -> bool:
