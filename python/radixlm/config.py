@@ -39,7 +39,9 @@ class ServerArgs:
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0             # host pool size / device KV pool size
     hicache_size: float = 0.0              # host pool size in GiB (0: use --hicache-ratio)
-    hicache_write_policy: str = "write_through"   # | write_through_selective | write_back
+    # write_back: copy to the host only on eviction (write_through measured 0.66x on a workload
+    # that fits the GPU, write_back 1.04x: benchmarks/RESULTS.md, issue 15)
+    hicache_write_policy: str = "write_back"      # | write_through | write_through_selective
     hicache_storage_backend: str | None = None     # "file": a third tier (L3) on disk
     hicache_storage_dir: str | None = None         # its directory (default: under the cache dir)
 

@@ -15,7 +15,8 @@ device slots, so a node is only ever device-resident if its parent is.
 - Host eviction (to make room for a backup) takes host-only leaves, least recently used first.
 - A match that runs into host-only nodes loads them back into fresh device slots (evicting
   other device nodes if needed, never the path being loaded), so the request starts from the
-  whole prefix. The copies gather each layer's rows and move them in one copy per layer.
+  whole prefix. Copies between the tiers are asynchronous (kv_transfer.py): one gathered block
+  through pinned staging memory per node, queued on the compute stream.
 - Inserting over host-only nodes adopts the request's own device slots for them.
 
 Accounting: the device counts of RadixCache (free + evictable + protected + owned == total)
@@ -33,6 +34,7 @@ import torch
 from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
+from radixlm.mem_cache.kv_transfer import HostWriter, load_to_device
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
@@ -48,7 +50,7 @@ STORAGE_BLOCK = 64
 class HiCacheConfig:
     ratio: float = 2.0                    # host pool size / device pool size (--hicache-ratio)
     size_gib: float = 0.0                 # host pool size in GiB; 0: use the ratio
-    write_policy: str = "write_through"
+    write_policy: str = "write_back"
     storage_dir: str | None = None        # the file tier (L3) directory; None: no L3
     storage_namespace: str = ""           # what else names a block: the model, the TP rank
 
@@ -80,20 +82,6 @@ def available_host_memory() -> int | None:
     return None
 
 
-def copy_kv(src: KVPool, src_slots: torch.Tensor, dst: KVPool, dst_slots: torch.Tensor) -> None:
-    """dst[dst_slots] = src[src_slots] in every layer, K and V: one gather and one copy per
-    buffer (ordered after the queued kernels that wrote the source, on the current stream)."""
-    s, d = src_slots.to(src.device), dst_slots.to(dst.device)
-    pin = dst.device.type == "cpu" and src.device.type == "cuda"
-    for layer in range(src.num_layers):
-        for a, b in ((src.k_buffers[layer], dst.k_buffers[layer]),
-                     (src.v_buffers[layer], dst.v_buffers[layer])):
-            rows = a.index_select(0, s)
-            if pin:
-                rows = rows.to("cpu")
-            b.index_copy_(0, d, rows.to(dst.device, non_blocking=True))
-
-
 class HiRadixCache(RadixCache):
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: KVAllocator,
                  device_pool: KVPool, config: HiCacheConfig):
@@ -111,6 +99,7 @@ class HiRadixCache(RadixCache):
         self.host_pool = KVPool(host_slots, device_pool.num_layers, device_pool.num_kv_heads,
                                 device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned)
         self.host_allocator = KVAllocator(host_slots, ps, "cpu")
+        self.host_writer = HostWriter(device_pool, self.host_pool)
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
         self.backed_up_tokens = 0    # device -> host
         self.storage_hit_tokens = 0  # L3 -> device
@@ -145,7 +134,7 @@ class HiRadixCache(RadixCache):
             slots = self.host_allocator.alloc(n)
             if slots is None:
                 return False
-        copy_kv(self.device_pool, node.value, self.host_pool, slots)
+        self.host_writer.write(node.value, slots)
         node.host_value = slots
         self.backed_up_tokens += n
         return True
@@ -188,6 +177,7 @@ class HiRadixCache(RadixCache):
         """Bring host-only `nodes` (a path, top-down, below `protect`) back to the device.
         Returns how many of them were loaded (a prefix of the list: fewer if the device is
         full even after evicting everything else that may go)."""
+        self.host_writer.drain(wait=True)    # backups still in flight must land first
         need = sum(len(n.key) for n in nodes)
         short = need - self.allocator.available_size()
         if short > 0:
@@ -205,7 +195,7 @@ class HiRadixCache(RadixCache):
             slots = self.allocator.alloc(len(node.key))
             if slots is None:
                 break
-            copy_kv(self.host_pool, node.host_value, self.device_pool, slots)
+            load_to_device(self.host_pool, node.host_value, self.device_pool, slots)
             node.value = slots
             self.evictable_size_ += len(node.key)
             self.loaded_tokens += len(node.key)
@@ -215,6 +205,7 @@ class HiRadixCache(RadixCache):
     # ---------------------------------------------------------------- RadixCache overrides
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        self.host_writer.drain()
         match = self._match(key)
         if self.storage is not None and self._fetch_from_storage(key, match):
             match = self._match(key)
@@ -392,6 +383,7 @@ class HiRadixCache(RadixCache):
         return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64, device=device)
 
     def close(self) -> None:
+        self.host_writer.drain(wait=True)
         if self.storage is not None:
             self.writer.flush()
 
