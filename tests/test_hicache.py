@@ -98,6 +98,22 @@ def test_inserting_over_host_only_nodes_adopts_the_new_slots():
     check_accounting(cache, alloc)
 
 
+def test_selective_backup_during_a_match_cannot_drop_the_path_being_loaded():
+    """A device node hit for the second time is backed up during a match; with the host pool
+    full that evicts host-only nodes, which must not be the ones this match is loading."""
+    cache, pool, alloc = make_cache(device_slots=16, ratio=0.4,   # 6 host slots
+                                    policy="write_through_selective")
+    tokens = list(range(1, 9))
+    cache_tokens(cache, pool, alloc, tokens)
+    cache.match_prefix([1, 2, 3, 4, 99])       # splits [1..4] | [5..8]; [1..4]'s first hit
+    cache.evict(4)                             # [5..8] is backed up and goes host-only
+    # [1..4]'s second hit backs it up, which needs host room; [5..8] is being loaded back.
+    match = cache.match_prefix(tokens)
+    check_content(pool, match.indices, tokens)
+    check_accounting(cache, alloc)
+    assert cache.peek_prefix(tokens)[0] == len(match.indices)
+
+
 ops = st.lists(st.tuples(st.sampled_from(["cache", "match", "unlock", "evict"]),
                          st.integers(0, 5), st.integers(1, 24)), min_size=1, max_size=40)
 

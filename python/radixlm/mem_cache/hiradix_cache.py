@@ -53,15 +53,18 @@ class HiCacheConfig:
     write_policy: str = "write_back"
     storage_dir: str | None = None        # the file tier (L3) directory; None: no L3
     storage_namespace: str = ""           # what else names a block: the model, the TP rank
+    ranks_on_host: int = 1                # tensor-parallel ranks sharing this host's memory
 
     def host_slots(self, device_slots: int, bytes_per_token: int) -> int:
         """The host pool's size in tokens; a ValueError naming the flag if the host does not
-        have that much memory available."""
+        have that much memory available (shared by the ranks on this host)."""
         if self.size_gib > 0:
             slots, flag = int(self.size_gib * 2 ** 30 // bytes_per_token), "--hicache-size"
         else:
             slots, flag = int(device_slots * self.ratio), "--hicache-ratio"
         need, have = slots * bytes_per_token, available_host_memory()
+        if have is not None:
+            have //= self.ranks_on_host
         if have is not None and need > have:
             raise ValueError(f"{flag}: the host KV pool would take {need / 2 ** 30:.1f} GiB; "
                              f"only {have / 2 ** 30:.1f} GiB of host memory are available")
@@ -157,6 +160,7 @@ class HiRadixCache(RadixCache):
     def _drop_host_leaf(self, leaf: TreeNode) -> int:
         assert leaf.value is None and not leaf.children
         self.host_allocator.free(leaf.host_value)
+        leaf.host_value = None   # any later use of this node must fail, not read reused slots
         del leaf.parent.children[self._child_key(leaf.key)]
         return len(leaf.key)
 
@@ -169,8 +173,10 @@ class HiRadixCache(RadixCache):
             assert n.value is None
             if n.host_value is not None:
                 self.host_allocator.free(n.host_value)
+                n.host_value = None
         if node.host_value is not None:
             self.host_allocator.free(node.host_value)
+            node.host_value = None
         del node.parent.children[self._child_key(node.key)]
 
     def _load(self, nodes: list[TreeNode], protect: TreeNode) -> int:
@@ -214,7 +220,7 @@ class HiRadixCache(RadixCache):
     def _match(self, key: Sequence[int]) -> MatchResult:
         """RadixCache.match_prefix, plus: host-only nodes on the path are loaded back, and under
         write_through_selective a node hit a second time is backed up."""
-        parts, host_path = [], []
+        parts, host_path, hit_twice = [], [], []
         node = self.root
         for child in self._walk(key):
             child.hit_count += 1
@@ -224,13 +230,17 @@ class HiRadixCache(RadixCache):
                 parts.append(child.value)
                 if (self.config.write_policy == "write_through_selective"
                         and child.hit_count >= 2 and child.host_value is None):
-                    self._backup(child)
+                    hit_twice.append(child)
             node = child
         if host_path:
             device_end = host_path[0].parent
             loaded = self._load(host_path, device_end)
             parts += [n.value for n in host_path[:loaded]]
             node = host_path[loaded - 1] if loaded else device_end
+        # Backing up may evict host-only nodes: only once the path is back on the device, so
+        # that none of it can go.
+        for child in hit_twice:
+            self._backup(child)
         indices = (torch.cat(parts) if parts
                    else torch.empty(0, dtype=torch.int64, device=self.device))
         return MatchResult(indices=indices, last_node=node)
@@ -337,6 +347,7 @@ class HiRadixCache(RadixCache):
         """Free at least num_tokens device slots: device leaves (no device-resident child),
         unlocked, least recently used first; each stays on the host if it has (or, under
         write_back / selective, can get) a host copy."""
+        self.host_writer.drain()   # decode-only phases evict too: keep the pending copies few
         heap = [n for n in self._device_leaves() if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank: int = 0) -> None:
+def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
+                          tp_rank: int = 0) -> bool:
+    """Returns False if start-up failed (the process then exits with code 1)."""
     ipc.die_with_parent()
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"[%(asctime)s]{f' TP{tp_rank}' if args.tp_size > 1 else ''} "
@@ -84,7 +86,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
         if outbox is not None:
             outbox.close()
         ctx.term()
-        return
+        return False
     try:
         scheduler.run_forever()
     except Exception:
@@ -97,6 +99,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints, tp_rank
             if sock is not None:
                 sock.close()
         ctx.term()
+    return True
 
 
 def hicache_config(args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
@@ -107,10 +110,35 @@ def hicache_config(args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
     if args.hicache_storage_backend == "file":
         storage_dir = args.hicache_storage_dir or os.path.join(envs.cache_dir(), "hicache")
     # A stored block is only valid for the same weights and the same slice of the heads.
-    namespace = (f"{args.model_path}|{args.load_format}|seed{args.random_seed}"
-                 f"|tp{tp_rank}/{args.tp_size}")
+    namespace = (f"{weights_fingerprint(args.model_path)}|{args.load_format}"
+                 f"|seed{args.random_seed}|tp{tp_rank}/{args.tp_size}")
     return HiCacheConfig(args.hicache_ratio, args.hicache_size, args.hicache_write_policy,
-                         storage_dir=storage_dir, storage_namespace=namespace)
+                         storage_dir=storage_dir, storage_namespace=namespace,
+                         ranks_on_host=args.tp_size // args.nnodes)
+
+
+def weights_fingerprint(model_dir: str | None) -> str:
+    """What identifies a model's weights for the file tier: its config and the name, size and
+    modification time of each weight file (a fine-tune written over the same directory, or
+    another model at the same relative path, gets other names)."""
+    import glob
+    import hashlib
+
+    h = hashlib.sha256()
+    if model_dir:
+        model_dir = os.path.abspath(model_dir)
+        h.update(model_dir.encode())
+        for path in sorted(glob.glob(os.path.join(model_dir, "*"))):
+            name = os.path.basename(path)
+            if name == "config.json" or name.endswith((".safetensors", ".gguf", ".bin")):
+                st = os.stat(path)
+                h.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        try:
+            with open(os.path.join(model_dir, "config.json"), "rb") as f:
+                h.update(f.read())
+        except OSError:
+            pass
+    return h.hexdigest()[:32]
 
 
 def _on_gpu(args: ServerArgs) -> bool:
@@ -121,9 +149,9 @@ def _on_gpu(args: ServerArgs) -> bool:
 
 
 if __name__ == "__main__":
-    run_scheduler_process(ServerArgs(**json.loads(sys.argv[1])),
-                          ipc.IpcEndpoints(**json.loads(sys.argv[2])),
-                          int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    started = run_scheduler_process(ServerArgs(**json.loads(sys.argv[1])),
+                                    ipc.IpcEndpoints(**json.loads(sys.argv[2])),
+                                    int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     # Everything is sent and closed: skip the interpreter's teardown of torch and friends,
     # which takes seconds and only delays the server's shutdown.
-    ipc.exit_now(0)
+    ipc.exit_now(0 if started else 1)
