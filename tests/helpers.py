@@ -40,6 +40,17 @@ def start_server(*extra: str, timeout_s: float = 240) -> tuple[subprocess.Popen,
     return launch_server(["--device", "cpu", "--log-level", "warning", *extra], timeout_s)
 
 
+def cli_error(argv: list[str], capsys) -> tuple[int, str]:
+    """Run `radixlm ARGV`, which must exit with an error: (exit code, what it wrote on stderr)."""
+    import pytest
+
+    from radixlm.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    return e.value.code, capsys.readouterr().err
+
+
 def openai_client(url: str, timeout: float = 120):
     """The official client against a test server's /v1: no retries, so a failure shows as one."""
     import openai

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from radixlm.cli import main
+from helpers import cli_error
 from radixlm.router.config import RouterArgs
 from radixlm.router.policy import CacheAware, PowerOfTwo, RoundRobin, ShortestQueue, Worker
 from radixlm.router.prefix_tree import PrefixTree
@@ -151,10 +151,8 @@ def test_routing_keys():
     (["--polcy", "random"], "did you mean --policy"),
 ])
 def test_bad_router_flags_name_the_flag(flags, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["router", *flags])
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    code, err = cli_error(["router", *flags], capsys)
+    assert code == 2 and message in err
 
 
 def test_router_args_take_sglang_names():

@@ -150,8 +150,7 @@ def test_a_node_that_never_joins_is_a_clear_error(make_engine):
     (["--base-gpu-id", "-1"], "--base-gpu-id"),
 ])
 def test_bad_parallel_flags_name_the_flag(flags, message, capsys):
-    from radixlm.cli import main
+    from helpers import cli_error
 
-    with pytest.raises(SystemExit):
-        main(["serve", "--device", "cpu", *flags])
-    assert message in capsys.readouterr().err
+    _, err = cli_error(["serve", "--device", "cpu", *flags], capsys)
+    assert message in err

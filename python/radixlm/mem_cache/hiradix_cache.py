@@ -25,21 +25,26 @@ cover device-resident nodes only; the host pool keeps host free + held == host t
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import heapq
+import math
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from radixlm import envs
 from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
+from radixlm.config import ServerArgs
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
-from radixlm.mem_cache.kv_transfer import HostWriter, load_to_device
+from radixlm.mem_cache.kv_transfer import (HostWriter, gather_rows, load_to_device,
+                                           scatter_rows)
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
-
-
 
 # Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
 # recomputing it, small enough that a shared prefix wastes little of its last block.
@@ -54,6 +59,18 @@ class HiCacheConfig:
     storage_dir: str | None = None        # the file tier (L3) directory; None: no L3
     storage_namespace: str = ""           # what else names a block: the model, the TP rank
     ranks_on_host: int = 1                # tensor-parallel ranks sharing this host's memory
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
+        storage_dir = None
+        if args.hicache_storage_backend == "file":
+            storage_dir = args.hicache_storage_dir or os.path.join(envs.cache_dir(), "hicache")
+        # A stored block is only valid for the same weights and the same slice of the heads.
+        namespace = (f"{weights_fingerprint(args.model_path)}|{args.load_format}"
+                     f"|seed{args.random_seed}|tp{tp_rank}/{args.tp_size}")
+        return cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy,
+                   storage_dir=storage_dir, storage_namespace=namespace,
+                   ranks_on_host=args.tp_size // args.nnodes)
 
     def host_slots(self, device_slots: int, bytes_per_token: int) -> int:
         """The host pool's size in tokens; a ValueError naming the flag if the host does not
@@ -71,6 +88,27 @@ class HiCacheConfig:
         if slots < 2:
             raise ValueError(f"{flag}: the host KV pool would hold {slots} tokens")
         return slots
+
+
+def weights_fingerprint(model_dir: str | None) -> str:
+    """What identifies a model's weights for the file tier: its config and the name, size and
+    modification time of each weight file (a fine-tune written over the same directory, or
+    another model at the same relative path, gets other names)."""
+    h = hashlib.sha256()
+    if model_dir:
+        model_dir = os.path.abspath(model_dir)
+        h.update(model_dir.encode())
+        for path in sorted(glob.glob(os.path.join(model_dir, "*"))):
+            name = os.path.basename(path)
+            if name == "config.json" or name.endswith((".safetensors", ".gguf", ".bin")):
+                st = os.stat(path)
+                h.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        try:
+            with open(os.path.join(model_dir, "config.json"), "rb") as f:
+                h.update(f.read())
+        except OSError:
+            pass
+    return h.hexdigest()[:32]
 
 
 def available_host_memory() -> int | None:
@@ -120,9 +158,6 @@ class HiRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self.host_allocator.clear()
-
-    def host_held_size(self) -> int:
-        return self.host_allocator.total_size - self.host_allocator.available_size()
 
     # ---------------------------------------------------------------- tiers
 
@@ -273,9 +308,7 @@ class HiRadixCache(RadixCache):
         if slots is None:
             return False
         kv = torch.cat(blocks, dim=2)[:, :, have % bs:]      # [layers, 2, need, heads, dim]
-        for layer in range(self.device_pool.num_layers):
-            self.device_pool.set_kv(layer, slots, kv[layer, 0].to(self.device),
-                                    kv[layer, 1].to(self.device))
+        scatter_rows(self.device_pool, slots, kv.to(self.device))
         already = self.insert(list(key[:end]), torch.cat([match.indices, slots]))
         assert already == have, "the tree changed under a storage fetch"
         self.storage_hit_tokens += need
@@ -285,42 +318,28 @@ class HiRadixCache(RadixCache):
         pool = self.device_pool
         shape = (pool.num_layers, 2, self.block_size, pool.num_kv_heads, pool.head_dim)
         itemsize = torch.empty((), dtype=pool.dtype).element_size()
-        if len(data) != itemsize * shape[0] * shape[1] * shape[2] * shape[3] * shape[4]:
+        if len(data) != itemsize * math.prod(shape):
             return None      # another layout (should not happen: it is in the name)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(pool.dtype).view(shape)
 
     def _store_blocks(self, key: list[int], value: torch.Tensor) -> None:
         """Queue every whole block of a freshly cached key that the store does not have yet."""
-        bs, pool = self.block_size, self.device_pool
+        bs = self.block_size
         for i, name in enumerate(block_names(self.namespace, key, bs)):
             if name in self._stored:
                 continue
             self._stored.add(name)
-            slots = value[i * bs:(i + 1) * bs]
-            kv = torch.stack([torch.stack([pool.k_buffers[layer][slots],
-                                           pool.v_buffers[layer][slots]])
-                              for layer in range(pool.num_layers)])
+            kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
             self.writer.submit(name, kv.cpu().contiguous().view(torch.uint8).numpy().tobytes())
 
     # ---------------------------------------------------------------- tree shape
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         host = child.host_value
-        mid = super()._split(child, n) if child.value is not None else self._split_host(child, n)
+        mid = super()._split(child, n)
         if host is not None:
             mid.host_value, child.host_value = host[:n], host[n:]
         mid.hit_count = child.hit_count
-        return mid
-
-    def _split_host(self, child: TreeNode, n: int) -> TreeNode:
-        """RadixCache._split for a node without device slots."""
-        parent = child.parent
-        mid = TreeNode(key=child.key[:n], value=None, parent=parent,
-                       lock_ref=child.lock_ref, last_access=child.last_access)
-        parent.children[self._child_key(mid.key)] = mid
-        child.key = child.key[n:]
-        child.parent = mid
-        mid.children[self._child_key(child.key)] = child
         return mid
 
     def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
@@ -348,7 +367,8 @@ class HiRadixCache(RadixCache):
         unlocked, least recently used first; each stays on the host if it has (or, under
         write_back / selective, can get) a host copy."""
         self.host_writer.drain()   # decode-only phases evict too: keep the pending copies few
-        heap = [n for n in self._device_leaves() if n.lock_ref == 0]
+        heap = [n for n in self._leaves(counts=lambda c: c.value is not None)
+                if n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -367,31 +387,8 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, parent)
         return freed
 
-    def _device_leaves(self) -> list[TreeNode]:
-        out, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            device_children = [c for c in node.children.values() if c.value is not None]
-            stack.extend(device_children)
-            if node is not self.root and not device_children:
-                out.append(node)
-        return out
-
-    def all_values(self) -> torch.Tensor:
-        """Every device slot the tree holds (host-only nodes have none)."""
-        return self._gather("value", self.device)
-
     def all_host_values(self) -> torch.Tensor:
-        return self._gather("host_value", torch.device("cpu"))
-
-    def _gather(self, attr: str, device: torch.device) -> torch.Tensor:
-        vals, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if getattr(node, attr) is not None:
-                vals.append(getattr(node, attr))
-        return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64, device=device)
+        return self._collect("host_value", torch.device("cpu"))
 
     def close(self) -> None:
         self.host_writer.drain(wait=True)

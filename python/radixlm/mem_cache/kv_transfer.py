@@ -23,7 +23,8 @@ import torch
 from radixlm.mem_cache.pools import KVPool
 
 
-def _gather(pool: KVPool, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gather_rows(pool: KVPool, slots: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """[layers, 2, n, heads, dim] rows of `pool` (into `out` when given)."""
     if out is None:
         out = torch.empty((pool.num_layers, 2, len(slots), pool.num_kv_heads, pool.head_dim),
@@ -34,7 +35,8 @@ def _gather(pool: KVPool, slots: torch.Tensor, out: torch.Tensor | None = None) 
     return out
 
 
-def _scatter(pool: KVPool, slots: torch.Tensor, rows: torch.Tensor) -> None:
+def scatter_rows(pool: KVPool, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """pool[slots] = rows, rows as gather_rows returns them."""
     for layer in range(pool.num_layers):
         pool.k_buffers[layer].index_copy_(0, slots, rows[layer, 0])
         pool.v_buffers[layer].index_copy_(0, slots, rows[layer, 1])
@@ -50,9 +52,9 @@ class HostWriter:
         """host_pool[host_slots] = device_pool[device_slots], finished later by drain()."""
         host_slots = host_slots.to("cpu")
         if self.device_pool.device.type != "cuda":
-            _scatter(self.host_pool, host_slots, _gather(self.device_pool, device_slots))
+            scatter_rows(self.host_pool, host_slots, gather_rows(self.device_pool, device_slots))
             return
-        rows = _gather(self.device_pool, device_slots.to(self.device_pool.device))
+        rows = gather_rows(self.device_pool, device_slots.to(self.device_pool.device))
         staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
         staging.copy_(rows, non_blocking=True)
         done = torch.cuda.Event()
@@ -66,7 +68,7 @@ class HostWriter:
             if not wait and not done.query():
                 return
             done.synchronize()
-            _scatter(self.host_pool, host_slots, staging)
+            scatter_rows(self.host_pool, host_slots, staging)
             self.pending.popleft()
 
 
@@ -75,11 +77,11 @@ def load_to_device(host_pool: KVPool, host_slots: torch.Tensor, device_pool: KVP
     """device_pool[device_slots] = host_pool[host_slots], queued on the current stream."""
     host_slots = host_slots.to("cpu")
     if device_pool.device.type != "cuda":
-        _scatter(device_pool, device_slots, _gather(host_pool, host_slots))
+        scatter_rows(device_pool, device_slots, gather_rows(host_pool, host_slots))
         return
     staging = torch.empty((host_pool.num_layers, 2, len(host_slots), host_pool.num_kv_heads,
                            host_pool.head_dim), dtype=host_pool.dtype, pin_memory=True)
-    _gather(host_pool, host_slots, out=staging)
+    gather_rows(host_pool, host_slots, out=staging)
     # The caching host allocator keeps `staging` alive until the copy has run.
     rows = staging.to(device_pool.device, non_blocking=True)
-    _scatter(device_pool, device_slots.to(device_pool.device), rows)
+    scatter_rows(device_pool, device_slots.to(device_pool.device), rows)

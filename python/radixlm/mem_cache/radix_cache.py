@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -145,13 +145,15 @@ class RadixCache(PrefixCache):
         return matched, node
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
-        """Split `child` so that its first n tokens become a new parent node; return that node."""
+        """Split `child` so that its first n tokens become a new parent node; return that node.
+        (A node of the hierarchical cache's host tier has no device slots: value None.)"""
         parent = child.parent
         assert parent is not None
-        mid = TreeNode(key=child.key[:n], value=child.value[:n], parent=parent,
-                       lock_ref=child.lock_ref, last_access=child.last_access)
+        value = child.value
+        mid = TreeNode(key=child.key[:n], value=None if value is None else value[:n],
+                       parent=parent, lock_ref=child.lock_ref, last_access=child.last_access)
         parent.children[self._child_key(mid.key)] = mid
-        child.key, child.value = child.key[n:], child.value[n:]
+        child.key, child.value = child.key[n:], None if value is None else value[n:]
         child.parent = mid
         mid.children[self._child_key(child.key)] = child
         return mid
@@ -271,24 +273,29 @@ class RadixCache(PrefixCache):
                 heapq.heappush(heap, parent)
         return freed
 
-    def _leaves(self) -> list[TreeNode]:
+    def _leaves(self, counts: Callable[[TreeNode], bool] | None = None) -> list[TreeNode]:
+        """Nodes with no children, or, given `counts`, with no child that counts (the
+        hierarchical cache's device leaves: no device-resident child)."""
         out, stack = [], [self.root]
         while stack:
             node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node is not self.root:
+            children = (node.children.values() if counts is None
+                        else [c for c in node.children.values() if counts(c)])
+            stack.extend(children)
+            if node is not self.root and not children:
                 out.append(node)
         return out
 
     def all_values(self) -> torch.Tensor:
-        """Every slot the tree holds (for accounting checks in tests)."""
-        vals, stack = [], [self.root]
+        """Every device slot the tree holds (for accounting checks in tests)."""
+        return self._collect("value", self.device)
+
+    def _collect(self, attr: str, device: torch.device) -> torch.Tensor:
+        """The non-None `attr` slot tensors of every node but the root, concatenated."""
+        vals, stack = [], list(self.root.children.values())
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            if node is not self.root:
-                vals.append(node.value)
-        if not vals:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        return torch.cat(vals)
+            if getattr(node, attr) is not None:
+                vals.append(getattr(node, attr))
+        return torch.cat(vals) if vals else torch.empty(0, dtype=torch.int64, device=device)

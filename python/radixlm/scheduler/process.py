@@ -18,16 +18,11 @@ import os
 import sys
 import traceback
 
-from typing import TYPE_CHECKING
-
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
-
-if TYPE_CHECKING:
-    from radixlm.mem_cache.hiradix_cache import HiCacheConfig
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +45,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
 
     try:
         from radixlm.distributed.parallel_state import init_tensor_parallel
+        from radixlm.mem_cache.hiradix_cache import HiCacheConfig
         from radixlm.model_executor.model_runner import create_runner_and_kv
         from radixlm.model_executor.runner_config import RunnerConfig
         from radixlm.model_executor.weight_source import load_tokenizer
@@ -67,7 +63,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
             return tp.broadcast_from_first(ipc.recv_all(inbox, timeout_s) if first else None)
 
-        hicache = hicache_config(args, tp_rank) if args.enable_hierarchical_cache else None
+        hicache = (HiCacheConfig.from_server_args(args, tp_rank)
+                   if args.enable_hierarchical_cache else None)
         runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache,
                                           hicache=hicache)
         tokenizer = load_tokenizer(runner.tokenizer_path)
@@ -100,45 +97,6 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
                 sock.close()
         ctx.term()
     return True
-
-
-def hicache_config(args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
-    from radixlm import envs
-    from radixlm.mem_cache.hiradix_cache import HiCacheConfig
-
-    storage_dir = None
-    if args.hicache_storage_backend == "file":
-        storage_dir = args.hicache_storage_dir or os.path.join(envs.cache_dir(), "hicache")
-    # A stored block is only valid for the same weights and the same slice of the heads.
-    namespace = (f"{weights_fingerprint(args.model_path)}|{args.load_format}"
-                 f"|seed{args.random_seed}|tp{tp_rank}/{args.tp_size}")
-    return HiCacheConfig(args.hicache_ratio, args.hicache_size, args.hicache_write_policy,
-                         storage_dir=storage_dir, storage_namespace=namespace,
-                         ranks_on_host=args.tp_size // args.nnodes)
-
-
-def weights_fingerprint(model_dir: str | None) -> str:
-    """What identifies a model's weights for the file tier: its config and the name, size and
-    modification time of each weight file (a fine-tune written over the same directory, or
-    another model at the same relative path, gets other names)."""
-    import glob
-    import hashlib
-
-    h = hashlib.sha256()
-    if model_dir:
-        model_dir = os.path.abspath(model_dir)
-        h.update(model_dir.encode())
-        for path in sorted(glob.glob(os.path.join(model_dir, "*"))):
-            name = os.path.basename(path)
-            if name == "config.json" or name.endswith((".safetensors", ".gguf", ".bin")):
-                st = os.stat(path)
-                h.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        try:
-            with open(os.path.join(model_dir, "config.json"), "rb") as f:
-                h.update(f.read())
-        except OSError:
-            pass
-    return h.hexdigest()[:32]
 
 
 def _on_gpu(args: ServerArgs) -> bool:
