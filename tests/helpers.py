@@ -17,6 +17,42 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return toks
 
 
+def tiny_checkpoint(path, arch: str, num_kv_heads: int = 2) -> str:
+    """A tiny random checkpoint of `arch` with the bundled tokenizer's vocabulary size (pass
+    tokenizer_path=<bundled> to the engine): dense Llama / Qwen2 / Qwen3, MoE and MLA."""
+    import transformers
+
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
+                  max_position_embeddings=512, tie_word_embeddings=arch != "llama",
+                  bos_token_id=1, eos_token_id=2, torch_dtype="float32")
+    moe = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+    mla = dict(common, head_dim=8, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+               v_head_dim=16, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1,
+               n_group=4, topk_group=2, **moe)
+    config = {"llama": lambda: transformers.LlamaConfig(**common),
+              "qwen2": lambda: transformers.Qwen2Config(**common),
+              "qwen3": lambda: transformers.Qwen3Config(**common),
+              "qwen3-moe": lambda: transformers.Qwen3MoeConfig(**common, num_experts=8, **moe),
+              "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
+                  **common, num_experts=4, shared_expert_intermediate_size=48, **moe),
+              "mixtral": lambda: transformers.MixtralConfig(
+                  **{**common, "intermediate_size": 32}, num_local_experts=4,
+                  num_experts_per_tok=2),
+              "deepseek-v2": lambda: transformers.DeepseekV2Config(
+                  **mla, q_lora_rank=None, topk_method="group_limited_greedy"),
+              "deepseek-v3": lambda: transformers.DeepseekV3Config(**mla, q_lora_rank=24),
+              }[arch]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():   # larger than the default init, so that logits differ clearly
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.1)
+    model.save_pretrained(path)
+    return str(path)
+
+
 def assert_pool_empty(engine) -> None:
     """After every request ended: nothing is held by requests or locked in the tree."""
     stats = engine.get_stats()

@@ -63,7 +63,10 @@ def test_default_rope_and_older_spellings():
     mc = ModelConfig.from_hf(old, None)
     assert mc.rope_theta == 1234.0 and mc.rope_scaling == RopeScaling("linear", 2.0)
     assert (mc.num_kv_heads, mc.head_dim, mc.context_len) == (2, 4, 2048)
-    with pytest.raises(ValueError, match="unsupported rope_scaling type 'yarn'"):
+    with pytest.raises(ValueError, match="unsupported rope_scaling type 'dynamic'"):
+        ModelConfig.from_hf(SimpleNamespace(**{**vars(old), "rope_scaling": {
+            "rope_type": "dynamic", "factor": 4.0}}), None)
+    with pytest.raises(ValueError, match="yarn needs factor and original_max_position"):
         ModelConfig.from_hf(SimpleNamespace(**{**vars(old), "rope_scaling": {
             "rope_type": "yarn", "factor": 4.0}}), None)
 
@@ -98,10 +101,13 @@ def test_kv_cache_spec_bytes():
     assert spec.bytes_per_token(torch.bfloat16) == 2 * 32 * 8 * 128 * 2
     assert spec.bytes_per_token(torch.float32) == KVPool.bytes_per_token(32, 8, 128,
                                                                          torch.float32)
-    mla = KVCacheSpec("mla", num_layers=27, num_kv_heads=1, head_dim=512 + 64)
+    mla = KVCacheSpec("mla", num_layers=27, num_kv_heads=1, head_dim=512 + 64,
+                      latent_value_dim=512)
     assert mla.tensors_per_layer == 1 and mla.bytes_per_token(torch.bfloat16) == 27 * 576 * 2
     with pytest.raises(ValueError):
-        KVCacheSpec("mla", num_layers=1, num_kv_heads=2, head_dim=8)
+        KVCacheSpec("mla", num_layers=1, num_kv_heads=2, head_dim=8, latent_value_dim=4)
+    with pytest.raises(ValueError):     # V must be a prefix of the latent
+        KVCacheSpec("mla", num_layers=1, num_kv_heads=1, head_dim=8)
     with pytest.raises(ValueError):
         KVCacheSpec("gqa", num_layers=1, num_kv_heads=2, head_dim=8)  # type: ignore[arg-type]
 

@@ -30,6 +30,35 @@ def _configs():
         architectures=["LlamaForCausalLM"])
     yield "qwen2", transformers.Qwen2Config(**TINY, architectures=["Qwen2ForCausalLM"])
     yield "qwen3", transformers.Qwen3Config(**TINY, head_dim=32, architectures=["Qwen3ForCausalLM"])
+    # Mixture of experts: 2 or 3 of 4-8 experts per token, so a batch exercises every expert.
+    yield "mixtral", transformers.MixtralConfig(
+        **{**TINY, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"])
+    yield "qwen2-moe", transformers.Qwen2MoeConfig(
+        **TINY, moe_intermediate_size=16, shared_expert_intermediate_size=48, num_experts=4,
+        num_experts_per_tok=2, mlp_only_layers=[1], architectures=["Qwen2MoeForCausalLM"])
+    yield "qwen3-moe", transformers.Qwen3MoeConfig(
+        **TINY, head_dim=32, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+        norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
+    # DeepSeek: MLA (latent cache, absorbed weights), a dense first layer, then MoE with shared
+    # experts. V2 without a q low-rank step and with group-limited routing; V3 with q_lora,
+    # sigmoid grouped routing and a correction bias, and YaRN rope scaling.
+    mla = dict(vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+               kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+               n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+               max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    yield "deepseek-v2", transformers.DeepseekV2Config(
+        **mla, q_lora_rank=None, n_routed_experts=8, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2, routed_scaling_factor=1.5,
+        architectures=["DeepseekV2ForCausalLM"])
+    yield "deepseek-v3", transformers.DeepseekV3Config(
+        **mla, q_lora_rank=24, n_routed_experts=8, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        architectures=["DeepseekV3ForCausalLM"])
 
 
 @pytest.fixture(scope="module", params=list(_configs()), ids=lambda p: p[0])
@@ -38,7 +67,7 @@ def pair(request, tmp_path_factory):
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():  # HF initialises biases to zero; make them matter
-        for n, p in hf.named_parameters():
+        for n, p in [*hf.named_parameters(), *hf.named_buffers()]:
             if n.endswith("bias"):
                 p.normal_(0, 0.1)
     path = tmp_path_factory.mktemp(name)
@@ -210,12 +239,20 @@ def test_decode_with_jump_forward_rows_matches_hf(pair, page_size, max_rows):
 
 
 def test_kv_cache_spec_matches_the_pool(pair):
-    """What the model declares per token is what the runner's KV pool holds per token (the
-    runner still sizes the pool from the config; the spec must agree until it takes over)."""
+    """What the model declares per token is what the runner's KV pool holds per token: K and
+    V per KV head, or for MLA one latent of kv_lora_rank + qk_rope_head_dim (V is its prefix,
+    not stored again)."""
     _, runner, _ = pair
     mc, spec = runner.model_config, runner.model.kv_cache_spec
-    assert (spec.kind, spec.num_layers, spec.num_kv_heads, spec.head_dim) == (
-        "mha", mc.num_layers, mc.num_kv_heads, mc.head_dim)
     per_token = spec.bytes_per_token(runner.dtype)
-    assert per_token == 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * runner.dtype.itemsize
+    if mc.is_mla:
+        latent = mc.kv_lora_rank + mc.qk_rope_head_dim
+        assert (spec.kind, spec.num_layers, spec.num_kv_heads, spec.head_dim) == (
+            "mla", mc.num_layers, 1, latent)
+        assert per_token == mc.num_layers * latent * runner.dtype.itemsize
+    else:
+        assert (spec.kind, spec.num_layers, spec.num_kv_heads, spec.head_dim) == (
+            "mha", mc.num_layers, mc.num_kv_heads, mc.head_dim)
+        assert per_token == (2 * mc.num_layers * mc.num_kv_heads * mc.head_dim
+                             * runner.dtype.itemsize)
     assert runner.kv_pool.nbytes == runner.kv_pool.num_slots * per_token

@@ -1,6 +1,7 @@
 """Tensor parallelism on the CPU (gloo): `--tp-size N` gives the tokens `--tp-size 1` gives, on
 the bundled model and on tiny random Llama / Qwen2 / Qwen3 checkpoints (one with fewer KV heads
-than ranks), with prompt logprobs close; bad sizes are refused with the flag named; a rank that
+than ranks) and MoE / MLA ones (experts split like dense MLPs, MLA heads split over a latent
+every rank computes), with prompt logprobs close; bad sizes are refused with the flag named; a rank that
 dies takes the engine down instead of leaving it hanging."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import pytest
 import torch
 
+from helpers import tiny_checkpoint
 from radixlm.managers.tokenizer_manager import EngineDeadError
 
 pytestmark = pytest.mark.slow
@@ -42,26 +44,8 @@ def test_bundled_model_tp3_equals_tp1(make_engine):
     assert_same(run(make_engine, 1), run(make_engine, 3))
 
 
-def tiny_checkpoint(path, arch: str, num_kv_heads: int) -> str:
-    import transformers
-
-    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
-                  max_position_embeddings=512, tie_word_embeddings=arch != "llama",
-                  bos_token_id=1, eos_token_id=2, torch_dtype="float32")
-    config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-              "qwen3": transformers.Qwen3Config}[arch](**common)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():   # larger than the default init, so that logits differ clearly
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.1)
-    model.save_pretrained(path)
-    return str(path)
-
-
-@pytest.mark.parametrize("arch, kv_heads", [("llama", 1), ("qwen2", 2), ("qwen3", 4)])
+@pytest.mark.parametrize("arch, kv_heads", [("llama", 1), ("qwen2", 2), ("qwen3", 4),
+                                            ("qwen3-moe", 2), ("deepseek-v3", 4)])
 def test_tiny_models_tp2_equal_tp1(make_engine, tmp_path, smollm_dir, arch, kv_heads):
     model = tiny_checkpoint(tmp_path / arch, arch, kv_heads)
     kwargs = dict(model_path=model, tokenizer_path=smollm_dir)

@@ -39,6 +39,10 @@ class FakeLayer:
     head_dim: int
     scaling: float
 
+    @property
+    def v_head_dim(self) -> int:
+        return self.head_dim
+
 
 @dataclass
 class Case:

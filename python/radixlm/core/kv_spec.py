@@ -30,12 +30,17 @@ class KVCacheSpec:
     num_layers: int
     num_kv_heads: int       # on this rank
     head_dim: int           # K's and V's head dim ("mha"), the latent dim ("mla")
+    # "mla": how many of the latent's leading values are V (kv_lora_rank; the rest is the
+    # rotated key part). 0 for "mha".
+    latent_value_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("mha", "mla"):
             raise ValueError(f"unknown KV cache kind {self.kind!r}")
         if self.kind == "mla" and self.num_kv_heads != 1:
             raise ValueError("an MLA cache stores one latent per token (num_kv_heads must be 1)")
+        if self.kind == "mla" and not 0 < self.latent_value_dim <= self.head_dim:
+            raise ValueError("an MLA cache needs latent_value_dim in 1..head_dim")
 
     @property
     def tensors_per_layer(self) -> int:

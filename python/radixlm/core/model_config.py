@@ -23,7 +23,7 @@ _DTYPE_NAMES = {
 
 # Rotary scalings that layers/rotary.py implements. Anything else is refused when the config is
 # read, before any weight is loaded, rather than silently served with the wrong positions.
-ROPE_SCALING_TYPES = ("linear", "llama3")
+ROPE_SCALING_TYPES = ("linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,14 @@ class RopeScaling:
     factor: float
     low_freq_factor: float | None = None            # llama3 only
     high_freq_factor: float | None = None           # llama3 only
-    original_max_position_embeddings: int | None = None   # llama3 only
+    original_max_position_embeddings: int | None = None   # llama3 and yarn
+    # YaRN (DeepSeek): the ramp between extrapolated and interpolated frequencies, and the
+    # magnitude corrections (mscale scales cos/sin; mscale_all_dim the attention softmax).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
 
     @classmethod
     def from_hf(cls, params: Mapping[str, Any] | None) -> "RopeScaling | None":
@@ -51,6 +58,18 @@ class RopeScaling:
             raise ValueError(f"unsupported rope_scaling type {kind!r}")
         if kind == "linear":
             return cls(kind, float(params["factor"]))
+        if kind == "yarn":
+            if "original_max_position_embeddings" not in params or "factor" not in params:
+                raise ValueError("rope_scaling yarn needs factor and "
+                                 "original_max_position_embeddings")
+            return cls(kind, float(params["factor"]),
+                       original_max_position_embeddings=int(
+                           params["original_max_position_embeddings"]),
+                       beta_fast=float(params.get("beta_fast") or 32.0),
+                       beta_slow=float(params.get("beta_slow") or 1.0),
+                       mscale=float(params.get("mscale") or 1.0),
+                       mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+                       truncate=bool(params.get("truncate", True)))
         return cls(kind, float(params["factor"]), float(params["low_freq_factor"]),
                    float(params["high_freq_factor"]),
                    int(params["original_max_position_embeddings"]))
@@ -82,12 +101,22 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool        # HF `attention_bias`; a model class may override (Qwen2)
     mlp_bias: bool
-    # Mixture of experts; num_experts == 0 means a dense model. Placeholders until MoE arrives.
+    qkv_bias: bool | None = None    # HF `qkv_bias` where a family has it (Qwen2-MoE)
+    # Mixture of experts; num_experts == 0 means a dense model.
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0    # all shared experts together; 0: none
     norm_topk_prob: bool = False
+    # Which layers have experts (the others a dense MLP of intermediate_size): Qwen's
+    # decoder_sparse_step / mlp_only_layers, DeepSeek's first_k_dense_replace / moe_layer_freq.
+    moe_layers: frozenset[int] = frozenset()
+    # DeepSeek routing: scoring_func, topk_method, n_group, topk_group, routed_scaling_factor.
+    moe_scoring: str = "softmax"
+    moe_topk_method: str = "greedy"
+    moe_num_groups: int = 1
+    moe_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
     # Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means standard attention.
     # q_lora_rank None: queries are projected directly, without a low-rank step (as in HF).
     q_lora_rank: int | None = None
@@ -95,6 +124,8 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # DeepSeek-V3's rope_interleave (V2 always rotates interleaved pairs).
+    rope_interleave: bool = True
     # HF `quantization_config` as a plain dict (None: unquantized); the linear method that
     # serves it is chosen from here once quantized checkpoints are supported.
     quantization: dict[str, Any] | None = None
@@ -131,7 +162,10 @@ class ModelConfig:
         # versions have rope_theta and rope_scaling as separate attributes.
         rope_params = get("rope_parameters") or {}
         rope_theta = float(rope_params.get("rope_theta", get("rope_theta", 10000.0)))
-        moe_intermediate = int(get("moe_intermediate_size", 0))
+        # Mixtral's experts are intermediate_size wide; Qwen-MoE and DeepSeek say so apart.
+        moe_intermediate = int(get("moe_intermediate_size", 0) or get("intermediate_size", 0))
+        num_experts = int(get("num_experts") or get("num_local_experts")
+                          or get("n_routed_experts") or 0)
         return cls(
             hf_config=hf_config,
             architecture=(architectures or ("?",))[0],
@@ -149,9 +183,9 @@ class ModelConfig:
             tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             attention_bias=bool(get("attention_bias", False)),
             mlp_bias=bool(get("mlp_bias", False)),
+            qkv_bias=None if get("qkv_bias") is None else bool(get("qkv_bias")),
             # Qwen2/3-MoE say num_experts, Mixtral num_local_experts, DeepSeek n_routed_experts.
-            num_experts=int(get("num_experts") or get("num_local_experts")
-                            or get("n_routed_experts") or 0),
+            num_experts=num_experts,
             num_experts_per_tok=int(get("num_experts_per_tok", 0)),
             moe_intermediate_size=moe_intermediate,
             # Qwen2-MoE gives the shared expert's size; DeepSeek a count of expert-sized ones.
@@ -159,13 +193,34 @@ class ModelConfig:
                 get("shared_expert_intermediate_size")
                 or int(get("n_shared_experts", 0)) * moe_intermediate),
             norm_topk_prob=bool(get("norm_topk_prob", False)),
+            moe_layers=_moe_layers(hf_config, num_experts),
+            moe_scoring=str(get("scoring_func", "softmax")),
+            moe_topk_method=str(get("topk_method", "greedy")),
+            moe_num_groups=int(get("n_group", 1)),
+            moe_topk_groups=int(get("topk_group", 1)),
+            routed_scaling_factor=float(get("routed_scaling_factor", 1.0)),
             q_lora_rank=None if get("q_lora_rank") is None else int(get("q_lora_rank")),
             kv_lora_rank=int(get("kv_lora_rank", 0)),
             qk_nope_head_dim=int(get("qk_nope_head_dim", 0)),
             qk_rope_head_dim=int(get("qk_rope_head_dim", 0)),
             v_head_dim=int(get("v_head_dim", 0)),
+            rope_interleave=bool(get("rope_interleave", True)),
             quantization=_quantization_dict(get("quantization_config")),
         )
+
+
+def _moe_layers(hf_config, num_experts: int) -> frozenset[int]:
+    """The layers whose MLP is a mixture of experts, by each family's own switches."""
+    if num_experts == 0:
+        return frozenset()
+    n = hf_config.num_hidden_layers
+    if getattr(hf_config, "first_k_dense_replace", None) is not None:      # DeepSeek
+        first = int(hf_config.first_k_dense_replace)
+        freq = int(getattr(hf_config, "moe_layer_freq", 1) or 1)
+        return frozenset(i for i in range(first, n) if i % freq == 0)
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or ())         # Qwen2/3-MoE
+    step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+    return frozenset(i for i in range(n) if i not in dense and (i + 1) % step == 0)
 
 
 def _quantization_dict(value: Any) -> dict[str, Any] | None:

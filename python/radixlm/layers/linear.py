@@ -154,9 +154,16 @@ class RowParallelLinear(nn.Module):
     """y = x W^T + b with W's input columns split across ranks; partial sums are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None):
+                 tp: TPGroup = SINGLE, linear_method: LinearMethod | None = None,
+                 reduce_results: bool = True):
+        """`reduce_results` False: return this rank's partial sum; the caller reduces it with
+        others (an MoE block adds its shared experts' partial sums to the routed ones and
+        all-reduces once)."""
         super().__init__()
+        if bias and not reduce_results:
+            raise ValueError("a row-parallel bias is added after the reduction")
         self.tp = tp
+        self.reduce_results = reduce_results
         self.input_shard = tp.shard(input_size, "input size")
         self.linear_method = linear_method or UNQUANTIZED
         # Every rank holds the whole bias (it is added once, after the reduction).
@@ -173,5 +180,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The method sees no bias: added to each rank's partial sum it would be counted
         # tp.size times by the all-reduce.
-        y = self.tp.all_reduce(self.linear_method.apply(self, x, None))
+        y = self.linear_method.apply(self, x, None)
+        if not self.reduce_results:
+            return y
+        y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias

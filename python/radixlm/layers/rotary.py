@@ -1,4 +1,6 @@
-"""Rotary position embedding (the HF "rotate half" layout), with Llama-3 and linear scaling.
+"""Rotary position embedding (the HF "rotate half" layout), with Llama-3, linear and YaRN
+scaling. (DeepSeek's interleaved pairs are permuted into this layout at load time, see
+models/deepseek_v2.py.)
 
 On CUDA, q and k are rotated in place by one Triton kernel
 (radixlm/layers/kernels/rotary_kernels.py); elsewhere, or with RADIXLM_DISABLE_FUSED_OPS=1, the
@@ -33,7 +35,47 @@ def _inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.
         blended = (1 - smooth) * inv / factor + smooth * inv
         out = torch.where(wavelen > old_ctx / low, inv / factor, blended)
         return torch.where(wavelen < old_ctx / high, inv, out)
+    if scaling.rope_type == "yarn":
+        return _yarn_inv_freq(inv, head_dim, base, scaling)
     raise ValueError(f"unsupported rope_scaling type {scaling.rope_type!r}")
+
+
+def _yarn_find_dim(rotations: float, head_dim: int, base: float, old_ctx: int) -> float:
+    """The dimension whose wavelength fits `rotations` turns into the original context."""
+    return head_dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def _yarn_inv_freq(inv: torch.Tensor, head_dim: int, base: float,
+                   scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: fast-rotating dimensions (more than beta_fast turns over the original context)
+    keep their frequency, slow ones (under beta_slow turns) are interpolated by `factor`, a
+    linear ramp in between."""
+    old_ctx = int(scaling.original_max_position_embeddings or 0)
+    low = _yarn_find_dim(scaling.beta_fast, head_dim, base, old_ctx)
+    high = _yarn_find_dim(scaling.beta_slow, head_dim, base, old_ctx)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp          # 1: extrapolate (keep the frequency), 0: interpolate
+    return inv / scaling.factor * (1 - keep) + inv * keep
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched by `factor`."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_magnitude(scaling: RopeScaling | None) -> float:
+    """What cos/sin are multiplied by (YaRN's attention factor; 1 otherwise)."""
+    if scaling is None or scaling.rope_type != "yarn":
+        return 1.0
+    if scaling.mscale and scaling.mscale_all_dim:
+        return (yarn_mscale(scaling.factor, scaling.mscale)
+                / yarn_mscale(scaling.factor, scaling.mscale_all_dim))
+    return yarn_mscale(scaling.factor)
 
 
 class RotaryEmbedding(nn.Module):
@@ -44,9 +86,12 @@ class RotaryEmbedding(nn.Module):
         inv = _inv_freq(head_dim, base, scaling)
         t = torch.arange(max_position, dtype=torch.float64)
         freqs = torch.outer(t, inv)
+        mag = rope_magnitude(scaling)
         # [max_position, head_dim]: cos and sin of each rotation, duplicated for both halves.
-        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], -1).float(), persistent=False)
-        self.register_buffer("sin", torch.cat([freqs.sin(), freqs.sin()], -1).float(), persistent=False)
+        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], -1).float() * mag,
+                             persistent=False)
+        self.register_buffer("sin", torch.cat([freqs.sin(), freqs.sin()], -1).float() * mag,
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D]; returns them rotated, in the input dtype: in place on

@@ -60,6 +60,9 @@ class KVPool:
 
         self.k_buffers = [buffer() for _ in range(num_layers)]
         self.v_buffers = [buffer() for _ in range(num_layers)]
+        self.v_head_dim = head_dim
+
+    is_latent = False
 
     @property
     def nbytes(self) -> int:
@@ -75,3 +78,42 @@ class KVPool:
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+
+class MLAKVPool:
+    """Multi-head latent attention's cache: one tensor per layer of shape [num_slots, 1,
+    kv_lora_rank + qk_rope_head_dim], each token's compressed latent followed by its rotated
+    key part. It is both K (the whole row) and V (the first kv_lora_rank values), so V is a
+    view, stored once.
+
+    It answers to what the attention backends and the KV manager use of KVPool
+    (`get_kv`, `set_kv`, `num_slots`, `nbytes`, ...). The hierarchical cache, which copies K
+    and V rows between tiers, does not take it yet (the server refuses the combination).
+    """
+
+    is_latent = True
+
+    def __init__(self, num_slots: int, num_layers: int, latent_dim: int, v_head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        self.num_kv_heads = 1
+        self.head_dim = latent_dim
+        self.v_head_dim = v_head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.k_buffers = [torch.zeros((num_slots, 1, latent_dim), dtype=dtype, device=device)
+                          for _ in range(num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.k_buffers)
+
+    def set_kv(self, layer_id: int, locs: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor | None = None) -> None:
+        """Store each token's latent row `k` [T, 1, latent_dim]; `v` is its prefix, ignored."""
+        self.k_buffers[layer_id][locs] = k.to(self.dtype)
+
+    def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        buf = self.k_buffers[layer_id]
+        return buf, buf[..., :self.v_head_dim]

@@ -30,7 +30,7 @@ from radixlm.layers.attention.radix_attention import bind_attention_backend
 from radixlm.layers.logits import InputLogprobs, compute_input_logprobs
 from radixlm.mem_cache.hiradix_cache import HiCacheConfig
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager, MemoryPlan
-from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
+from radixlm.mem_cache.pools import KVPool, MLAKVPool, ReqToTokenPool
 from radixlm.model_executor.forward_pass import run_model
 from radixlm.model_executor.loader import load_model
 from radixlm.model_executor.model_config import ModelConfig, resolve_dtype
@@ -78,12 +78,8 @@ class ModelRunner:
                                 self.dtype, seed=config.random_seed, tp=self.tp)
         # The model declares what a token costs in the cache; the pool is built from that.
         self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
-        if self.kv_spec.kind != "mha":
-            raise NotImplementedError(f"KV cache kind {self.kv_spec.kind!r} has no pool yet")
         self.memory_plan = self._plan_memory()
-        spec = self.kv_spec
-        self.kv_pool = KVPool(self.memory_plan.num_slots, spec.num_layers, spec.num_kv_heads,
-                              spec.head_dim, self.dtype, self.device)
+        self.kv_pool = self._make_kv_pool()
         # The next input id of each request slot: the sampler writes it, the next decode step
         # reads it on the device, so that step can be launched before the host has seen it.
         self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
@@ -131,6 +127,14 @@ class ModelRunner:
             self.graph_runner.capture()
 
     # ------------------------------------------------------------------ memory
+
+    def _make_kv_pool(self) -> KVPool | MLAKVPool:
+        spec, slots = self.kv_spec, self.memory_plan.num_slots
+        if spec.kind == "mla":
+            return MLAKVPool(slots, spec.num_layers, spec.head_dim, spec.latent_value_dim,
+                             self.dtype, self.device)
+        return KVPool(slots, spec.num_layers, spec.num_kv_heads, spec.head_dim, self.dtype,
+                      self.device)
 
     def _plan_memory(self) -> MemoryPlan:
         mc, cfg = self.model_config, self.config
@@ -214,6 +218,10 @@ def create_runner_and_kv(config: RunnerConfig, radix: bool = True,
     """A ready runner and the KV manager over its memory (see the module docstring);
     `hicache`: a host tier under the radix cache, copying to and from the runner's KV pool."""
     runner = ModelRunner(config)
+    if hicache is not None and runner.kv_pool.is_latent:
+        raise ValueError("--enable-hierarchical-cache: not supported yet for MLA models "
+                         f"({runner.model_config.architecture}: the host tier copies K and V "
+                         "rows, the latent pool has one)")
     kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=radix,
                                hicache=(hicache, runner.kv_pool) if hicache else None)
     runner.init_attention(kv.req_to_token_pool)

@@ -9,7 +9,7 @@ never the raw HF config, so every HF spelling is decided in one place.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -21,17 +21,20 @@ from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.attention.radix_attention import RadixAttention
 from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from radixlm.layers.moe.layer import expert_param_and_shard
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TPGroup):
+    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: TPGroup,
+                 reduce_results: bool = True):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate],
                                                        bias=bias, tp=tp)
-        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp,
+                                           reduce_results=reduce_results)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -58,6 +61,11 @@ class LlamaAttention(nn.Module):
         self.attn = RadixAttention(layer_id, self.num_heads, self.num_kv_heads, self.head_dim,
                                    scaling=self.head_dim ** -0.5)
 
+    def kv_cache_spec(self, num_layers: int) -> KVCacheSpec:
+        """K and V of this rank's KV heads in every layer."""
+        return KVCacheSpec(kind="mha", num_layers=num_layers, num_kv_heads=self.num_kv_heads,
+                           head_dim=self.head_dim)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -72,11 +80,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup, qkv_bias: bool,
-                 o_bias: bool, qk_norm: bool):
+    """Pre-norm attention and MLP with residuals. The attention and MLP modules are built by
+    the model class (`build_attention`, `build_mlp`), so MoE and MLA models reuse the rest."""
+
+    def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, qk_norm)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
+        self.self_attn = self_attn
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -102,15 +112,22 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp = tp
-        qkv_bias, o_bias = self.attention_biases(config)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, tp, qkv_bias, o_bias, self.qk_norm)
+            LlamaDecoderLayer(config, self.build_attention(config, i, tp),
+                              self.build_mlp(config, i, tp))
             for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp,
                                       tie_to=self.embed_tokens if self.tie_word_embeddings else None)
+
+    def build_attention(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
+        qkv_bias, o_bias = self.attention_biases(config)
+        return LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, self.qk_norm)
+
+    def build_mlp(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
@@ -126,12 +143,10 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        """K and V of this rank's KV heads in every layer: what the KV pool must hold per
-        token, declared by the model so that the memory code need not re-derive it from the
-        config (an MLA model will declare kind "mla" here)."""
-        attn = self.layers[0].self_attn
-        return KVCacheSpec(kind="mha", num_layers=len(self.layers),
-                           num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim)
+        """What the KV pool must hold per token, declared by the attention modules so that the
+        memory code need not re-derive it from the config (K and V of this rank's KV heads;
+        an MLA model's latent, kind "mla")."""
+        return self.layers[0].self_attn.kv_cache_spec(len(self.layers))
 
     # ------------------------------------------------------------------ weights
 
@@ -142,6 +157,18 @@ class LlamaForCausalLM(nn.Module):
         ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
     }
 
+    def checkpoint_to_param(self, name: str) -> tuple[str | None, Any]:
+        """A checkpoint tensor's name (without "model.") -> (our parameter's name, the shard id
+        its loader takes, or None); name None skips the tensor. Per-expert tensors go into the stacked expert weights
+        (layers/moe/layer.py: expert_param_and_shard)."""
+        expert = expert_param_and_shard(name)
+        if expert is not None:
+            return expert
+        for old, (new, shard) in self._fused.items():
+            if old in name:
+                return name.replace(old, new), shard
+        return name, None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
@@ -151,12 +178,9 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
-            for old, (new, shard) in self._fused.items():
-                if old in name:
-                    name = name.replace(old, new)
-                    break
-            else:
-                shard = None
+            name, shard = self.checkpoint_to_param(name)
+            if name is None:        # a tensor the model does not serve (the model says so)
+                continue
             if name not in params:
                 raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
             param = params[name]
@@ -174,3 +198,8 @@ class LlamaForCausalLM(nn.Module):
             missing.discard("lm_head.weight")
         if missing:
             raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        # Layouts that differ from the checkpoint's are made once here (DeepSeek's rope rows).
+        for module in self.modules():
+            hook = getattr(module, "process_weights_after_loading", None)
+            if hook is not None:
+                hook()

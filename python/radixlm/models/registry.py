@@ -11,6 +11,11 @@ _MODELS = {
     "MistralForCausalLM": "radixlm.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "radixlm.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "radixlm.models.qwen3:Qwen3ForCausalLM",
+    "MixtralForCausalLM": "radixlm.models.mixtral:MixtralForCausalLM",
+    "Qwen2MoeForCausalLM": "radixlm.models.qwen_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "radixlm.models.qwen_moe:Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM": "radixlm.models.deepseek_v2:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "radixlm.models.deepseek_v2:DeepseekV3ForCausalLM",
 }
 
 

@@ -32,6 +32,7 @@ class AttentionLayer(Protocol):
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    v_head_dim: int
     scaling: float
 
 

@@ -15,17 +15,21 @@ from radixlm.layers.attention.base import AttentionBackend
 
 class RadixAttention(nn.Module):
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scaling: float):
+                 scaling: float, v_head_dim: int | None = None):
+        """`head_dim` is q's and k's; `v_head_dim` V's (and the output's) when it differs: MLA
+        attends with [latent | rope] keys and returns latent-sized outputs."""
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
         self.scaling = scaling
         self.backend: AttentionBackend | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
+        """q [T, Hq*D], k [T, Hk*D], v [T, Hk*Dv] -> [T, Hq*Dv]."""
         if self.backend is None:
             raise RuntimeError("RadixAttention: no attention backend bound "
                                "(call bind_attention_backend after building the model)")

@@ -20,12 +20,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         return self._run(q, k, v, layer, fb, causal=False)
 
     def _run(self, q, k, v, layer, fb, causal: bool) -> torch.Tensor:
-        hq, hk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        hq, hk, d, dv = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.v_head_dim
         self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.view(-1, hk, d),
-                            v.view(-1, hk, d))
+                            v.view(-1, hk, dv))
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
         q = q.view(-1, hq, d)
-        out = torch.empty_like(q)
+        out = q.new_empty((q.shape[0], hq, dv))
         table = self.req_to_token_pool.req_to_token
         start = 0
         for i in range(fb.batch_size):
@@ -45,4 +45,4 @@ class TorchNativeAttnBackend(AttentionBackend):
                                                 enable_gqa=hq != hk)
             out[start:start + n_new] = oi.squeeze(0).transpose(0, 1)
             start += n_new
-        return out.view(-1, hq * d)
+        return out.view(-1, hq * dv)

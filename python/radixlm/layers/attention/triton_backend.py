@@ -9,6 +9,10 @@ stores the new K/V into the pool and launches the kernels:
   extend  kernels/extend_attention.py: FlashAttention-style; prefix from the pool, the new tokens'
           own K/V from this step's contiguous k/v tensors.
 
+Over an MLA latent pool (`kv_pool.is_latent`) the kernels are kernels/mla_attention.py's: the
+same split-KV decode layout, and an extend kernel that reads every key, the new ones included,
+from the pool (its kv_indices then cover each request's whole sequence, not only the prefix).
+
 forward_decode does no host-device synchronisation: every host-side number it needs (batch size,
 the maximum number of splits) was decided in init_forward_metadata from the ForwardBatch's host
 lists, and the per-request quantities stay on the device.
@@ -37,6 +41,10 @@ from radixlm.layers.attention.kernels import (
     per_request_kv_splits,
 )
 from radixlm.layers.attention.kernels.common import num_sms
+from radixlm.layers.attention.kernels.mla_attention import (
+    mla_decode_attention,
+    mla_extend_attention,
+)
 from radixlm.layers.attention.kernels.store_kv import store_kv
 from radixlm.utils.device import to_device
 
@@ -87,15 +95,19 @@ class TritonAttnBackend(AttentionBackend):
 
         bs = fb.batch_size
         # The prefix a request's queries see is everything before its new tokens; computed the
-        # way the reference backend does (seq_len - extend_len).
-        prefix = [s - e for s, e in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)]
+        # way the reference backend does (seq_len - extend_len). The MLA kernel reads the new
+        # tokens from the pool too, so its list covers the whole sequence.
+        if self.kv_pool.is_latent:
+            kv_lens = list(fb.seq_lens_cpu)
+        else:
+            kv_lens = [s - e for s, e in zip(fb.seq_lens_cpu, fb.extend_seq_lens_cpu)]
         qo_indptr = [0]
         for n in fb.extend_seq_lens_cpu:
             qo_indptr.append(qo_indptr[-1] + n)
         # One host-to-device copy for all the small per-request integers.
-        packed = to_device(prefix + qo_indptr, torch.int32, table.device)
+        packed = to_device(kv_lens + qo_indptr, torch.int32, table.device)
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, packed[:bs],
-                                                 sum(prefix))
+                                                 sum(kv_lens))
         self.metadata = TritonExtendMetadata(packed[bs:], kv_indptr, kv_indices,
                                              max(fb.extend_seq_lens_cpu, default=0))
         return self.metadata
@@ -128,14 +140,19 @@ class TritonAttnBackend(AttentionBackend):
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        layer: AttentionLayer, forward_batch: ForwardBatch) -> torch.Tensor:
         md = self._metadata(TritonDecodeMetadata)
-        hq, d = layer.num_heads, layer.head_dim
+        hq, d, dv = layer.num_heads, layer.head_dim, layer.v_head_dim
         k_buf, v_buf = self._store_kv(k, v, layer, forward_batch)
         q3 = q.reshape(-1, hq, d)
-        out = torch.empty_like(q3)
-        if (hq, d) not in md.buffers:
-            md.buffers[(hq, d)] = alloc_decode_buffers(md.batch_size, hq, d, md.max_kv_splits,
-                                                       q.device)
-        mid_o, mid_lse = md.buffers[(hq, d)]
+        out = q3.new_empty((q3.shape[0], hq, dv))
+        if (hq, dv) not in md.buffers:
+            md.buffers[(hq, dv)] = alloc_decode_buffers(md.batch_size, hq, dv,
+                                                        md.max_kv_splits, q.device)
+        mid_o, mid_lse = md.buffers[(hq, dv)]
+        if self.kv_pool.is_latent:
+            mla_decode_attention(q3, k_buf, out, dv, md.kv_indptr, md.kv_indices,
+                                 md.num_kv_splits, md.max_kv_splits, layer.scaling, mid_o,
+                                 mid_lse, block_n=self.decode_block_n)
+            return out.view(-1, hq * dv)
         decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
                          md.max_kv_splits, layer.scaling, mid_o, mid_lse,
                          block_n=self.decode_block_n)
@@ -144,9 +161,15 @@ class TritonAttnBackend(AttentionBackend):
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        layer: AttentionLayer, forward_batch: ForwardBatch) -> torch.Tensor:
         md = self._metadata(TritonExtendMetadata)
-        hq, hk, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        hq, hk, d, dv = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.v_head_dim
         k_buf, v_buf = self._store_kv(k, v, layer, forward_batch)
         q3 = q.reshape(-1, hq, d)
+        if self.kv_pool.is_latent:
+            out = q3.new_empty((q3.shape[0], hq, dv))
+            mla_extend_attention(q3, k_buf, out, dv, md.qo_indptr, md.kv_indptr, md.kv_indices,
+                                 md.max_extend_len, layer.scaling, block_m=self.extend_block_m,
+                                 block_n=self.extend_block_n)
+            return out.view(-1, hq * dv)
         out = torch.empty_like(q3)
         # The kernel reads the new tokens' K/V from these tensors (see extend_attention.py), in
         # the query's dtype so both tl.dot operands agree.
@@ -172,5 +195,8 @@ class TritonAttnBackend(AttentionBackend):
         # (test_gpu_decode_has_no_host_sync checks it).
         hk, d = layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
+        if self.kv_pool.is_latent:      # one row per token; V is its first v_head_dim values
+            k_buf[fb.out_cache_loc] = k.reshape(-1, hk, d).to(k_buf.dtype)
+            return k_buf, v_buf
         store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc)
         return k_buf, v_buf

@@ -1,0 +1,87 @@
+"""Expert selection: router logits -> each token's top-k experts and their weights.
+
+The families differ only in how scores are made and chosen, so one function with a typed
+config covers them (each model builds its `RoutingConfig` from the HF config):
+
+  Mixtral, Qwen2/3-MoE   softmax over all experts, top-k, renormalised over the k
+                         (Mixtral always; Qwen when `norm_topk_prob`)
+  DeepSeek-V2            softmax, optionally group-limited (`topk_method: group_limited_greedy`:
+                         keep the `topk_group` groups with the best single expert), scaled by
+                         `routed_scaling_factor`
+  DeepSeek-V3            sigmoid scores; the choice (not the weights) adds a learned correction
+                         bias; groups ranked by the sum of their two best experts
+                         (`topk_method: noaux_tc`); weights renormalised and scaled
+
+Everything here is plain tensor ops with shapes fixed by the batch, so it runs inside CUDA
+graphs and needs no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Scoring = Literal["softmax", "sigmoid"]
+GroupScore = Literal["max", "top2_sum"]
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    top_k: int
+    scoring: Scoring = "softmax"
+    renormalize: bool = False
+    num_groups: int = 1                 # expert groups (DeepSeek's n_group); 1: no grouping
+    topk_groups: int = 1                # groups a token may use (topk_group)
+    group_score: GroupScore = "max"     # how a group is ranked
+    scaling_factor: float = 1.0         # routed_scaling_factor, applied to the final weights
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"num_experts_per_tok must be >= 1, got {self.top_k}")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported MoE scoring function {self.scoring!r}")
+        if self.num_groups > 1 and not 1 <= self.topk_groups <= self.num_groups:
+            raise ValueError(f"topk_group {self.topk_groups} must be in 1..n_group "
+                             f"({self.num_groups})")
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_groups > 1 and self.topk_groups < self.num_groups
+
+
+def select_experts(router_logits: torch.Tensor, cfg: RoutingConfig,
+                   correction_bias: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int32)."""
+    logits = router_logits.float()
+    scores = logits.softmax(dim=-1) if cfg.scoring == "softmax" else logits.sigmoid()
+    # What experts are chosen by: the scores, plus the correction bias where there is one
+    # (DeepSeek-V3 balances load with it; it never enters the weights).
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if cfg.grouped:
+        choice = _mask_to_best_groups(choice, cfg)
+    ids = torch.topk(choice, cfg.top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if cfg.renormalize and cfg.top_k > 1:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if cfg.scaling_factor != 1.0:
+        weights = weights * cfg.scaling_factor
+    return weights, ids.to(torch.int32)
+
+
+def _mask_to_best_groups(choice: torch.Tensor, cfg: RoutingConfig) -> torch.Tensor:
+    """`choice` with every expert outside the token's `topk_groups` best groups set to -inf
+    (so top-k never picks them; their real scores are untouched)."""
+    t, e = choice.shape
+    if e % cfg.num_groups:
+        raise ValueError(f"n_group {cfg.num_groups} must divide the number of experts ({e})")
+    grouped = choice.view(t, cfg.num_groups, e // cfg.num_groups)
+    if cfg.group_score == "max":
+        group_scores = grouped.max(dim=-1).values
+    else:
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    best = torch.topk(group_scores, cfg.topk_groups, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(t, e)

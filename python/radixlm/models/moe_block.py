@@ -1,0 +1,63 @@
+"""The sparse MoE block that replaces the dense MLP in Mixtral, Qwen2/3-MoE and DeepSeek layers.
+
+    gate (router)  -> select_experts -> FusedMoE (routed experts, stacked weights)
+    + shared experts (DeepSeek; Qwen2-MoE's one shared expert, scaled by sigmoid(its gate))
+    -> one all-reduce of the sum under tensor parallelism
+
+Checkpoint names, after the model's renames: `mlp.gate.weight` (and DeepSeek-V3's
+`mlp.gate.e_score_correction_bias`), `mlp.experts.<e>.*`, `mlp.shared_experts.*`,
+`mlp.shared_expert_gate.weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.core.model_config import ModelConfig
+from radixlm.distributed.parallel_state import TPGroup
+from radixlm.layers.moe.layer import FusedMoE
+from radixlm.layers.moe.topk import RoutingConfig, select_experts
+from radixlm.models.llama import LlamaMLP
+
+
+class MoEGate(nn.Module):
+    """Router logits (replicated on every rank) and DeepSeek-V3's load-balancing bias."""
+
+    def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
+            if correction_bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup, routing: RoutingConfig,
+                 shared_expert_gate: bool = False, correction_bias: bool = False):
+        super().__init__()
+        self.tp = tp
+        self.routing = routing
+        self.gate = MoEGate(config.hidden_size, config.num_experts, correction_bias)
+        self.experts = FusedMoE(config.num_experts, config.hidden_size,
+                                config.moe_intermediate_size, tp)
+        shared = config.shared_expert_intermediate_size
+        self.shared_experts = (LlamaMLP(config.hidden_size, shared, False, tp,
+                                        reduce_results=False) if shared else None)
+        self.shared_expert_gate = (MoEGate(config.hidden_size, 1, False)
+                                   if shared and shared_expert_gate else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(self.gate(x), self.routing,
+                                      self.gate.e_score_correction_bias)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return self.tp.all_reduce(out)

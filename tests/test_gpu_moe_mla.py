@@ -1,0 +1,85 @@
+"""MoE and MLA models on the GPU: bf16 logits against HF transformers in fp32 within tolerance
+(prefill, decode, a cached prefix), and the fast paths (CUDA graphs, the overlap scheduler)
+giving the plain loop's greedy tokens in fp32."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from helpers import assert_pool_empty, tiny_checkpoint
+
+pytestmark = pytest.mark.gpu
+ARCHS = ["mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v2", "deepseek-v3"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):",
+           "The capital of France is a city that", "1, 2, 3, 4,"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def checkpoint(request, tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.fixture
+def tokenizer_dir(request):
+    """The bundled model's tokenizer (RADIXLM_TEST_TOKENIZER_DIR: a copy of its files, on a
+    GPU machine without the bundled model installed)."""
+    return (os.environ.get("RADIXLM_TEST_TOKENIZER_DIR")
+            or request.getfixturevalue("smollm_dir"))
+
+
+def test_gpu_bf16_logits_match_hf(checkpoint):
+    import transformers
+
+    from radixlm.core.forward_batch import ForwardMode
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.request import Req
+    from radixlm.scheduler.schedule_batch import ScheduleBatch
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    runner, kv = create_runner_and_kv(RunnerConfig(model_path=checkpoint, device="cuda",
+                                                   dtype="bfloat16", max_total_tokens=4096,
+                                                   disable_cuda_graph=True))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (7, 130, 1, 45)]
+    reqs = [Req(f"r{i}", p, SamplingParams(), seed=0) for i, p in enumerate(prompts)]
+    for r in reqs:
+        r.extend_input_len = r.seq_len
+    fb = ScheduleBatch(reqs, ForwardMode.EXTEND).prepare_extend(kv, runner.device)
+    logits = runner.forward(fb).next_token_logits
+    for step in range(3):
+        for r, row in zip(reqs, logits):
+            with torch.no_grad():
+                want = hf(torch.tensor([r.fill_ids])).logits[0, -1]
+            err = (row.cpu() - want).abs().max() / want.abs().max()
+            assert err < 3e-2, f"step {step}: relative error {err:.3g}"
+            r.output_ids.append(int(want.argmax()))
+        for r in reqs:
+            runner.last_token_ids[r.req_pool_idx] = r.output_ids[-1]
+        fb = ScheduleBatch(reqs, ForwardMode.DECODE).prepare_decode(kv, runner.last_token_ids)
+        logits = runner.forward(fb).next_token_logits
+
+
+def _generate(make_engine, path, tokenizer_dir, **flags):
+    engine = make_engine(model_path=path, tokenizer_path=tokenizer_dir, device="cuda",
+                         dtype="float32", max_total_tokens=8192, cuda_graph_max_bs=16,
+                         **flags)
+    lengths = [20, 5, 17, 11]
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths]
+    outs = [o["output_ids"] for o in engine.generate(PROMPTS, params)]
+    assert [len(o) for o in outs] == lengths
+    assert_pool_empty(engine)
+    engine.shutdown()
+    return outs
+
+
+def test_gpu_graphs_and_overlap_match_plain(make_engine, checkpoint, tokenizer_dir, monkeypatch):
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    plain = _generate(make_engine, checkpoint, tokenizer_dir, disable_cuda_graph=True,
+                      disable_overlap_schedule=True)
+    assert _generate(make_engine, checkpoint, tokenizer_dir) == plain
+    assert _generate(make_engine, checkpoint, tokenizer_dir, disable_overlap_schedule=True) == plain

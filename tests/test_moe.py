@@ -1,0 +1,203 @@
+"""Mixture of experts: expert selection against HF's routers, the block alignment, and the fused
+Triton grouped GEMM against the per-expert PyTorch loop.
+
+  * routing and alignment: plain CPU tests.
+  * `test_interpreter_small_cases`: the Triton kernels under the CPU interpreter in a child
+    process (TRITON_INTERPRET must be set before the kernel module is imported). By hand:
+        TRITON_INTERPRET=1 python tests/test_moe.py
+  * `gpu` tests: real shapes (Mixtral-, Qwen3-30B-A3B- and DeepSeek-V2-Lite-sized experts) in
+    bf16 at batch 1..512, and CUDA-graph capture; skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from helpers import run_file_under_interpreter, run_interpreter_cases
+from radixlm.layers.moe.experts import experts_reference, fused_experts
+from radixlm.layers.moe.topk import RoutingConfig, select_experts
+
+
+def _hf_deepseek_v3_route(logits, bias, n_group, topk_group, top_k, norm, scale):
+    """DeepSeek-V3's routing as transformers writes it (DeepseekV3TopkRouter.forward)."""
+    import transformers
+    cfg = transformers.DeepseekV3Config(n_routed_experts=logits.shape[1], hidden_size=8,
+                                        num_experts_per_tok=top_k, n_group=n_group,
+                                        topk_group=topk_group, norm_topk_prob=norm,
+                                        routed_scaling_factor=scale)
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    router = DeepseekV3TopkRouter(cfg)
+    # Feed logits through an identity projection: hidden = logits padded, weight = identity.
+    e = logits.shape[1]
+    router.hidden_dim = e
+    router.weight = torch.nn.Parameter(torch.eye(e))
+    router.e_score_correction_bias.copy_(bias)
+    _, w, ids = router(logits)
+    return w, ids
+
+
+def _sorted_pairs(w, ids):
+    order = ids.long().argsort(dim=-1)
+    return w.gather(1, order), ids.long().gather(1, order)
+
+
+def test_deepseek_v3_routing_matches_hf():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(33, 16, generator=g)
+    bias = torch.randn(16, generator=g) * 0.1
+    cfg = RoutingConfig(top_k=4, scoring="sigmoid", renormalize=True, num_groups=4,
+                        topk_groups=2, group_score="top2_sum", scaling_factor=2.5)
+    w, ids = select_experts(logits, cfg, bias)
+    hw, hids = _hf_deepseek_v3_route(logits, bias, 4, 2, 4, True, 2.5)
+    w, ids = _sorted_pairs(w, ids)
+    hw, hids = _sorted_pairs(hw, hids)
+    assert torch.equal(ids, hids)
+    torch.testing.assert_close(w, hw)
+    # Every chosen expert lies in one of the token's two allowed groups.
+    assert ((ids // 4).unsqueeze(-1) == (ids // 4).unsqueeze(-2)).any(-1).all()
+    assert (ids // 4).unique(dim=1).shape[1] <= 4
+
+
+def test_softmax_routing_renormalises_and_groups():
+    logits = torch.tensor([[4.0, 3.0, 0.0, 0.0, 2.5, 0.0], [0.0, 0.0, 5.0, 1.0, 0.0, 0.0]])
+    w, ids = select_experts(logits, RoutingConfig(top_k=2, renormalize=True))
+    w, ids = _sorted_pairs(w, ids)
+    assert ids.tolist() == [[0, 1], [2, 3]]
+    torch.testing.assert_close(w.sum(-1), torch.ones(2))
+    # Grouped (DeepSeek-V2 group_limited_greedy): 3 groups of 2, one group allowed -> token 0
+    # may only use experts 0 and 1 even though expert 4 beats expert 1.
+    w, ids = select_experts(logits, RoutingConfig(top_k=2, num_groups=3, topk_groups=1))
+    assert sorted(ids[0].tolist()) == [0, 1]
+    full = logits.softmax(-1)
+    torch.testing.assert_close(w, full.gather(1, ids.long()))
+
+
+def test_alignment_groups_pairs_by_expert_in_whole_blocks():
+    pytest.importorskip("triton")
+    from radixlm.layers.moe.fused_moe_kernel import align_pairs_to_blocks
+    g = torch.Generator().manual_seed(0)
+    num_experts, block = 5, 4
+    ids = torch.randint(0, num_experts, (13, 2), generator=g)
+    ids[:, 1] = (ids[:, 0] + 1) % num_experts       # distinct experts per token
+    a = align_pairs_to_blocks(ids, num_experts, block)
+    n = int(a.num_padded)
+    assert n % block == 0 and a.sorted_pair_ids.numel() >= n
+    flat = ids.reshape(-1)
+    seen = []
+    for b in range(n // block):
+        rows = a.sorted_pair_ids[b * block:(b + 1) * block]
+        real = rows[rows < flat.numel()]
+        assert (flat[real.long()] == a.block_expert[b]).all(), "a block mixes experts"
+        seen += real.tolist()
+    assert sorted(seen) == list(range(flat.numel())), "every pair appears exactly once"
+    assert (a.sorted_pair_ids[n:] == flat.numel()).all()
+
+
+def test_fused_experts_falls_back_to_the_loop_on_cpu():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 16, generator=g)
+    w13 = torch.randn(4, 2 * 8, 16, generator=g)
+    w2 = torch.randn(4, 16, 8, generator=g)
+    w, ids = select_experts(torch.randn(7, 4, generator=g), RoutingConfig(2, renormalize=True))
+    out = fused_experts(x, w13, w2, w, ids)
+    # Dense reference: every expert on every token, weighted by a [T, E] routing matrix.
+    route = torch.zeros(7, 4).scatter_(1, ids.long(), w)
+    gate_up = torch.einsum("th,enh->ten", x, w13)
+    act = torch.nn.functional.silu(gate_up[..., :8]) * gate_up[..., 8:]
+    dense = torch.einsum("tei,ehi,te->th", act, w2, route)
+    torch.testing.assert_close(out, dense, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ the Triton kernels
+
+def _kernel_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int,
+                 dtype: torch.dtype, device: str, seed: int = 0) -> float:
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g, device=device)
+           / hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g, device=device)
+          / inter ** 0.5).to(dtype)
+    logits = torch.randn(tokens, experts, generator=g, device=device)
+    w, ids = select_experts(logits, RoutingConfig(top_k, renormalize=True))
+    out = fused_experts(x, w13, w2, w, ids, force_triton=True)
+    ref = experts_reference(x.float(), w13.float(), w2.float(), w, ids)
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    assert err <= tol, f"max error {err:.3g} of max |ref|"
+    return err
+
+
+def _alignment_case(tokens: int, top_k: int, experts: int, block_m: int) -> None:
+    """The one-kernel alignment (decode batches) places every pair where the torch ops do."""
+    from radixlm.layers.moe import fused_moe_kernel as kern
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k]
+                       for _ in range(tokens)]).to(torch.int32)
+    small, ref = kern._align_small(ids, experts, block_m), kern._align_torch(ids, experts,
+                                                                             block_m)
+    n = int(ref.num_padded)
+    assert int(small.num_padded) == n
+    assert torch.equal(small.sorted_pair_ids[:n], ref.sorted_pair_ids[:n])
+    assert torch.equal(small.block_expert[:n // block_m], ref.block_expert[:n // block_m])
+
+
+def _interpreter_cases():
+    for shape in [(1, 2, 4, 16), (7, 3, 8, 16), (64, 8, 128, 16), (500, 8, 128, 32)]:
+        yield f"alignment T={shape[0]} k={shape[1]} E={shape[2]} block {shape[3]}", (
+            lambda s=shape: _alignment_case(*s))
+    for tokens, experts, top_k, hidden, inter in [(1, 4, 2, 32, 16), (5, 4, 2, 48, 40),
+                                                  (19, 8, 3, 32, 24), (40, 3, 1, 64, 16)]:
+        # Not bf16: the interpreter's tl.dot multiplies bf16 operands as their raw uint16
+        # bits (triton 3.9); the GPU tests run bf16.
+        for dtype in (torch.float32, torch.float16):
+            desc = f"T={tokens} E={experts} k={top_k} H={hidden} I={inter} {str(dtype)[6:]}"
+            yield desc, lambda t=tokens, e=experts, k=top_k, h=hidden, i=inter, d=dtype: (
+                _kernel_case(t, e, k, h, i, d, "cpu"))
+
+
+def test_interpreter_small_cases():
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests cover the kernels")
+    run_file_under_interpreter(__file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8, 2, 4096, 14336), (128, 8, 2048, 768),
+                                   (64, 6, 2048, 1408)],
+                         ids=["mixtral", "qwen3-30b-a3b", "deepseek-v2-lite"])
+@pytest.mark.parametrize("tokens", [1, 7, 64, 512])
+def test_gpu_fused_experts_match_the_loop(shape, tokens):
+    experts, top_k, hidden, inter = shape
+    if experts == 8 and tokens == 512:
+        inter = 2048          # keep the fp32 reference's memory small
+    _kernel_case(tokens, experts, top_k, hidden, inter, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_fused_experts_capture_in_a_cuda_graph():
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(16, 256, device=dev, dtype=dt)
+    w13 = torch.randn(8, 256, 256, device=dev, dtype=dt) / 16
+    w2 = torch.randn(8, 256, 128, device=dev, dtype=dt) / 12
+    logits = torch.randn(16, 8, device=dev)
+    cfg = RoutingConfig(2, renormalize=True)
+    run = lambda: fused_experts(x, w13, w2, *select_experts(logits, cfg))  # noqa: E731
+    want = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    logits.copy_(torch.randn(16, 8, device=dev))    # new routing, same graph
+    x.copy_(torch.randn(16, 256, device=dev, dtype=dt))
+    graph.replay()
+    torch.testing.assert_close(out, run(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(out, want)
+
+
+if __name__ == "__main__":
+    sys.exit(run_interpreter_cases(_interpreter_cases()))
