@@ -256,3 +256,18 @@ def test_kv_cache_spec_matches_the_pool(pair):
         assert per_token == (2 * mc.num_layers * mc.num_kv_heads * mc.head_dim
                              * runner.dtype.itemsize)
     assert runner.kv_pool.nbytes == runner.kv_pool.num_slots * per_token
+
+
+def test_deepseek_routing_the_class_does_not_implement_is_refused():
+    import dataclasses
+    from radixlm.core.model_config import ModelConfig
+    from radixlm.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+    cfgs = dict(_configs())
+    v2 = ModelConfig.from_hf(cfgs["deepseek-v2"], None)
+    with pytest.raises(ValueError, match="topk_method 'noaux_tc'"):
+        DeepseekV2ForCausalLM(dataclasses.replace(v2, moe_topk_method="noaux_tc"))
+    v3 = ModelConfig.from_hf(cfgs["deepseek-v3"], None)
+    with pytest.raises(ValueError, match="scoring_func 'softmax'"):
+        DeepseekV3ForCausalLM(dataclasses.replace(v3, moe_scoring="softmax"))
+    DeepseekV3ForCausalLM(dataclasses.replace(v3, moe_scoring="sigmoid",
+                                              moe_topk_method="noaux_tc"))

@@ -123,8 +123,9 @@ def _kernel_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int,
           / inter ** 0.5).to(dtype)
     logits = torch.randn(tokens, experts, generator=g, device=device)
     w, ids = select_experts(logits, RoutingConfig(top_k, renormalize=True))
-    out = fused_experts(x, w13, w2, w, ids, force_triton=True)
-    ref = experts_reference(x.float(), w13.float(), w2.float(), w, ids)
+    add = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
+    out = fused_experts(x, w13, w2, w, ids, add=add, force_triton=True)
+    ref = experts_reference(x.float(), w13.float(), w2.float(), w, ids) + add.float()
     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     assert err <= tol, f"max error {err:.3g} of max |ref|"
@@ -145,7 +146,25 @@ def _alignment_case(tokens: int, top_k: int, experts: int, block_m: int) -> None
     assert torch.equal(small.block_expert[:n // block_m], ref.block_expert[:n // block_m])
 
 
+def _routing_case(tokens: int, experts: int, top_k: int, sigmoid: bool, bias: bool) -> None:
+    """The one-kernel routing picks the torch ops' experts with their weights."""
+    from radixlm.layers.moe.topk import select_experts_torch
+    g = torch.Generator().manual_seed(experts + top_k)
+    logits = torch.randn(tokens, experts, generator=g)
+    b = torch.randn(experts, generator=g) * 0.1 if bias else None
+    cfg = RoutingConfig(top_k, "sigmoid" if sigmoid else "softmax", renormalize=True,
+                        scaling_factor=2.5 if sigmoid else 1.0)
+    w, ids = _sorted_pairs(*select_experts(logits, cfg, b, force_triton=True))
+    rw, rids = _sorted_pairs(*select_experts_torch(logits, cfg, b))
+    assert torch.equal(ids, rids), (ids, rids)
+    torch.testing.assert_close(w, rw, atol=1e-6, rtol=1e-5)
+
+
 def _interpreter_cases():
+    for shape in [(3, 8, 2, False, False), (5, 64, 6, False, False), (4, 128, 8, True, True),
+                  (2, 60, 4, False, False)]:
+        yield f"routing T={shape[0]} E={shape[1]} k={shape[2]} sigmoid={shape[3]}", (
+            lambda s=shape: _routing_case(*s))
     for shape in [(1, 2, 4, 16), (7, 3, 8, 16), (64, 8, 128, 16), (500, 8, 128, 32)]:
         yield f"alignment T={shape[0]} k={shape[1]} E={shape[2]} block {shape[3]}", (
             lambda s=shape: _alignment_case(*s))

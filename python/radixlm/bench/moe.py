@@ -8,7 +8,8 @@ Three parts, each a same-run comparison:
           of Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V2-Lite; also the bandwidth the fused
           path reaches on the weights of the experts it touches, against copy bandwidth.
   mla     the MLA decode kernel alone on a latent cache (bs x context latents of 576 values):
-          bytes read / time against copy bandwidth.
+          bytes read / time against copy bandwidth (a small tile and split sweep).
+  mla-extend  the MLA extend kernel on fresh 4k prompts: TFLOP/s for a small tile sweep.
   model   a model config with random weights through the model runner (CUDA graphs): prefill
           of bs x input_len, decode step time at each batch size, and the batch-1 step as a
           fraction of its roofline: the bytes it must read (every non-expert weight, the
@@ -119,7 +120,7 @@ def kernel_part(batch_sizes: list[int], shapes: list[str], device: torch.device,
 # ---------------------------------------------------------------------- MLA decode kernel
 
 def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch.device,
-             bandwidth: float) -> list[dict]:
+             bandwidth: float, tile_sweep: bool = False) -> list[dict]:
     from radixlm.layers.attention.kernels import (alloc_decode_buffers, build_kv_indices,
                                                   choose_max_kv_splits, per_request_kv_splits)
     from radixlm.layers.attention.kernels.common import num_sms
@@ -141,8 +142,8 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
         mid_o, mid_lse = alloc_decode_buffers(batch_size, heads, lora, max_splits, device)
         read = tokens * (lora + rope) * dt.itemsize
         # The default launch, then a small sweep (what the defaults should become).
-        for block_n, warps, stages in [(None, 4, 2)] + [
-                (n, w, st) for n in (32, 64) for w in (4, 8) for st in (1, 2, 3)]:
+        sweep = [(n, w, st) for n in (32, 64) for w in (4, 8) for st in (1, 2, 3)]
+        for block_n, warps, stages in [(None, 4, 2)] + (sweep if tile_sweep else []):
             run = lambda: mla_decode_attention(  # noqa: E731
                 q, kv, out, lora, kv_indptr, kv_indices, splits, max_splits, 0.1, mid_o,
                 mid_lse, block_n=block_n, num_warps=warps, num_stages=stages)
@@ -159,6 +160,60 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
             print(f"mla decode bs {batch_size} ctx {context} heads {heads} block_n {block_n} "
                   f"warps {warps} stages {stages}: {s * 1e3:.3f} ms, {read / s / 1e9:.0f} GB/s "
                   f"({read / s / bandwidth:.0%} of copy)", flush=True)
+        if heads != heads_list[0]:
+            continue
+        # Splits per request: more, shorter splits shrink the last wave's idle SMs.
+        for forced in (8, 16, 32):
+            forced_splits = torch.full_like(splits, forced)
+            mo, ml = alloc_decode_buffers(batch_size, heads, lora, forced, device)
+            run = lambda: mla_decode_attention(  # noqa: E731
+                q, kv, out, lora, kv_indptr, kv_indices, forced_splits, forced, 0.1, mo, ml)
+            s = time_fn(graphed(run, device), device)
+            rows.append({"batch_size": batch_size, "context": context, "heads": heads,
+                         "forced_splits": forced, "kernel_ms": s * 1e3,
+                         "latent_gb_s": read / s / 1e9,
+                         "fraction_of_copy_bandwidth": read / s / bandwidth})
+            print(f"mla decode bs {batch_size} ctx {context} heads {heads} splits {forced} "
+                  f"(default {max_splits}): {s * 1e3:.3f} ms, {read / s / 1e9:.0f} GB/s "
+                  f"({read / s / bandwidth:.0%} of copy)", flush=True)
+    return rows
+
+
+def mla_extend_part(device: torch.device, seqs: int = 4, length: int = 4096,
+                    heads: int = 16) -> list[dict]:
+    """The MLA extend kernel on `seqs` fresh prompts of `length` tokens: TFLOP/s (causal,
+    score and output products over the 576 / 512-wide latent) for a small tile sweep."""
+    from radixlm.layers.attention.kernels import build_kv_indices
+    from radixlm.layers.attention.kernels.mla_attention import mla_extend_attention
+
+    lora, rope, dt = 512, 64, torch.bfloat16
+    tokens = seqs * length
+    kv = torch.randn(tokens + 1, 1, lora + rope, device=device).to(dt)
+    q = torch.randn(tokens, heads, lora + rope, device=device).to(dt)
+    out = torch.empty(tokens, heads, lora, device=device, dtype=dt)
+    table = (torch.arange(tokens, device=device) + 1).to(torch.int32).view(seqs, length)
+    lens = torch.full((seqs,), length, device=device)
+    kv_indptr, kv_indices = build_kv_indices(table, torch.arange(seqs, device=device), lens,
+                                             tokens)
+    qo_indptr = kv_indptr.clone()
+    flops = seqs * heads * length * length / 2 * 2 * (lora + rope + lora)
+    rows = []
+    for bm, bn, warps, stages in [(None, None, None, 1), (64, 32, 8, 1), (64, 32, 4, 2),
+                                  (32, 64, 8, 2), (64, 64, 8, 1), (128, 32, 8, 1),
+                                  (32, 32, 4, 2)]:
+        run = lambda: mla_extend_attention(  # noqa: E731
+            q, kv, out, lora, qo_indptr, kv_indptr, kv_indices, length, 0.1, block_m=bm,
+            block_n=bn, num_warps=warps, num_stages=stages)
+        try:
+            s = time_fn(run, device, iters=5)
+        except Exception as e:
+            print(f"mla extend {bm}x{bn} warps {warps} stages {stages}: {e!r:.80}")
+            continue
+        rows.append({"seqs": seqs, "length": length, "heads": heads, "block_m": bm,
+                     "block_n": bn, "num_warps": warps, "num_stages": stages,
+                     "kernel_ms": s * 1e3, "tflop_s": flops / s / 1e12})
+        print(f"mla extend {seqs}x{length} heads {heads} tiles {bm}x{bn} warps {warps} stages "
+              f"{stages}: {s * 1e3:.2f} ms, {flops / s / 1e12:.0f} TFLOP/s", flush=True)
     return rows
 
 
@@ -247,12 +302,15 @@ def model_part(args, device: torch.device, bandwidth: float) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixlm bench moe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="kernel,mla", help="kernel, mla, model (comma list)")
+    p.add_argument("--parts", default="kernel,mla",
+                   help="kernel, mla, mla-extend, model (comma list)")
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--shapes", default=",".join(EXPERT_SHAPES))
     p.add_argument("--mla-batch-size", type=int, default=64)
     p.add_argument("--mla-context", type=int, default=4096)
     p.add_argument("--mla-heads", default="16,128")
+    p.add_argument("--mla-tile-sweep", action="store_true",
+                   help="mla part: also time a grid of decode tiles")
     p.add_argument("--model-path", default=None, help="a config dir (random weights)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)
@@ -264,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = set(parts) - {"kernel", "mla", "model"}
+    unknown = set(parts) - {"kernel", "mla", "mla-extend", "model"}
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}")
     if "model" in parts and not args.model_path:
@@ -276,9 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "kernel" in parts:
         result["kernel"] = kernel_part(args.batch_sizes, args.shapes.split(","), device,
                                        bandwidth)
+    if "mla-extend" in parts:
+        result["mla_extend"] = mla_extend_part(device)
     if "mla" in parts:
         result["mla"] = mla_part(args.mla_batch_size, args.mla_context,
-                                 [int(h) for h in args.mla_heads.split(",")], device, bandwidth)
+                                 [int(h) for h in args.mla_heads.split(",")], device, bandwidth,
+                                 tile_sweep=args.mla_tile_sweep)
     if "model" in parts:
         result["model"] = model_part(args, device, bandwidth)
     result.update(environment(None), command="radixlm bench moe " + " ".join(argv))

@@ -111,9 +111,10 @@ class ModelConfig:
     # Which layers have experts (the others a dense MLP of intermediate_size): Qwen's
     # decoder_sparse_step / mlp_only_layers, DeepSeek's first_k_dense_replace / moe_layer_freq.
     moe_layers: frozenset[int] = frozenset()
-    # DeepSeek routing: scoring_func, topk_method, n_group, topk_group, routed_scaling_factor.
-    moe_scoring: str = "softmax"
-    moe_topk_method: str = "greedy"
+    # DeepSeek routing: scoring_func, topk_method (None where the config has none), n_group,
+    # topk_group, routed_scaling_factor.
+    moe_scoring: str | None = None
+    moe_topk_method: str | None = None
     moe_num_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling_factor: float = 1.0
@@ -194,8 +195,8 @@ class ModelConfig:
                 or int(get("n_shared_experts", 0)) * moe_intermediate),
             norm_topk_prob=bool(get("norm_topk_prob", False)),
             moe_layers=_moe_layers(hf_config, num_experts),
-            moe_scoring=str(get("scoring_func", "softmax")),
-            moe_topk_method=str(get("topk_method", "greedy")),
+            moe_scoring=get("scoring_func"),
+            moe_topk_method=get("topk_method"),
             moe_num_groups=int(get("n_group", 1)),
             moe_topk_groups=int(get("topk_group", 1)),
             routed_scaling_factor=float(get("routed_scaling_factor", 1.0)),

@@ -139,6 +139,17 @@ class DeepseekMLAAttention(nn.Module):
         return self.o_proj(o.transpose(0, 1).reshape(t, nh * self.v_dim))
 
 
+def _check_routing(config: ModelConfig, scoring: str, methods: tuple[str, ...]) -> None:
+    """Refuse a routing this family's class does not implement instead of serving it wrong."""
+    arch = config.architecture
+    if config.moe_scoring not in (None, scoring):
+        raise ValueError(f"--model-path: {arch} with scoring_func {config.moe_scoring!r} is "
+                         f"not supported (expected {scoring!r})")
+    if config.moe_topk_method not in (None, *methods):
+        raise ValueError(f"--model-path: {arch} with topk_method {config.moe_topk_method!r} "
+                         f"is not supported (expected one of {list(methods)})")
+
+
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     interleaved_rope_default = True     # V2 always rotates interleaved pairs
 
@@ -149,6 +160,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         return self.interleaved_rope_default
 
     def routing(self, config: ModelConfig) -> RoutingConfig:
+        _check_routing(config, scoring="softmax", methods=("greedy", "group_limited_greedy"))
         grouped = config.moe_topk_method == "group_limited_greedy"
         return RoutingConfig(config.num_experts_per_tok, "softmax",
                              renormalize=config.norm_topk_prob,
@@ -182,6 +194,7 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
         return config.rope_interleave
 
     def routing(self, config: ModelConfig) -> RoutingConfig:
+        _check_routing(config, scoring="sigmoid", methods=("noaux_tc",))
         return RoutingConfig(config.num_experts_per_tok, "sigmoid",
                              renormalize=config.norm_topk_prob,
                              num_groups=config.moe_num_groups,

@@ -54,10 +54,9 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.routing,
                                       self.gate.e_score_correction_bias)
-        out = self.experts(x, weights, ids)
+        shared = None
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
-            out = out + shared
-        return self.tp.all_reduce(out)
+        return self.tp.all_reduce(self.experts(x, weights, ids, add=shared))

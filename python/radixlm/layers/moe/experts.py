@@ -46,18 +46,20 @@ def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                  force_triton: bool = False) -> torch.Tensor:
-    """The routed experts' weighted sum for every token. x [T, H] -> [T, H].
+                  add: torch.Tensor | None = None, force_triton: bool = False) -> torch.Tensor:
+    """The routed experts' weighted sum for every token, plus `add` when given (the shared
+    experts' output, summed in the same kernel). x [T, H] -> [T, H].
 
     `force_triton`: take the kernel path on any device (tests under TRITON_INTERPRET=1)."""
     if x.shape[0] == 0:
         return torch.zeros_like(x)
     if force_triton or (x.is_cuda and triton_available()):
-        return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
-    return experts_reference(x, w13, w2, topk_weights, topk_ids)
+        return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, add)
+    out = experts_reference(x, w13, w2, topk_weights, topk_ids)
+    return out if add is None else out + add
 
 
-def _fused_experts_triton(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+def _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, add) -> torch.Tensor:
     from radixlm.layers.moe import fused_moe_kernel as kern
     from radixlm.layers.moe.tile_configs import tile_config_for
 
@@ -76,4 +78,4 @@ def _fused_experts_triton(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     down = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     kern.grouped_gemm(act, w2, down, pairs, 1, tile2,
                       pair_weights=topk_weights.reshape(-1).to(torch.float32))
-    return down.view(t, top_k, hidden).sum(dim=1)
+    return kern.sum_pairs(down, top_k, add)

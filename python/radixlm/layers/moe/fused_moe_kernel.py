@@ -231,3 +231,36 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, pairs: Ali
         DOT_PREC="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tile.num_warps,
         num_stages=tile.num_stages)
     return out
+
+
+@triton.jit
+def _sum_pairs_kernel(pairs_ptr, add_ptr, out_ptr, hidden, stride_p, stride_a, stride_o,
+                      TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = (t * TOP_K + j).to(tl.int64)
+        acc += tl.load(pairs_ptr + row * stride_p + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_ADD:
+        acc += tl.load(add_ptr + t.to(tl.int64) * stride_a + offs, mask=ok,
+                       other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_o + offs, acc.to(out_ptr.dtype.element_ty),
+             mask=ok)
+
+
+def sum_pairs(pairs: torch.Tensor, top_k: int, add: torch.Tensor | None = None) -> torch.Tensor:
+    """pairs [T*k, H] (each token's k weighted expert outputs, in token order) -> [T, H], their
+    sum (plus `add`, e.g. the shared experts' output), accumulated in fp32."""
+    t = pairs.shape[0] // top_k
+    hidden = pairs.shape[1]
+    out = torch.empty((t, hidden), dtype=pairs.dtype, device=pairs.device)
+    if t == 0:
+        return out
+    block = min(1024, triton.next_power_of_2(hidden))
+    _sum_pairs_kernel[(t, triton.cdiv(hidden, block))](
+        pairs, add if add is not None else out, out, hidden, pairs.stride(0),
+        add.stride(0) if add is not None else 0, out.stride(0),
+        TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block, num_warps=4)
+    return out

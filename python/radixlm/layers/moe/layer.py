@@ -73,7 +73,8 @@ class FusedMoE(nn.Module):
         else:                   # gate (0) or up (1): [I, H] -> this rank's rows
             param.data[expert, part * self.shard:(part + 1) * self.shard].copy_(loaded[mine])
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sum of the routed experts' output (not yet all-reduced)."""
-        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's partial sum of the routed experts' output (not yet all-reduced), plus
+        `add` when given."""
+        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, add)

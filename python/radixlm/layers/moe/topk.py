@@ -12,8 +12,9 @@ config covers them (each model builds its `RoutingConfig` from the HF config):
                          bias; groups ranked by the sum of their two best experts
                          (`topk_method: noaux_tc`); weights renormalised and scaled
 
-Everything here is plain tensor ops with shapes fixed by the batch, so it runs inside CUDA
-graphs and needs no host sync.
+Everything here has shapes fixed by the batch, so it runs inside CUDA graphs and needs no
+host sync. On CUDA, ungrouped routing is one Triton kernel (topk_kernel.py); grouped routing
+and the CPU use the torch ops below.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from radixlm.layers.kernels import triton_available
 
 Scoring = Literal["softmax", "sigmoid"]
 GroupScore = Literal["max", "top2_sum"]
@@ -52,9 +55,22 @@ class RoutingConfig:
 
 
 def select_experts(router_logits: torch.Tensor, cfg: RoutingConfig,
-                   correction_bias: torch.Tensor | None = None
+                   correction_bias: torch.Tensor | None = None, force_triton: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int32)."""
+    """router_logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int32).
+    `force_triton`: the kernel on any device (tests under TRITON_INTERPRET=1)."""
+    if (force_triton or (router_logits.is_cuda and triton_available())) and not cfg.grouped:
+        from radixlm.layers.moe import topk_kernel
+        if topk_kernel.supports(router_logits.shape[1], cfg.top_k):
+            return topk_kernel.route(router_logits, cfg.top_k, cfg.scoring == "sigmoid",
+                                     cfg.renormalize, cfg.scaling_factor, correction_bias)
+    return select_experts_torch(router_logits, cfg, correction_bias)
+
+
+def select_experts_torch(router_logits: torch.Tensor, cfg: RoutingConfig,
+                         correction_bias: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch ops (the reference, the CPU path, grouped routing)."""
     logits = router_logits.float()
     scores = logits.softmax(dim=-1) if cfg.scoring == "softmax" else logits.sigmoid()
     # What experts are chosen by: the scores, plus the correction bias where there is one
