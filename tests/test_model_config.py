@@ -139,3 +139,25 @@ def test_models_do_not_read_the_hf_config():
     for path in models.glob("*.py"):
         text = path.read_text()
         assert "hf_config" not in text and "getattr(config" not in text, path.name
+
+
+@pytest.mark.parametrize("params", [
+    {"factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+     "original_max_position_embeddings": 4096},                       # DeepSeek-V2
+    {"factor": 8.0, "original_max_position_embeddings": 2048},          # factor only
+    {"factor": 8.0, "original_max_position_embeddings": 2048, "mscale_all_dim": 1.0},
+    {"factor": 8.0, "original_max_position_embeddings": 2048, "attention_factor": 1.5},
+], ids=["deepseek", "plain", "mscale-all-dim-only", "attention-factor"])
+def test_yarn_matches_hf(params):
+    """YaRN frequencies and magnitude against transformers' own computation."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from radixlm.layers.rotary import _inv_freq, rope_magnitude
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, **params}
+    cfg = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64,
+                                   max_position_embeddings=16384, rope_parameters=rope)
+    hf_inv, hf_mag = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    scaling = RopeScaling.from_hf(rope)
+    torch.testing.assert_close(_inv_freq(64, 10000.0, scaling).float(), hf_inv.float())
+    assert rope_magnitude(scaling) == pytest.approx(hf_mag)

@@ -220,3 +220,44 @@ def test_gpu_fused_experts_capture_in_a_cuda_graph():
 
 if __name__ == "__main__":
     sys.exit(run_interpreter_cases(_interpreter_cases()))
+
+
+@pytest.mark.parametrize("cfg, experts, message", [
+    (RoutingConfig(4), 2, "num_experts_per_tok 4 > 2 experts"),
+    (RoutingConfig(2, num_groups=3, topk_groups=1), 8, "n_group 3 does not divide 8"),
+    (RoutingConfig(2, num_groups=8, topk_groups=2, group_score="top2_sum"), 8, "two best"),
+    (RoutingConfig(6, num_groups=4, topk_groups=1), 8, "fewer than num_experts_per_tok 6"),
+    (RoutingConfig(1), 0, "no experts"),
+])
+def test_unservable_routing_is_refused_at_build(cfg, experts, message):
+    with pytest.raises(ValueError, match=message):
+        cfg.check(experts)
+
+
+def test_a_checkpoint_missing_an_expert_is_refused(tmp_path):
+    """One loaded expert tensor must not pass for the whole stacked parameter."""
+    from safetensors.torch import load_file, save_file
+
+    from helpers import tiny_checkpoint
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    path = tiny_checkpoint(tmp_path / "m", "qwen3-moe")
+    tensors = load_file(f"{path}/model.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(KeyError, match=r"layers\.1\.mlp\.experts\.3\.up_proj"):
+        create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))
+
+
+def test_a_quantized_checkpoint_is_refused(tmp_path):
+    import json
+
+    from helpers import tiny_checkpoint
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    path = tiny_checkpoint(tmp_path / "m", "deepseek-v3")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="quantized checkpoints are not supported yet.*'fp8'"):
+        create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))

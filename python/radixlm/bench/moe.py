@@ -328,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "model" in parts and not args.model_path:
         p.error("--parts model needs --model-path")
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    unknown_shapes = set(args.shapes.split(",")) - set(EXPERT_SHAPES)
+    if unknown_shapes:
+        p.error(f"--shapes: unknown {sorted(unknown_shapes)}; choose from {sorted(EXPERT_SHAPES)}")
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
     result: dict = {"copy_bandwidth_gb_s": bandwidth / 1e9}

@@ -75,10 +75,14 @@ def tune_shape(name: str, batch_sizes: list[int], device: torch.device) -> tuple
 
         up_cfg, up_s = _best(lambda c: kern.grouped_gemm(x, w13, gate_up, pairs(c.block_m),
                                                           top_k, c), _configs(), device)
+        if up_cfg is None:
+            raise RuntimeError(f"{name} bs {bs}: no tile of the grid ran on this GPU")
         down_cfg, down_s = _best(
             lambda c: kern.grouped_gemm(act, w2, down, pairs(c.block_m), 1, c,
                                         pair_weights=w.reshape(-1)),
             _configs(up_cfg.block_m), device)
+        if down_cfg is None:
+            raise RuntimeError(f"{name} bs {bs}: no down-projection tile ran on this GPU")
         up_best[pairs_n], down_best[pairs_n] = up_cfg, down_cfg
         print(f"tune {name} bs {bs}: gate_up {up_s * 1e6:.0f} us {up_cfg}; down "
               f"{down_s * 1e6:.0f} us {down_cfg}", flush=True)

@@ -40,8 +40,9 @@ class RopeScaling:
     # magnitude corrections (mscale scales cos/sin; mscale_all_dim the attention softmax).
     beta_fast: float = 32.0
     beta_slow: float = 1.0
-    mscale: float = 1.0
-    mscale_all_dim: float = 0.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
     truncate: bool = True
 
     @classmethod
@@ -67,12 +68,17 @@ class RopeScaling:
                            params["original_max_position_embeddings"]),
                        beta_fast=float(params.get("beta_fast") or 32.0),
                        beta_slow=float(params.get("beta_slow") or 1.0),
-                       mscale=float(params.get("mscale") or 1.0),
-                       mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+                       mscale=_opt_float(params.get("mscale")),
+                       mscale_all_dim=_opt_float(params.get("mscale_all_dim")),
+                       attention_factor=_opt_float(params.get("attention_factor")),
                        truncate=bool(params.get("truncate", True)))
         return cls(kind, float(params["factor"]), float(params["low_freq_factor"]),
                    float(params["high_freq_factor"]),
                    int(params["original_max_position_embeddings"]))
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -125,8 +131,10 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # DeepSeek-V3's rope_interleave (V2 always rotates interleaved pairs).
+    # DeepSeek-V3's rope_interleave (V2 always rotates interleaved pairs) and its
+    # multi-token-prediction layers (stored after the last layer; not served).
     rope_interleave: bool = True
+    num_nextn_predict_layers: int = 0
     # HF `quantization_config` as a plain dict (None: unquantized); the linear method that
     # serves it is chosen from here once quantized checkpoints are supported.
     quantization: dict[str, Any] | None = None
@@ -206,6 +214,7 @@ class ModelConfig:
             qk_rope_head_dim=int(get("qk_rope_head_dim", 0)),
             v_head_dim=int(get("v_head_dim", 0)),
             rope_interleave=bool(get("rope_interleave", True)),
+            num_nextn_predict_layers=int(get("num_nextn_predict_layers", 0)),
             quantization=_quantization_dict(get("quantization_config")),
         )
 

@@ -11,6 +11,7 @@ comes parsed and checked from the model config (core/model_config.py: RopeScalin
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import nn
@@ -69,13 +70,39 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def rope_magnitude(scaling: RopeScaling | None) -> float:
-    """What cos/sin are multiplied by (YaRN's attention factor; 1 otherwise)."""
+    """What cos/sin are multiplied by: YaRN's attention factor (given, or from mscale /
+    mscale_all_dim when both are set, else from the factor alone); 1 otherwise."""
     if scaling is None or scaling.rope_type != "yarn":
         return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
     if scaling.mscale and scaling.mscale_all_dim:
         return (yarn_mscale(scaling.factor, scaling.mscale)
                 / yarn_mscale(scaling.factor, scaling.mscale_all_dim))
     return yarn_mscale(scaling.factor)
+
+
+# One cos/sin table per distinct (head_dim, length, base, scaling, device), shared by every
+# layer: a table for a 128k context is tens of MB, and a model has dozens of layers. Weak
+# values, so a table goes away with the last model that uses it.
+_TABLES: "weakref.WeakValueDictionary[tuple, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _cos_sin_table(head_dim: int, max_position: int, base: float,
+                   scaling: RopeScaling | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max_position, head_dim] cos and sin of each rotation (duplicated for both halves,
+    times YaRN's magnitude), on the current default device."""
+    device = torch.empty(0).device
+    key = (head_dim, max_position, base, scaling, str(device))
+    cos, sin = _TABLES.get(key + ("cos",)), _TABLES.get(key + ("sin",))
+    if cos is None or sin is None:
+        inv = _inv_freq(head_dim, base, scaling)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv)
+        mag = rope_magnitude(scaling)
+        cos = (torch.cat([freqs.cos(), freqs.cos()], -1) * mag).float().to(device)
+        sin = (torch.cat([freqs.sin(), freqs.sin()], -1) * mag).float().to(device)
+        _TABLES[key + ("cos",)], _TABLES[key + ("sin",)] = cos, sin
+    return cos, sin
 
 
 class RotaryEmbedding(nn.Module):
@@ -83,15 +110,9 @@ class RotaryEmbedding(nn.Module):
                  scaling: RopeScaling | None = None):
         super().__init__()
         self.head_dim = head_dim
-        inv = _inv_freq(head_dim, base, scaling)
-        t = torch.arange(max_position, dtype=torch.float64)
-        freqs = torch.outer(t, inv)
-        mag = rope_magnitude(scaling)
-        # [max_position, head_dim]: cos and sin of each rotation, duplicated for both halves.
-        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], -1).float() * mag,
-                             persistent=False)
-        self.register_buffer("sin", torch.cat([freqs.sin(), freqs.sin()], -1).float() * mag,
-                             persistent=False)
+        cos, sin = _cos_sin_table(head_dim, max_position, base, scaling)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D]; returns them rotated, in the input dtype: in place on

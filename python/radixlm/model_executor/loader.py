@@ -26,6 +26,13 @@ def _default_dtype(dtype: torch.dtype):
 def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device: torch.device,
                dtype: torch.dtype, seed: int = 0, tp: TPGroup = SINGLE) -> nn.Module:
     """`tp`: this rank's group; each rank builds and loads only its shards."""
+    q = model_config.quantization
+    if q is not None and load_format != "dummy":
+        # Its tensors (FP8 / INT4 with scales) would be copied into full-precision parameters
+        # or fail on the first scale tensor; say so up front instead.
+        raise ValueError(f"--model-path: quantized checkpoints are not supported yet "
+                         f"(quantization_config quant_method "
+                         f"{q.get('quant_method', '?')!r}); use a bf16/fp16 checkpoint")
     cls = resolve_model_class(model_config)
     # Parameters are created directly on the device in the compute dtype (an 8B model must not
     # pass through float32 CPU memory first). The model sizes its rotary table from

@@ -60,7 +60,9 @@ def default_device() -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, hicache: bool = False):
+        """`hicache`: a host tier will copy this runner's KV (refused for MLA, before the
+        weights load)."""
         self.config = config
         self.device = torch.device(config.device) if config.device else default_device()
         self.hf_dir, self.load_format = resolve_model_dir(config.model_path, config.load_format)
@@ -68,6 +70,10 @@ class ModelRunner:
         hf_config = load_hf_config(self.hf_dir)
         self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
                                                 _generation_eos(self.hf_dir))
+        if hicache and self.model_config.is_mla:
+            raise ValueError("--enable-hierarchical-cache: not supported yet for MLA models "
+                             f"({self.model_config.architecture}: the host tier copies K and "
+                             "V rows, the latent pool has one)")
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
         torch.manual_seed(config.random_seed)
         self.tp = tp_group()
@@ -217,11 +223,7 @@ def create_runner_and_kv(config: RunnerConfig, radix: bool = True,
                          ) -> tuple[ModelRunner, KVCacheManager]:
     """A ready runner and the KV manager over its memory (see the module docstring);
     `hicache`: a host tier under the radix cache, copying to and from the runner's KV pool."""
-    runner = ModelRunner(config)
-    if hicache is not None and runner.kv_pool.is_latent:
-        raise ValueError("--enable-hierarchical-cache: not supported yet for MLA models "
-                         f"({runner.model_config.architecture}: the host tier copies K and V "
-                         "rows, the latent pool has one)")
+    runner = ModelRunner(config, hicache=hicache is not None)
     kv = KVCacheManager.create(runner.memory_plan, runner.device, radix=radix,
                                hicache=(hicache, runner.kv_pool) if hicache else None)
     runner.init_attention(kv.req_to_token_pool)

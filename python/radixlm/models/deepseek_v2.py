@@ -151,36 +151,42 @@ def _check_routing(config: ModelConfig, scoring: str, methods: tuple[str, ...]) 
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
-    interleaved_rope_default = True     # V2 always rotates interleaved pairs
+    correction_bias = False             # V3's load-balancing bias on the router
 
     def build_attention(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
         return DeepseekMLAAttention(config, layer_id, tp, self.interleaved_rope(config))
 
     def interleaved_rope(self, config: ModelConfig) -> bool:
-        return self.interleaved_rope_default
+        """V2 always rotates interleaved pairs."""
+        return True
 
     def routing(self, config: ModelConfig) -> RoutingConfig:
+        """Softmax top-k, group-limited with `topk_method: group_limited_greedy`. As in
+        DeepSeek's own code, the weights are either renormalised (`norm_topk_prob`) or scaled
+        by routed_scaling_factor, not both (the released V2 configs scale)."""
         _check_routing(config, scoring="softmax", methods=("greedy", "group_limited_greedy"))
         grouped = config.moe_topk_method == "group_limited_greedy"
         return RoutingConfig(config.num_experts_per_tok, "softmax",
                              renormalize=config.norm_topk_prob,
                              num_groups=config.moe_num_groups if grouped else 1,
                              topk_groups=config.moe_topk_groups if grouped else 1,
-                             group_score="max", scaling_factor=config.routed_scaling_factor)
-
-    correction_bias = False
+                             group_score="max",
+                             scaling_factor=(1.0 if config.norm_topk_prob
+                                             else config.routed_scaling_factor))
 
     def build_mlp(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
         if layer_id not in config.moe_layers:
             return LlamaMLP(config.hidden_size, config.intermediate_size, False, tp)
+        # Router logits in fp32, as DeepSeek computes them: bf16 rounding can flip a choice.
         return SparseMoeBlock(config, tp, self.routing(config),
-                              correction_bias=self.correction_bias)
+                              correction_bias=self.correction_bias, fp32_router=True)
 
     _layer_index = re.compile(r"^layers\.(\d+)\.")
 
     def checkpoint_to_param(self, name: str) -> tuple[str | None, Any]:
         m = self._layer_index.match(name)
-        if m and int(m.group(1)) >= self.config.num_layers:
+        n = self.config.num_layers
+        if m and n <= int(m.group(1)) < n + self.config.num_nextn_predict_layers:
             return None, None           # V3's multi-token-prediction layer: not served
         if ".self_attn.q_proj." in name:
             return name, None           # MLA's own q_proj, not a fused q/k/v

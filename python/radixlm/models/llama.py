@@ -21,8 +21,8 @@ from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.attention.radix_attention import RadixAttention
 from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from radixlm.layers.moe.layer import expert_param_and_shard
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from radixlm.layers.moe.layer import expert_param_and_shard
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
 
@@ -159,8 +159,8 @@ class LlamaForCausalLM(nn.Module):
 
     def checkpoint_to_param(self, name: str) -> tuple[str | None, Any]:
         """A checkpoint tensor's name (without "model.") -> (our parameter's name, the shard id
-        its loader takes, or None); name None skips the tensor. Per-expert tensors go into the stacked expert weights
-        (layers/moe/layer.py: expert_param_and_shard)."""
+        its loader takes, or None); name None skips the tensor. Per-expert tensors go into
+        the stacked expert weights (layers/moe/layer.py: expert_param_and_shard)."""
         expert = expert_param_and_shard(name)
         if expert is not None:
             return expert
@@ -196,6 +196,11 @@ class LlamaForCausalLM(nn.Module):
         missing = {n for n in params if n not in loaded}
         if self.tie_word_embeddings:
             missing.discard("lm_head.weight")
+        # Stacked parameters (the experts) are loaded in parts: each says which it lacks.
+        for prefix, module in self.named_modules():
+            parts = getattr(module, "missing_weights", None)
+            if parts is not None:
+                missing.update(f"{prefix}.{part}" for part in parts())
         if missing:
             raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
         # Layouts that differ from the checkpoint's are made once here (DeepSeek's rope rows).

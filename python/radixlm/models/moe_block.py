@@ -23,32 +23,39 @@ from radixlm.models.llama import LlamaMLP
 
 
 class MoEGate(nn.Module):
-    """Router logits (replicated on every rank) and DeepSeek-V3's load-balancing bias."""
+    """Router logits (replicated on every rank) and DeepSeek-V3's load-balancing bias.
+    `fp32`: weight and product in float32 (DeepSeek), else in the model's dtype."""
 
-    def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool):
+    def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool = False,
+                 fp32: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        dtype = torch.float32 if fp32 else None
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype),
+                                   requires_grad=False)
         self.e_score_correction_bias = (
             nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
             if correction_bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x.to(self.weight.dtype), self.weight)
 
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, config: ModelConfig, tp: TPGroup, routing: RoutingConfig,
-                 shared_expert_gate: bool = False, correction_bias: bool = False):
+                 shared_expert_gate: bool = False, correction_bias: bool = False,
+                 fp32_router: bool = False):
         super().__init__()
+        routing.check(config.num_experts)
         self.tp = tp
         self.routing = routing
-        self.gate = MoEGate(config.hidden_size, config.num_experts, correction_bias)
+        self.gate = MoEGate(config.hidden_size, config.num_experts, correction_bias,
+                            fp32_router)
         self.experts = FusedMoE(config.num_experts, config.hidden_size,
                                 config.moe_intermediate_size, tp)
         shared = config.shared_expert_intermediate_size
         self.shared_experts = (LlamaMLP(config.hidden_size, shared, False, tp,
                                         reduce_results=False) if shared else None)
-        self.shared_expert_gate = (MoEGate(config.hidden_size, 1, False)
+        self.shared_expert_gate = (MoEGate(config.hidden_size, 1)
                                    if shared and shared_expert_gate else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,7 +67,7 @@ class TritonDecodeMetadata:
 @dataclass
 class TritonExtendMetadata:
     qo_indptr: torch.Tensor       # [B+1] int32: request i's new tokens are q[qo_indptr[i]:...]
-    kv_indptr: torch.Tensor       # [B+1] int32 over the cached prefixes
+    kv_indptr: torch.Tensor       # [B+1] int32 over the cached prefixes (MLA: whole sequences)
     kv_indices: torch.Tensor
     max_extend_len: int
 

@@ -13,6 +13,8 @@ gate_up_proj) and w2 [E, H, I].
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -70,8 +72,7 @@ def _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, add) -> torch.Tens
     tile2 = tile_config_for(num_pairs, num_experts, hidden, two_i // 2, x.dtype, x.device)
     pairs = kern.align_pairs_to_blocks(topk_ids, num_experts, tile1.block_m)
     if tile2.block_m != tile1.block_m:   # both GEMMs walk the same sorted blocks
-        tile2 = kern.MoETileConfig(tile1.block_m, tile2.block_n, tile2.block_k, tile2.group_m,
-                                   tile2.num_warps, tile2.num_stages)
+        tile2 = dataclasses.replace(tile2, block_m=tile1.block_m)
     gate_up = torch.empty((num_pairs, two_i), dtype=x.dtype, device=x.device)
     kern.grouped_gemm(x, w13, gate_up, pairs, top_k, tile1)
     act = silu_and_mul(gate_up)

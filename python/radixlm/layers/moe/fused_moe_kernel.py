@@ -63,9 +63,10 @@ class AlignedPairs:
     block_m: int
 
 
-# Up to this many pairs (every decode batch) one Triton kernel does the alignment; its pairwise
-# ranking is quadratic, so bigger (prefill) batches use the torch ops below.
-SMALL_ALIGN_MAX_PAIRS = 4096
+# Up to this many pairs (decode batches) one Triton kernel does the alignment; its pairwise
+# ranking is quadratic (on an H200 ~65 us at 4096 pairs and 128 experts, ~190 us with 256),
+# so bigger batches use the torch ops below.
+SMALL_ALIGN_MAX_PAIRS = 2048
 
 
 @triton.jit

@@ -54,6 +54,9 @@ class FusedMoE(nn.Module):
                                       requires_grad=False)
         for p in (self.w13_weight, self.w2_weight):
             p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        # Which (expert, gate / up / down) the checkpoint filled: one loaded tensor must not
+        # pass for the whole stack (the rest would stay uninitialised memory).
+        self._filled = [[False] * 3 for _ in range(num_experts)]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard: tuple[int, int | None]) -> None:
@@ -72,6 +75,13 @@ class FusedMoE(nn.Module):
             param.data[expert].copy_(loaded[:, mine])
         else:                   # gate (0) or up (1): [I, H] -> this rank's rows
             param.data[expert, part * self.shard:(part + 1) * self.shard].copy_(loaded[mine])
+        self._filled[expert][2 if part is None else part] = True
+
+    def missing_weights(self) -> list[str]:
+        """The expert matrices no checkpoint tensor filled (checked after loading)."""
+        names = ("gate_proj", "up_proj", "down_proj")
+        return [f"{e}.{names[i]}" for e, parts in enumerate(self._filled)
+                for i, done in enumerate(parts) if not done]
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:

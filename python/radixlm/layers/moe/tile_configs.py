@@ -50,8 +50,11 @@ def _load(directory: str, slug: str, name: str) -> dict[int, MoETileConfig] | No
     return {int(pairs): MoETileConfig(**cfg) for pairs, cfg in raw.items()}
 
 
+@functools.lru_cache(maxsize=1024)
 def tile_config_for(num_pairs: int, num_experts: int, n: int, k: int, dtype: torch.dtype,
                     device: torch.device) -> MoETileConfig:
+    """Memoised: eager steps ask twice per MoE layer (RADIXLM_MOE_CONFIG_DIR is read on the
+    first ask for a shape)."""
     tuned = _load(str(config_dir()), gpu_slug(device),
                   config_file_name(num_experts, n, k, dtype))
     if tuned:

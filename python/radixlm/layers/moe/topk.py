@@ -49,6 +49,25 @@ class RoutingConfig:
             raise ValueError(f"topk_group {self.topk_groups} must be in 1..n_group "
                              f"({self.num_groups})")
 
+    def check(self, num_experts: int) -> None:
+        """Refuse, at model build time, a routing these experts cannot serve (rather than an
+        error at the first forward pass, or experts picked from outside the allowed groups)."""
+        def bad(why: str) -> ValueError:
+            return ValueError(f"--model-path: unsupported MoE config: {why}")
+        if num_experts < 1:
+            raise bad("no experts (num_experts / num_local_experts / n_routed_experts)")
+        if self.top_k > num_experts:
+            raise bad(f"num_experts_per_tok {self.top_k} > {num_experts} experts")
+        if self.grouped:
+            if num_experts % self.num_groups:
+                raise bad(f"n_group {self.num_groups} does not divide {num_experts} experts")
+            size = num_experts // self.num_groups
+            if self.group_score == "top2_sum" and size < 2:
+                raise bad("groups ranked by their two best experts need >= 2 experts each")
+            if self.topk_groups * size < self.top_k:
+                raise bad(f"topk_group {self.topk_groups} groups of {size} experts hold fewer "
+                          f"than num_experts_per_tok {self.top_k}")
+
     @property
     def grouped(self) -> bool:
         return self.num_groups > 1 and self.topk_groups < self.num_groups

@@ -56,6 +56,20 @@ def per_request_kv_splits(seq_lens: torch.Tensor, max_kv_splits: int) -> torch.T
 
 
 @triton.jit
+def split_range(kv_indptr, num_kv_splits, b, split, BLOCK_N: tl.constexpr):
+    """(first index of request b's keys, this split's [lo, hi) key positions). Splits are
+    whole tiles long, so only a request's last tile is ever partial; a split past the end is
+    empty (lo >= hi)."""
+    kv_start = tl.load(kv_indptr + b)
+    seq_len = tl.load(kv_indptr + b + 1) - kv_start
+    n_split = tl.load(num_kv_splits + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+    return kv_start, lo, hi
+
+
+@triton.jit
 def _decode_partial_kernel(
     Q, K_buf, V_buf,                  # Q [B, Hq, D]; K/V pools [slots, Hk, D]
     kv_indptr, kv_indices, num_kv_splits,
@@ -71,14 +85,7 @@ def _decode_partial_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-
-    kv_start = tl.load(kv_indptr + b)
-    seq_len = tl.load(kv_indptr + b + 1) - kv_start
-    n_split = tl.load(num_kv_splits + b)
-    # Splits are whole tiles long, so only a request's last tile is ever partial.
-    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
+    kv_start, lo, hi = split_range(kv_indptr, num_kv_splits, b, split, BLOCK_N)
 
     if lo < hi:  # programs past the end of a short request have nothing to do
         offs_h = tl.arange(0, BLOCK_H)

@@ -25,7 +25,29 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
-from radixlm.layers.attention.kernels.decode_attention import LOG2E, _decode_reduce_kernel
+from radixlm.layers.attention.kernels.decode_attention import (
+    LOG2E,
+    _decode_reduce_kernel,
+    split_range,
+)
+from radixlm.layers.attention.kernels.extend_attention import _online_softmax_step
+
+
+@triton.jit
+def _latent_tile_scores(q_lat, q_rope, KV, kv_indices, kv_start, pos, n_mask, stride_kvt,
+                        offs_l, offs_r, l_mask, r_mask, LORA: tl.constexpr,
+                        DOT_PREC: tl.constexpr):
+    """Load the latents of key positions `pos` (c [N, LORA] and k_rope [N, ROPE]) and score
+    them: q_lat . c + q_rope . k_rope, unscaled [M, N]. Returns (scores, c); c is V."""
+    slot = tl.load(kv_indices + kv_start + pos, mask=n_mask, other=0).to(tl.int64)
+    row = KV + slot[:, None] * stride_kvt
+    c = tl.load(row + offs_l[None, :], mask=n_mask[:, None] & l_mask[None, :],
+                other=0.0).to(q_lat.dtype)
+    k_rope = tl.load(row + LORA + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :],
+                     other=0.0).to(q_lat.dtype)
+    s = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PREC)
+    s += tl.dot(q_rope, tl.trans(k_rope), input_precision=DOT_PREC)
+    return s, c
 
 
 @triton.jit
@@ -39,12 +61,7 @@ def _mla_decode_partial_kernel(
     b = tl.program_id(0)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
-    kv_start = tl.load(kv_indptr + b)
-    seq_len = tl.load(kv_indptr + b + 1) - kv_start
-    n_split = tl.load(num_kv_splits + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, n_split), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
+    kv_start, lo, hi = split_range(kv_indptr, num_kv_splits, b, split, BLOCK_N)
     if lo < hi:
         heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
         offs_l = tl.arange(0, BLOCK_L)
@@ -64,21 +81,11 @@ def _mla_decode_partial_kernel(
         for start in range(lo, hi, BLOCK_N):
             pos = start + offs_n
             n_mask = pos < hi
-            slot = tl.load(kv_indices + kv_start + pos, mask=n_mask, other=0).to(tl.int64)
-            row = KV + slot[:, None] * stride_kvt
-            c = tl.load(row + offs_l[None, :], mask=n_mask[:, None] & l_mask[None, :],
-                        other=0.0).to(q_lat.dtype)
-            k_rope = tl.load(row + LORA + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :],
-                             other=0.0).to(q_lat.dtype)
-            s = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PREC)
-            s += tl.dot(q_rope, tl.trans(k_rope), input_precision=DOT_PREC)
+            s, c = _latent_tile_scores(q_lat, q_rope, KV, kv_indices, kv_start, pos, n_mask,
+                                       stride_kvt, offs_l, offs_r, l_mask, r_mask, LORA,
+                                       DOT_PREC)
             s = tl.where(n_mask[None, :], s * sm_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PREC)
-            m_i = m_new
+            acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, c, DOT_PREC)
         o_ptrs = (Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos
                   + offs_l[None, :])
         tl.store(o_ptrs, acc / l_i[:, None], mask=h_mask[:, None] & l_mask[None, :])
@@ -158,24 +165,13 @@ def _mla_extend_kernel(
         for start in range(0, hi, BLOCK_N):
             pos = start + offs_n
             n_mask = pos < hi
-            slot = tl.load(kv_indices + kv_start + pos, mask=n_mask, other=0).to(tl.int64)
-            row = KV + slot[:, None] * stride_kvt
-            c = tl.load(row + offs_l[None, :], mask=n_mask[:, None] & l_mask[None, :],
-                        other=0.0).to(q_lat.dtype)
-            k_rope = tl.load(row + LORA + offs_r[None, :], mask=n_mask[:, None] & r_mask[None, :],
-                             other=0.0).to(q_lat.dtype)
-            s = tl.dot(q_lat, tl.trans(c), input_precision=DOT_PREC)
-            s += tl.dot(q_rope, tl.trans(k_rope), input_precision=DOT_PREC)
+            s, c = _latent_tile_scores(q_lat, q_rope, KV, kv_indices, kv_start, pos, n_mask,
+                                       stride_kvt, offs_l, offs_r, l_mask, r_mask, LORA,
+                                       DOT_PREC)
             visible = (pos[None, :] <= prefix + offs_m[:, None]) & n_mask[None, :]
             s = tl.where(visible, s * sm_scale_log2, float("-inf"))
-            # Row max over what is visible so far; key 0 is visible to every query, so the
-            # first tile makes every row finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PREC)
-            m_i = m_new
+            # Key 0 is visible to every query, so the first tile makes every row finite.
+            acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, c, DOT_PREC)
         o_ptrs = (Out + (qo_start + offs_m)[:, None].to(tl.int64) * stride_ot + head * stride_oh
                   + offs_l[None, :])
         tl.store(o_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty),
@@ -197,10 +193,12 @@ def mla_extend_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tenso
         return out
     block_l, block_r = block_dmodel(lora), block_dmodel(rope)
     wide = block_l >= 256
-    # 64 x 64 tiles with 8 warps: 166 TFLOP/s on an H200 at 4k (vs 69 with 32 x 32; the
-    # sweep is `radixlm bench moe --parts mla-extend`).
-    block_m = block_m or 64
-    block_n = block_n or 64
+    # bf16: 64 x 64 tiles with 8 warps, 166 TFLOP/s on an H200 at 4k (vs 69 with 32 x 32;
+    # `radixlm bench moe --parts mla-extend`). fp32 tiles of a 512-wide latent that size
+    # overflow shared memory, so fp32 takes 32 x 32.
+    small = wide and q.dtype.itemsize >= 4
+    block_m = block_m or (32 if small else 64)
+    block_n = block_n or (32 if small else 64)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (bs, hq, triton.cdiv(max_extend_len, block_m))
     _mla_extend_kernel[grid](
