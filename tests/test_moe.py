@@ -12,6 +12,7 @@ Triton grouped GEMM against the per-expert PyTorch loop.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -261,3 +262,16 @@ def test_a_quantized_checkpoint_is_refused(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="quantized checkpoints are not supported yet.*'fp8'"):
         create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))
+
+
+def test_dense_floor_benchmarks_point_moe_models_to_bench_moe():
+    from radixlm.bench.floor import check_floor_supports
+    from radixlm.core.model_config import ModelConfig
+    from radixlm.model_executor.weight_source import load_hf_config
+    configs = Path(__file__).resolve().parents[1] / "benchmarks" / "configs"
+    for name in ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b"):
+        mc = ModelConfig.from_hf(load_hf_config(str(configs / name)), 4096)
+        with pytest.raises(SystemExit, match="radixlm bench moe --parts model"):
+            check_floor_supports(mc)
+    check_floor_supports(ModelConfig.from_hf(load_hf_config(str(configs / "llama-3.2-1b")),
+                                             4096))

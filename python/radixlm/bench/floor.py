@@ -99,6 +99,15 @@ class FloorTimes:
         return self.prefill_s + sum(self.decode_steps_s)
 
 
+def check_floor_supports(model_config) -> None:
+    """The floor is a dense Llama-style decoder; say so for MoE / MLA models (whose
+    benchmark is `radixlm bench moe --parts model`) instead of failing inside it."""
+    if model_config.is_moe or model_config.is_mla:
+        raise SystemExit(f"the plain-PyTorch floor covers dense Llama/Qwen models, not "
+                         f"{model_config.architecture}; use `radixlm bench moe --parts model "
+                         f"--model-path ...` for MoE and MLA models")
+
+
 def measure_floor(runner, prompts: torch.Tensor, output_len: int, prefill_group: int,
                   repeats: int = 2) -> FloorTimes:
     """Greedy static-batch generation of `output_len` tokens for `prompts` [B, L] with the
@@ -106,6 +115,7 @@ def measure_floor(runner, prompts: torch.Tensor, output_len: int, prefill_group:
     steps, each reading the sampled ids back to the host as an engine does. The last of
     `repeats` runs is reported (the first warms up)."""
     dev, mc = runner.device, runner.model_config
+    check_floor_supports(mc)
     bs, n_in = prompts.shape
     floor = FloorModel(runner.model)
     caches = [tuple(torch.empty(bs, mc.num_kv_heads, n_in + output_len, mc.head_dim,

@@ -22,10 +22,12 @@ import httpx
 import torch
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
-from radixlm.bench.floor import measure_floor
+from radixlm.bench.floor import check_floor_supports, measure_floor
+from radixlm.core.model_config import ModelConfig
 from radixlm.bench.progress import TokenProgress
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.model_executor.runner_config import RunnerConfig
+from radixlm.model_executor.weight_source import load_hf_config, resolve_model_dir
 from radixlm.utils.server_process import launch_server, stop_server
 
 
@@ -56,6 +58,9 @@ def generate(url: str, prompts: torch.Tensor, output_len: int) -> tuple[float, l
 
 def run(ns: argparse.Namespace) -> dict:
     bs, n_in, n_out = ns.batch_size, ns.input_len, ns.output_len
+    # The floor only runs dense models: find out before the server's timed run, not after.
+    hf_dir, _ = resolve_model_dir(ns.model_path, ns.load_format)
+    check_floor_supports(ModelConfig.from_hf(load_hf_config(hf_dir), None))
     proc, url = (None, ns.base_url) if ns.base_url else start_server(ns)
     try:
         gen = torch.Generator().manual_seed(0)

@@ -17,7 +17,7 @@ import torch
 
 from radixlm.bench.common import (default_output_path, environment, median, print_summary,
                                   sync_device, write_json)
-from radixlm.bench.floor import measure_floor
+from radixlm.bench.floor import check_floor_supports, measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> dict:
                              disable_cuda_graph=args.disable_cuda_graph,
                              cuda_graph_max_bs=bs)
     runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(server_args), radix=False)
+    check_floor_supports(runner.model_config)   # before the timed engine run, not after
     dev = runner.device
     vocab = runner.model_config.vocab_size
     prompts = torch.randint(0, vocab, (bs, n_in), generator=torch.Generator().manual_seed(0))
