@@ -44,6 +44,10 @@ class AttentionBackend(ABC):
         # (the previous step's kernels are already queued with their own tensors).
         self.metadata: Any = None
 
+    def bind_layers(self, layers: list[AttentionLayer]) -> None:
+        """Called once with every attention layer the backend serves (their shapes are not
+        known when the backend is built)."""
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> Any:
         """Per-batch metadata shared by every layer of the step (None when a backend needs none)."""
         self.metadata = None

@@ -41,4 +41,5 @@ def bind_attention_backend(model: nn.Module, backend: AttentionBackend) -> int:
     layers = [m for m in model.modules() if isinstance(m, RadixAttention)]
     for layer in layers:
         layer.backend = backend
+    backend.bind_layers(layers)
     return len(layers)

@@ -43,6 +43,7 @@ from radixlm.layers.attention.kernels import (
 from radixlm.layers.attention.kernels.common import num_sms
 from radixlm.layers.attention.kernels.mla_attention import (
     mla_decode_attention,
+    mla_decode_programs_per_request,
     mla_extend_attention,
 )
 from radixlm.layers.attention.kernels.store_kv import store_kv
@@ -82,6 +83,14 @@ class TritonAttnBackend(AttentionBackend):
         self.decode_block_n = decode_block_n
         self.extend_block_m = extend_block_m
         self.extend_block_n = extend_block_n
+        # Decode programs per request and split: one per KV head, or for the MLA latent pool
+        # one per block of query heads (bind_layers sets it from the layers).
+        self.decode_programs_per_request = kv_pool.num_kv_heads
+
+    def bind_layers(self, layers: list[AttentionLayer]) -> None:
+        if self.kv_pool.is_latent and layers:
+            self.decode_programs_per_request = max(
+                mla_decode_programs_per_request(layer.num_heads) for layer in layers)
 
     # ------------------------------------------------------------------ metadata
 
@@ -128,7 +137,7 @@ class TritonAttnBackend(AttentionBackend):
         table = self.req_to_token_pool.req_to_token
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
                                                  num_kv_indices)
-        max_kv_splits = choose_max_kv_splits(fb.batch_size, self.kv_pool.num_kv_heads,
+        max_kv_splits = choose_max_kv_splits(fb.batch_size, self.decode_programs_per_request,
                                              max_seq_len, num_sms(table.device))
         self.metadata = TritonDecodeMetadata(
             fb.batch_size, kv_indptr, kv_indices,

@@ -93,6 +93,17 @@ def _mla_decode_partial_kernel(
                  mask=h_mask)
 
 
+def mla_block_h(num_heads: int) -> int:
+    """Query heads per decode program (each latent tile is loaded once for all of them)."""
+    return 16 if num_heads <= 16 else 32 if num_heads % 32 == 0 or num_heads > 64 else 16
+
+
+def mla_decode_programs_per_request(num_heads: int) -> int:
+    """Head blocks per request in the decode grid: what the split heuristic multiplies by
+    (the pool's single latent "head" would undercount it)."""
+    return triton.cdiv(num_heads, mla_block_h(num_heads))
+
+
 def mla_decode_block_n(lora: int, dtype: torch.dtype) -> int:
     return 32 if block_dmodel(lora) * dtype.itemsize > 256 else 64
 
@@ -111,7 +122,7 @@ def mla_decode_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tenso
     if bs == 0:
         return out
     block_l, block_r = block_dmodel(lora), block_dmodel(rope)
-    block_h = 16 if hq <= 16 else 32 if hq % 32 == 0 or hq > 64 else 16
+    block_h = mla_block_h(hq)
     block_n = block_n or mla_decode_block_n(lora, q.dtype)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     _mla_decode_partial_kernel[(bs, triton.cdiv(hq, block_h), max_kv_splits)](
