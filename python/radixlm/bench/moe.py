@@ -39,11 +39,6 @@ EXPERT_SHAPES = {
 }
 
 
-def copy_bandwidth(device: torch.device) -> float:
-    from radixlm.bench.one_batch import copy_bandwidth as measure
-    return measure(device)
-
-
 def time_fn(fn: Callable[[], object], device: torch.device, iters: int = 20) -> float:
     """Median seconds of fn() after two warm-up calls, each call timed alone."""
     for _ in range(2):
@@ -331,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown_shapes = set(args.shapes.split(",")) - set(EXPERT_SHAPES)
     if unknown_shapes:
         p.error(f"--shapes: unknown {sorted(unknown_shapes)}; choose from {sorted(EXPERT_SHAPES)}")
+    from radixlm.bench.one_batch import copy_bandwidth
     device = torch.device("cuda")
     bandwidth = copy_bandwidth(device)
     result: dict = {"copy_bandwidth_gb_s": bandwidth / 1e9}

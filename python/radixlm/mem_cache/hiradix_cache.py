@@ -41,7 +41,7 @@ from radixlm.config import ServerArgs
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
 from radixlm.mem_cache.kv_transfer import (HostWriter, gather_rows, load_to_device,
-                                           scatter_rows)
+                                           rows_shape, scatter_rows)
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
@@ -316,7 +316,7 @@ class HiRadixCache(RadixCache):
 
     def _decode_block(self, data: bytes) -> torch.Tensor | None:
         pool = self.device_pool
-        shape = (pool.num_layers, 2, self.block_size, pool.num_kv_heads, pool.head_dim)
+        shape = rows_shape(pool, self.block_size)
         itemsize = torch.empty((), dtype=pool.dtype).element_size()
         if len(data) != itemsize * math.prod(shape):
             return None      # another layout (should not happen: it is in the name)

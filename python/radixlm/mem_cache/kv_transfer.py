@@ -23,12 +23,16 @@ import torch
 from radixlm.mem_cache.pools import KVPool
 
 
+def rows_shape(pool: KVPool, n: int) -> tuple[int, ...]:
+    """The shape of n tokens' K and V in every layer: [layers, 2 (K, V), n, heads, dim]."""
+    return (pool.num_layers, 2, n, pool.num_kv_heads, pool.head_dim)
+
+
 def gather_rows(pool: KVPool, slots: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """[layers, 2, n, heads, dim] rows of `pool` (into `out` when given)."""
+    """rows_shape(pool, len(slots)) rows of `pool` (into `out` when given)."""
     if out is None:
-        out = torch.empty((pool.num_layers, 2, len(slots), pool.num_kv_heads, pool.head_dim),
-                          dtype=pool.dtype, device=pool.device)
+        out = torch.empty(rows_shape(pool, len(slots)), dtype=pool.dtype, device=pool.device)
     for layer in range(pool.num_layers):
         torch.index_select(pool.k_buffers[layer], 0, slots, out=out[layer, 0])
         torch.index_select(pool.v_buffers[layer], 0, slots, out=out[layer, 1])
@@ -79,8 +83,8 @@ def load_to_device(host_pool: KVPool, host_slots: torch.Tensor, device_pool: KVP
     if device_pool.device.type != "cuda":
         scatter_rows(device_pool, device_slots, gather_rows(host_pool, host_slots))
         return
-    staging = torch.empty((host_pool.num_layers, 2, len(host_slots), host_pool.num_kv_heads,
-                           host_pool.head_dim), dtype=host_pool.dtype, pin_memory=True)
+    staging = torch.empty(rows_shape(host_pool, len(host_slots)), dtype=host_pool.dtype,
+                          pin_memory=True)
     gather_rows(host_pool, host_slots, out=staging)
     # The caching host allocator keeps `staging` alive until the copy has run.
     rows = staging.to(device_pool.device, non_blocking=True)

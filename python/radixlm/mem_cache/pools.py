@@ -43,6 +43,8 @@ class KVPool:
     write their K/V there, so they can't clobber a real token.
     """
 
+    is_latent = False       # MLAKVPool: one latent row per token instead of K and V
+
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False):
         """`pin_memory`: page-locked host buffers (the hierarchical cache's host tier on a GPU
@@ -61,8 +63,6 @@ class KVPool:
         self.k_buffers = [buffer() for _ in range(num_layers)]
         self.v_buffers = [buffer() for _ in range(num_layers)]
         self.v_head_dim = head_dim
-
-    is_latent = False
 
     @property
     def nbytes(self) -> int:

@@ -205,7 +205,7 @@ class TritonAttnBackend(AttentionBackend):
         hk, d = layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
         if self.kv_pool.is_latent:      # one row per token; V is its first v_head_dim values
-            k_buf[fb.out_cache_loc] = k.reshape(-1, hk, d).to(k_buf.dtype)
+            self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d))
             return k_buf, v_buf
         store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc)
         return k_buf, v_buf
