@@ -52,6 +52,22 @@ def test_tiny_models_tp2_equal_tp1(make_engine, tmp_path, smollm_dir, arch, kv_h
     assert_same(run(make_engine, 1, **kwargs), run(make_engine, 2, **kwargs))
 
 
+def test_awq_checkpoint_tp2_equals_tp1(make_engine, tmp_path, smollm_dir):
+    """4-bit weights are sharded by the layers' loaders (packed words, groups of scales and
+    zeros): both ranks together compute what one does."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from quant_formats import write_quantized_checkpoint
+    tiny_checkpoint(tmp_path / "llama", "llama", 2)
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    state = load_file(str(tmp_path / "llama" / "model.safetensors"))
+    write_quantized_checkpoint(state, config, tmp_path / "awq", "awq", group=32)
+    kwargs = dict(model_path=str(tmp_path / "awq"), tokenizer_path=smollm_dir)
+    assert_same(run(make_engine, 1, **kwargs), run(make_engine, 2, **kwargs))
+
+
 def test_structured_and_overlap_under_tp(make_engine, tmp_path, smollm_dir, monkeypatch):
     """The overlap scheduler and a grammar (every rank fills the same mask) give what TP1
     gives."""

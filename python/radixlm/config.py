@@ -15,6 +15,10 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
+# Weight quantization (SGLang's names): fp8 (online, or an FP8 checkpoint), awq / gptq (4-bit
+# checkpoints), w4a16 (online 4-bit round-to-nearest, group 128).
+QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,14 @@ class ServerArgs:
     served_model_name: str | None = None
     device: str | None = None              # None: cuda when available, else cpu
     random_seed: int = 0
+    quantization: str | None = None        # None: as the checkpoint says (unquantized if silent)
 
     # Memory
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
     max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
     max_running_requests: int | None = None
     page_size: int = 1
+    kv_cache_dtype: str = "auto"           # fp8_e4m3: 1-byte K/V (per-tensor scales), 2x tokens
     disable_radix_cache: bool = False
     # Hierarchical cache (HiCache): a host-memory tier under the radix cache
     enable_hierarchical_cache: bool = False
@@ -95,6 +101,11 @@ class ServerArgs:
             raise bad("load-format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise bad("quantization", f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise bad("kv-cache-dtype", f"must be one of {KV_CACHE_DTYPES}, "
+                                        f"got {self.kv_cache_dtype!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
                                          f"got {self.schedule_policy!r}")
@@ -193,6 +204,10 @@ class ServerArgs:
                 kwargs["choices"] = SCHEDULE_POLICIES
             elif f.name == "load_format":
                 kwargs["choices"] = LOAD_FORMATS
+            elif f.name == "quantization":
+                kwargs["choices"] = QUANTIZATIONS
+            elif f.name == "kv_cache_dtype":
+                kwargs["choices"] = KV_CACHE_DTYPES
             parser.add_argument(flag, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:

@@ -1,29 +1,53 @@
 """`python -m radixlm.bench.decode_kernel`: the split-KV decode kernel alone, over tile sizes,
 warps, pipeline stages and split counts, as achieved bandwidth (K/V bytes read / kernel time)
-against the device's copy bandwidth. Used to pick the kernel's defaults (CUDA only)."""
+against the device's copy bandwidth. Used to pick the kernel's defaults (CUDA only).
+
+`--kv-cache-dtype fp8_e4m3` sweeps the same batch twice in one run, over a bf16 KV pool and over
+an fp8 one (the same values, quantized), and reports the decode attention time of each at the
+tiles the backend uses and at their best (the target: fp8 KV no slower than bf16)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
 
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
+def _median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     from radixlm.bench.one_batch import copy_bandwidth
+    from radixlm.core.kv_quant import kv_storage_dtype, quantize
     from radixlm.layers.attention.kernels import (alloc_decode_buffers, build_kv_indices,
-                                                  decode_attention, per_request_kv_splits)
+                                                  choose_max_kv_splits, decode_attention,
+                                                  per_request_kv_splits)
+    from radixlm.layers.attention.kernels.common import num_sms
+    from radixlm.layers.attention.kernels.decode_attention import decode_block_n
     p = argparse.ArgumentParser(prog="python -m radixlm.bench.decode_kernel")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--num-heads", type=int, default=32)
     p.add_argument("--num-kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="fp8_e4m3: also sweep an fp8 KV pool and compare it with bf16")
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
@@ -40,48 +64,70 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              bs * ctx)
     q = torch.randn(bs, hq, d, dtype=dt, device=dev)
     out = torch.empty_like(q)
-    kv_bytes = 2 * bs * ctx * hk * d * 2
     bw = copy_bandwidth(dev)
-    rows = []
-    for block_n, warps, stages, splits in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3),
-                                                           (1, 2, 4)):
+
+    def run(kb: torch.Tensor, vb: torch.Tensor, block_n: int, warps: int | None,
+            stages: int | None, splits: int) -> Callable[[], object]:
         nsplit = per_request_kv_splits(seq_lens, splits)
         mid_o, mid_lse = alloc_decode_buffers(bs, hq, d, splits, dev)
+        return lambda: decode_attention(q, kb, vb, out, kv_indptr, kv_indices, nsplit, splits,
+                                        d ** -0.5, mid_o, mid_lse, block_n=block_n,
+                                        num_warps=warps, num_stages=stages)
 
-        def call():
-            decode_attention(q, k_buf, v_buf, out, kv_indptr, kv_indices, nsplit, splits,
-                             d ** -0.5, mid_o, mid_lse, block_n=block_n, num_warps=warps,
-                             num_stages=stages)
-        try:
-            call()
-        except Exception as e:  # e.g. out of shared memory for this tile
+    def sweep(kb: torch.Tensor, vb: torch.Tensor) -> tuple[list[dict], list[dict], int]:
+        kv_bytes = 2 * bs * ctx * hk * d * kb.element_size()
+        rows = []
+        for block_n, warps, stages, splits in itertools.product((32, 64, 128), (2, 4, 8),
+                                                               (1, 2, 3), (1, 2, 4)):
+            call = run(kb, vb, block_n, warps, stages, splits)
+            try:
+                call()
+            except Exception as e:  # e.g. out of shared memory for this tile
+                rows.append({"block_n": block_n, "warps": warps, "stages": stages,
+                             "splits": splits, "error": str(e)[:100]})
+                continue
+            t = _median_seconds(call)
             rows.append({"block_n": block_n, "warps": warps, "stages": stages, "splits": splits,
-                         "error": str(e)[:100]})
-            continue
-        times = []
-        for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        t = sorted(times)[len(times) // 2]
-        rows.append({"block_n": block_n, "warps": warps, "stages": stages, "splits": splits,
-                     "seconds": t, "fraction_of_copy_bw": kv_bytes / t / bw})
-    ok = sorted((r for r in rows if "seconds" in r), key=lambda r: r["seconds"])
-    for r in ok[:10]:
-        print(r)
+                         "seconds": t, "fraction_of_copy_bw": kv_bytes / t / bw})
+        ok = sorted((r for r in rows if "seconds" in r), key=lambda r: r["seconds"])
+        for r in ok[:10]:
+            print(r)
+        return rows, ok, kv_bytes
+
+    if ns.kv_cache_dtype != "auto":
+        print("bf16 KV:")
+    rows, ok, kv_bytes = sweep(k_buf, v_buf)
     default = next(r for r in rows if (r["block_n"], r["warps"], r["stages"], r["splits"])
                    == (64 if d <= 64 else 32, 4, 2, 1))
     result = {"shape": vars(ns), "copy_bandwidth_gb_s": bw / 1e9, "kv_bytes": kv_bytes,
               "best": ok[0], "current_default": default, "all": rows}
+    summary = (f"decode kernel bs {bs} ctx {ctx}: best {ok[0]['fraction_of_copy_bw']:.0%} of "
+               f"copy bandwidth {ok[0]}, default {default.get('fraction_of_copy_bw', 0):.0%}")
+    if ns.kv_cache_dtype != "auto":
+        kv_dt = kv_storage_dtype(ns.kv_cache_dtype, dt)
+        # The same values, quantized as the pool stores them (scale 1: randn fits fp8's range).
+        k8, v8 = quantize(k_buf, 1.0, kv_dt), quantize(v_buf, 1.0, kv_dt)
+        print(f"{ns.kv_cache_dtype} KV:")
+        rows8, ok8, kv_bytes8 = sweep(k8, v8)
+        # What TritonAttnBackend launches: its tile heuristic and split choice, and
+        # decode_attention's warps and stages for the pool's dtype (None: its own choice).
+        splits = choose_max_kv_splits(bs, hk, ctx, num_sms(dev))
+        backend = dict(block_n=decode_block_n(d, dt), warps=None, stages=None, splits=splits)
+        t16 = _median_seconds(run(k_buf, v_buf, **backend))
+        t8 = _median_seconds(run(k8, v8, **backend))
+        result[ns.kv_cache_dtype] = {
+            "kv_bytes": kv_bytes8, "best": ok8[0], "all": rows8,
+            "backend_default": {**backend, "bf16_seconds": t16, "fp8_seconds": t8,
+                                "fp8_over_bf16": t8 / t16}}
+        summary = (f"decode attention bs {bs} ctx {ctx} hq {hq} hk {hk} d {d}, backend tiles "
+                   f"{backend}: bf16 KV {t16 * 1e6:.1f} us, {ns.kv_cache_dtype} KV "
+                   f"{t8 * 1e6:.1f} us ({t8 / t16:.2f}x); best {ok[0]['seconds'] * 1e6:.1f} vs "
+                   f"{ok8[0]['seconds'] * 1e6:.1f} us ({ok8[0]['seconds'] / ok[0]['seconds']:.2f}x,"
+                   f" fp8 best {ok8[0]})")
     result.update(environment(None), command="python -m radixlm.bench.decode_kernel " +
                   " ".join(argv))
     path = write_json(ns.output or default_output_path("decode_kernel"), result)
-    print_summary(f"decode kernel bs {bs} ctx {ctx}: best {ok[0]['fraction_of_copy_bw']:.0%} of "
-                  f"copy bandwidth {ok[0]}, default {default.get('fraction_of_copy_bw', 0):.0%}"
-                  f" -> {path}")
+    print_summary(f"{summary} -> {path}")
     return 0
 
 

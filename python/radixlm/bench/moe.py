@@ -232,7 +232,7 @@ def active_bytes_per_step(runner, batch_size: int, context: int) -> int:
     dense -= mc.vocab_size * mc.hidden_size * runner.dtype.itemsize
     e, k = mc.num_experts, mc.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch_size) if e else 0
-    kv = batch_size * context * runner.kv_spec.bytes_per_token(runner.dtype)
+    kv = batch_size * context * runner.kv_spec.bytes_per_token(runner.kv_dtype)
     return int(dense + moe_layers * touched * expert_bytes + kv)
 
 
@@ -247,7 +247,9 @@ def model_part(args, device: torch.device, bandwidth: float) -> dict:
     server_args = ServerArgs(model_path=args.model_path, load_format="dummy", dtype="bfloat16",
                              max_total_tokens=bs_max * (n_in + n_out + 1) + 64,
                              max_running_requests=bs_max, context_length=n_in + n_out + 8,
-                             cuda_graph_max_bs=bs_max, mem_fraction_static=0.9)
+                             cuda_graph_max_bs=bs_max, mem_fraction_static=0.9,
+                             # bench quant times quantized models through this part too
+                             quantization=getattr(args, "quantization", None))
     t0 = time.perf_counter()
     runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(server_args), radix=False)
     startup_s = time.perf_counter() - t0

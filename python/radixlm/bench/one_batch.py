@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
     # Roofline of one decode step at the final context length.
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     kv_bytes = (bs * (n_in + n_out) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
-                * torch.empty((), dtype=runner.dtype).element_size())
+                * runner.kv_dtype.itemsize)     # the pool's storage dtype (fp8: 1 byte)
     bw = copy_bandwidth(dev) if dev.type == "cuda" else None
     roofline_s = (weight_bytes + kv_bytes) / bw if bw else None
     engine_first = [r.output_ids[0] for r in run_.reqs]

@@ -127,7 +127,7 @@ def decode_roofline(runner: ModelRunner, ns: argparse.Namespace) -> dict | None:
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     context = ns.input_len + 4 + ns.steps // 2
     kv_bytes = (ns.batch_size * context * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
-                * torch.empty((), dtype=runner.dtype).element_size())
+                * runner.kv_dtype.itemsize)     # the pool's storage dtype (fp8: 1 byte)
     bw = copy_bandwidth(runner.device)
     return {"copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
             "step_s": (weight_bytes + kv_bytes) / bw}

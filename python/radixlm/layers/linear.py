@@ -10,11 +10,21 @@ the layer's: the layer decides the shard shapes and the loaders, the method crea
 parameters and computes the product. Full precision is `UnquantizedLinearMethod` (F.linear); a
 quantized format (FP8, INT4, ...) becomes one more LinearMethod subclass that every parallel
 layer, and so every model, can take unchanged.
+
+A method's parameters need not be shaped like the weight (packed 4-bit words, one scale per
+group or block). Each parameter says how it maps onto the weight, so the layer's loaders can cut
+this rank's shard out of any of them:
+  `output_dim` / `input_dim`: the parameter's dimension that runs along the weight's output rows
+      / input columns (defaults 0 / 1, as the weight; None: not split that way);
+  `output_div` / `input_div`: how many rows / columns one element along that dimension stands
+      for (8 for 4-bit values packed in int32, the group or block size for scales);
+  `per_part`: one element per fused sub-matrix (a per-tensor scale of each of q, k and v).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +36,24 @@ from radixlm.distributed.parallel_state import SINGLE, TPGroup
 WeightLoader = Callable[..., None]
 
 
-def _param(shape: tuple[int, ...], loader: WeightLoader) -> nn.Parameter:
-    p = nn.Parameter(torch.empty(shape), requires_grad=False)
+def _param(shape: tuple[int, ...], loader: WeightLoader, dtype: torch.dtype | None = None,
+           **layout: object) -> nn.Parameter:
+    """A frozen parameter with its loader and layout attributes (see the module docstring)."""
+    p = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     p.weight_loader = loader  # type: ignore[attr-defined]
+    for key, value in layout.items():
+        setattr(p, key, value)
     return p
+
+
+def _rows(size: int, start: int, div: int, what: str) -> tuple[int, int]:
+    """(first element, count) of a parameter whose elements each cover `div` rows, for the
+    rows [start, start + size) of the weight. A part must begin on an element boundary; its
+    last element may be partial (a matrix whose size is not a multiple of the block)."""
+    if start % div:
+        raise ValueError(f"{what}: rows from {start} do not start on a {div}-row boundary of "
+                         f"the quantized layout (tensor-parallel shard or fused part)")
+    return start // div, -(-size // div)
 
 
 class LinearMethod:
@@ -55,6 +79,10 @@ class LinearMethod:
         after the all-reduce themselves."""
         raise NotImplementedError
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once all of the layer's tensors are loaded: repack or quantize them into the
+        layout `apply` reads. Nothing to do by default."""
+
 
 class UnquantizedLinearMethod(LinearMethod):
     """Weights in the compute dtype (the default dtype when created), one F.linear."""
@@ -77,8 +105,34 @@ class UnquantizedLinearMethod(LinearMethod):
 # Stateless, so every layer without an explicit method shares this one.
 UNQUANTIZED = UnquantizedLinearMethod()
 
+# The method of layers built without one. The loader sets it around model construction, as it
+# sets the default dtype and device, so model classes need not pass it through every module.
+_default_method: LinearMethod = UNQUANTIZED
 
-class ColumnParallelLinear(nn.Module):
+
+@contextlib.contextmanager
+def default_linear_method(method: LinearMethod | None) -> Iterator[None]:
+    global _default_method
+    old, _default_method = _default_method, method or UNQUANTIZED
+    try:
+        yield
+    finally:
+        _default_method = old
+
+
+class _QuantizableLinear(nn.Module):
+    """What the parallel linear layers share: their method, and its post-loading step."""
+
+    linear_method: LinearMethod
+
+    def _set_method(self, method: LinearMethod | None) -> None:
+        self.linear_method = method or _default_method
+
+    def process_weights_after_loading(self) -> None:
+        self.linear_method.process_weights_after_loading(self)
+
+
+class ColumnParallelLinear(_QuantizableLinear):
     """y = x W^T (+ b) with W's output rows split across ranks; each rank keeps its slice.
 
     `output_sizes` lists the logical sub-matrices fused into this layer (one entry when unfused);
@@ -99,15 +153,25 @@ class ColumnParallelLinear(nn.Module):
         self.shard_sizes = [n for n, _ in shards]
         self.shard_sources = [start for _, start in shards]
         self.shard_offsets = [sum(self.shard_sizes[:i]) for i in range(len(self.shard_sizes))]
-        self.linear_method = linear_method or UNQUANTIZED
+        self._set_method(linear_method)
         # The bias is split like the weight's rows, so the same loader fills both.
         self.linear_method.create_weights(self, input_size, self.shard_sizes, bias,
                                           self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
-        size, offset = self.shard_sizes[shard_id], self.shard_offsets[shard_id]
-        src = loaded.narrow(0, self.shard_sources[shard_id], size)
-        param.data.narrow(0, offset, size).copy_(src)
+        if getattr(param, "per_part", False):
+            param.data[shard_id].copy_(loaded.reshape(()))
+            return
+        dim = getattr(param, "output_dim", 0)
+        if dim is None:
+            param.data.copy_(loaded)
+            return
+        div = getattr(param, "output_div", 1)
+        size = self.shard_sizes[shard_id]
+        what = f"part {shard_id} of a {type(self).__name__}"
+        dst, n = _rows(size, self.shard_offsets[shard_id], div, what)
+        src, _ = _rows(size, self.shard_sources[shard_id], div, what)
+        param.data.narrow(dim, dst, n).copy_(loaded.narrow(dim, src, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
@@ -150,7 +214,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         super().weight_loader(param, loaded, idx)  # type: ignore[arg-type]
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_QuantizableLinear):
     """y = x W^T + b with W's input columns split across ranks; partial sums are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
@@ -165,13 +229,19 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
         self.reduce_results = reduce_results
         self.input_shard = tp.shard(input_size, "input size")
-        self.linear_method = linear_method or UNQUANTIZED
+        self._set_method(linear_method)
         # Every rank holds the whole bias (it is added once, after the reduction).
         self.linear_method.create_weights(self, self.input_shard, [output_size], bias,
                                           self.weight_loader, bias_loader=self._bias_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        param.data.copy_(loaded.narrow(1, self.tp.rank * self.input_shard, self.input_shard))
+        dim = getattr(param, "input_dim", 1)
+        if getattr(param, "per_part", False) or dim is None:
+            param.data.copy_(loaded.reshape(param.shape))
+            return
+        first, n = _rows(self.input_shard, self.tp.rank * self.input_shard,
+                         getattr(param, "input_div", 1), "a RowParallelLinear shard")
+        param.data.copy_(loaded.narrow(dim, first, n))
 
     @staticmethod
     def _bias_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:

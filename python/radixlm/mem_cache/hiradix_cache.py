@@ -137,8 +137,11 @@ class HiRadixCache(RadixCache):
         wanted = config.host_slots(allocator.total_size, per_token)
         host_slots = (wanted // ps + 1) * ps   # + the padding page
         pinned = device_pool.device.type == "cuda"
+        # The device pool's storage dtype and scales: copies between the tiers are raw bytes
+        # (an fp8 device pool gets an fp8 host pool, twice the tokens per host byte too).
         self.host_pool = KVPool(host_slots, device_pool.num_layers, device_pool.num_kv_heads,
-                                device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned)
+                                device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned,
+                                k_scale=device_pool.k_scale, v_scale=device_pool.v_scale)
         self.host_allocator = KVAllocator(host_slots, ps, "cpu")
         self.host_writer = HostWriter(device_pool, self.host_pool)
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
@@ -150,8 +153,11 @@ class HiRadixCache(RadixCache):
             self.writer = BackgroundWriter(self.storage)
             self.block_size = -(-STORAGE_BLOCK // ps) * ps
             pool = device_pool
-            self.namespace = (f"{config.storage_namespace}|{pool.dtype}|L{pool.num_layers}"
-                              f"H{pool.num_kv_heads}D{pool.head_dim}|B{self.block_size}")
+            # fp8 blocks hold scaled values: only a pool with the same scales may read them.
+            scales = f"|ks{pool.k_scale!r}vs{pool.v_scale!r}" if pool.is_fp8 else ""
+            self.namespace = (f"{config.storage_namespace}|{pool.dtype}{scales}"
+                              f"|L{pool.num_layers}H{pool.num_kv_heads}D{pool.head_dim}"
+                              f"|B{self.block_size}")
             self._stored: set[str] = set()   # names known to be in the store
         super().__init__(req_to_token_pool, allocator)
 

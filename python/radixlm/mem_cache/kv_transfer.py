@@ -12,6 +12,10 @@ host wait for the GPU.
   stream, so the prefill that follows sees them.
 
 On the CPU both pools are host memory and the copies are plain.
+
+The host pool has the device pool's storage dtype (and scales), so the copies move raw bytes: an
+fp8 pool's rows stay fp8 in every tier and in the file tier. PyTorch lacks index_copy_ for fp8
+on the CPU, so fp8 rows are moved as uint8 views of the same bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections import deque
 
 import torch
 
+from radixlm.core.kv_quant import is_fp8
 from radixlm.mem_cache.pools import KVPool
 
 
@@ -28,22 +33,31 @@ def rows_shape(pool: KVPool, n: int) -> tuple[int, ...]:
     return (pool.num_layers, 2, n, pool.num_kv_heads, pool.head_dim)
 
 
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself, or for fp8 the same bytes as uint8 (copies need no arithmetic)."""
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
+
+
 def gather_rows(pool: KVPool, slots: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """rows_shape(pool, len(slots)) rows of `pool` (into `out` when given)."""
+    """rows_shape(pool, len(slots)) rows of `pool` (into `out` when given), in its dtype."""
     if out is None:
         out = torch.empty(rows_shape(pool, len(slots)), dtype=pool.dtype, device=pool.device)
+    raw_out = _raw(out)
     for layer in range(pool.num_layers):
-        torch.index_select(pool.k_buffers[layer], 0, slots, out=out[layer, 0])
-        torch.index_select(pool.v_buffers[layer], 0, slots, out=out[layer, 1])
+        torch.index_select(_raw(pool.k_buffers[layer]), 0, slots, out=raw_out[layer, 0])
+        torch.index_select(_raw(pool.v_buffers[layer]), 0, slots, out=raw_out[layer, 1])
     return out
 
 
 def scatter_rows(pool: KVPool, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """pool[slots] = rows, rows as gather_rows returns them."""
+    """pool[slots] = rows, rows as gather_rows returns them (the pool's dtype)."""
+    if rows.dtype != pool.dtype:
+        raise TypeError(f"KV rows of {rows.dtype} copied into a {pool.dtype} pool")
+    raw_rows = _raw(rows)
     for layer in range(pool.num_layers):
-        pool.k_buffers[layer].index_copy_(0, slots, rows[layer, 0])
-        pool.v_buffers[layer].index_copy_(0, slots, rows[layer, 1])
+        _raw(pool.k_buffers[layer]).index_copy_(0, slots, raw_rows[layer, 0])
+        _raw(pool.v_buffers[layer]).index_copy_(0, slots, raw_rows[layer, 1])
 
 
 class HostWriter:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.core.kv_quant import is_fp8, quantize
+
 
 class ReqToTokenPool:
     """A [max_running_requests, max_context_len] int32 table: row r lists the KV slot of every
@@ -41,20 +43,37 @@ class KVPool:
 
     Slot 0 is never handed out by the allocator: padded positions (CUDA graphs, dummy requests)
     write their K/V there, so they can't clobber a real token.
+
+    `dtype` is the storage dtype, which need not be the model's (compute) dtype: with
+    `--kv-cache-dtype fp8_e4m3` it is torch.float8_e4m3fn, one byte per value, so the same
+    memory holds twice the tokens of a 16-bit pool. An fp8 pool stores K / k_scale and
+    V / v_scale (per-tensor scales, plain floats fixed at build time so that CUDA graphs capture
+    them as constants) and whoever reads it multiplies by the scale (`dequantize`; the Triton
+    kernels fold it into their arithmetic). The scales are 1.0 unless given (no checkpoint KV
+    scales are read yet); values beyond +-448 * scale are clamped, not turned into NaN.
     """
 
     is_latent = False       # MLAKVPool: one latent row per token instead of K and V
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False):
+                 dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False,
+                 k_scale: float = 1.0, v_scale: float = 1.0):
         """`pin_memory`: page-locked host buffers (the hierarchical cache's host tier on a GPU
         machine, so copies to and from the device run at full speed)."""
+        if not (k_scale > 0 and v_scale > 0):
+            raise ValueError(f"KV scales must be positive, got k {k_scale}, v {v_scale}")
+        if not is_fp8(dtype) and (k_scale, v_scale) != (1.0, 1.0):
+            # Only fp8 stores scaled values (quantize, the store kernel); a scale on another
+            # dtype would be applied by the readers alone.
+            raise ValueError(f"KV scales apply to fp8 pools only, not {dtype}")
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
+        self.k_scale = float(k_scale)
+        self.v_scale = float(v_scale)
         shape = (num_slots, num_kv_heads, head_dim)
         def buffer() -> torch.Tensor:
             t = torch.zeros(shape, dtype=dtype, device=device)
@@ -65,18 +84,25 @@ class KVPool:
         self.v_head_dim = head_dim
 
     @property
+    def is_fp8(self) -> bool:
+        return is_fp8(self.dtype)
+
+    @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in (*self.k_buffers, *self.v_buffers))
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        """Bytes one token takes over all layers, K and V stored in `dtype` (the storage dtype:
+        1 per value for fp8)."""
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
     def set_kv(self, layer_id: int, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer_id][locs] = k.to(self.dtype)
-        self.v_buffers[layer_id][locs] = v.to(self.dtype)
+        self.k_buffers[layer_id][locs] = quantize(k, self.k_scale, self.dtype)
+        self.v_buffers[layer_id][locs] = quantize(v, self.v_scale, self.dtype)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's buffers as stored (fp8 pools: scaled; see `dequantize`)."""
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
 
@@ -92,6 +118,11 @@ class MLAKVPool:
     """
 
     is_latent = True
+    # Never fp8 (the runner refuses --kv-cache-dtype fp8_e4m3 for MLA): readers that apply
+    # KVPool's scales find 1.0.
+    k_scale = 1.0
+    v_scale = 1.0
+    is_fp8 = False
 
     def __init__(self, num_slots: int, num_layers: int, latent_dim: int, v_head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
+from radixlm.layers.linear import default_linear_method
+from radixlm.layers.quantization import linear_method_for, resolve_quant_spec
 from radixlm.model_executor.model_config import ModelConfig
 from radixlm.model_executor.weight_source import iter_safetensors_weights
 from radixlm.models.registry import resolve_model_class
@@ -24,25 +26,29 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device: torch.device,
-               dtype: torch.dtype, seed: int = 0, tp: TPGroup = SINGLE) -> nn.Module:
-    """`tp`: this rank's group; each rank builds and loads only its shards."""
-    q = model_config.quantization
-    if q is not None and load_format != "dummy":
-        # Its tensors (FP8 / INT4 with scales) would be copied into full-precision parameters
-        # or fail on the first scale tensor; say so up front instead.
-        raise ValueError(f"--model-path: quantized checkpoints are not supported yet "
-                         f"(quantization_config quant_method "
-                         f"{q.get('quant_method', '?')!r}); use a bf16/fp16 checkpoint")
+               dtype: torch.dtype, seed: int = 0, tp: TPGroup = SINGLE,
+               quantization: str | None = None) -> nn.Module:
+    """`tp`: this rank's group; each rank builds and loads only its shards. `quantization`:
+    --quantization, read with the checkpoint's quantization_config (layers/quantization/)."""
+    spec = resolve_quant_spec(quantization, model_config.quantization,
+                              model_config.architecture, model_config.is_moe, device)
     cls = resolve_model_class(model_config)
     # Parameters are created directly on the device in the compute dtype (an 8B model must not
-    # pass through float32 CPU memory first). The model sizes its rotary table from
-    # model_config.context_len.
-    with _default_dtype(dtype), torch.device(device):
+    # pass through float32 CPU memory first); quantized formats create theirs in their own
+    # dtypes. The model sizes its rotary table from model_config.context_len.
+    with _default_dtype(dtype), torch.device(device), \
+            default_linear_method(linear_method_for(spec)):
         model = cls(model_config, tp)
     if load_format == "dummy":
         _init_dummy(model, seed)
     else:
         model.load_weights(iter_safetensors_weights(hf_dir))
+    # Layouts that differ from the checkpoint's are made once here (DeepSeek's rope rows,
+    # quantized weights repacked or quantized).
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if hook is not None:
+            hook()
     return model.eval()
 
 
@@ -54,5 +60,18 @@ def _init_dummy(model: nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            else:
+            elif p.dtype.is_floating_point and p.element_size() > 1:
                 p.uniform_(-1e-3, 1e-3)
+            elif p.dtype.is_floating_point:          # FP8 weights of an FP8 checkpoint
+                p.copy_(torch.empty(p.shape, device=p.device).uniform_(-1.0, 1.0))
+            else:                                    # packed 4-bit words and indices
+                p.copy_(_dummy_ints(name, p))
+
+
+def _dummy_ints(name: str, p: torch.Tensor) -> torch.Tensor:
+    """Integer parameters of a quantized checkpoint for --load-format dummy: random packed
+    words, except indices that must be in order (GPTQ's g_idx, all in group 0 is valid)."""
+    if name.endswith("g_idx"):
+        return torch.zeros_like(p)
+    info = torch.iinfo(p.dtype)
+    return torch.randint(info.min, info.max, p.shape, dtype=p.dtype, device=p.device)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.core.kv_quant import is_fp8, kv_storage_dtype
 from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.distributed.parallel_state import tp_group
 from radixlm.layers.attention.base import AttentionBackend, create_attention_backend
@@ -75,13 +76,19 @@ class ModelRunner:
                              f"({self.model_config.architecture}: the host tier copies K and "
                              "V rows, the latent pool has one)")
         self.dtype = resolve_dtype(config.dtype, hf_config, self.device)
+        # What the KV pool stores K and V in (--kv-cache-dtype): the compute dtype stays
+        # self.dtype, the attention backends convert what they read.
+        self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
+        if self.model_config.is_mla:        # refused before the weights load
+            _check_kv_dtype_for_mla(self.kv_dtype, self.model_config.architecture)
         torch.manual_seed(config.random_seed)
         self.tp = tp_group()
         if self.tp.size != config.tp_size:
             raise RuntimeError(f"--tp-size {config.tp_size}: this process joined a group of "
                                f"{self.tp.size} (init_tensor_parallel first)")
         self.model = load_model(self.model_config, self.hf_dir, self.load_format, self.device,
-                                self.dtype, seed=config.random_seed, tp=self.tp)
+                                self.dtype, seed=config.random_seed, tp=self.tp,
+                                quantization=config.quantization)
         # The model declares what a token costs in the cache; the pool is built from that.
         self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
         self.memory_plan = self._plan_memory()
@@ -93,9 +100,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.attn_backend: AttentionBackend | None = None
         self.graph_runner = None
-        logger.info("KV cache: %d tokens (%.1f MiB), %d max running requests",
+        logger.info("KV cache: %d tokens (%.1f MiB, %s), %d max running requests",
                     self.max_total_num_tokens, self.kv_pool.nbytes / 2**20,
-                    self.max_running_requests)
+                    str(self.kv_dtype).removeprefix("torch."), self.max_running_requests)
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -137,20 +144,22 @@ class ModelRunner:
     def _make_kv_pool(self) -> KVPool | MLAKVPool:
         spec, slots = self.kv_spec, self.memory_plan.num_slots
         if spec.kind == "mla":
+            _check_kv_dtype_for_mla(self.kv_dtype, self.model_config.architecture)
             return MLAKVPool(slots, spec.num_layers, spec.head_dim, spec.latent_value_dim,
                              self.dtype, self.device)
-        return KVPool(slots, spec.num_layers, spec.num_kv_heads, spec.head_dim, self.dtype,
+        # Scales 1.0 (KVPool's default): no checkpoint KV scales are read yet.
+        return KVPool(slots, spec.num_layers, spec.num_kv_heads, spec.head_dim, self.kv_dtype,
                       self.device)
 
     def _plan_memory(self) -> MemoryPlan:
         mc, cfg = self.model_config, self.config
-        per_token = self.kv_spec.bytes_per_token(self.dtype)
+        # In the storage dtype: an fp8 cache gets twice the tokens of a 16-bit one.
+        per_token = self.kv_spec.bytes_per_token(self.kv_dtype)
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
-        elif self.device.type == "cuda":
-            total = int(self._kv_budget_bytes(per_token) // per_token)
         else:
-            total = CPU_DEFAULT_MAX_TOTAL_TOKENS
+            budget = self._kv_budget_bytes(per_token)
+            total = CPU_DEFAULT_MAX_TOTAL_TOKENS if budget is None else budget // per_token
         # Ranks run one schedule: they must agree on the capacity (the smallest one's).
         total = self.tp.min_over_ranks(total)
         ps = cfg.page_size
@@ -161,12 +170,15 @@ class ModelRunner:
         return MemoryPlan(num_slots=num_slots, page_size=ps, max_running_requests=max_running,
                           max_context_len=mc.context_len + 8)
 
-    def _kv_budget_bytes(self, per_token: int) -> int:
+    def _kv_budget_bytes(self, per_token: int) -> int | None:
         """--mem-fraction-static is this server's own share of the GPU (weights + KV cache):
         what other processes hold does not count against it, so several servers can share a
         GPU with a fraction each (SGLang counts it, so a second server there finds no room).
         The share is cut down, with a warning, to what is free now less room for activations
-        and CUDA graphs."""
+        and CUDA graphs. None off CUDA: the CPU default is a number of tokens
+        (CPU_DEFAULT_MAX_TOTAL_TOKENS), not a share of memory."""
+        if self.device.type != "cuda":
+            return None
         cfg = self.config
         free, total_mem = torch.cuda.mem_get_info(self.device)
         own = torch.cuda.memory_reserved(self.device)       # the weights, loaded by now
@@ -228,6 +240,13 @@ def create_runner_and_kv(config: RunnerConfig, radix: bool = True,
                                hicache=(hicache, runner.kv_pool) if hicache else None)
     runner.init_attention(kv.req_to_token_pool)
     return runner, kv
+
+
+def _check_kv_dtype_for_mla(kv_dtype: torch.dtype, architecture: str) -> None:
+    if is_fp8(kv_dtype):
+        raise ValueError("--kv-cache-dtype fp8_e4m3: not supported for MLA models "
+                         f"({architecture}: the latent KV pool and its kernels store the "
+                         "model's dtype only); use --kv-cache-dtype auto")
 
 
 def _generation_eos(hf_dir: str) -> tuple[int, ...]:

@@ -21,11 +21,13 @@ class RunnerConfig:
     device: str | None = None              # None: cuda when available, else cpu
     context_length: int | None = None
     random_seed: int = 0
+    quantization: str | None = None        # --quantization (layers/quantization/)
     # Memory
     mem_fraction_static: float = 0.85
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     page_size: int = 1
+    kv_cache_dtype: str = "auto"           # --kv-cache-dtype
     # Kernels
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False

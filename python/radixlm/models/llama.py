@@ -203,8 +203,3 @@ class LlamaForCausalLM(nn.Module):
                 missing.update(f"{prefix}.{part}" for part in parts())
         if missing:
             raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
-        # Layouts that differ from the checkpoint's are made once here (DeepSeek's rope rows).
-        for module in self.modules():
-            hook = getattr(module, "process_weights_after_loading", None)
-            if hook is not None:
-                hook()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixlm.core.kv_quant import dequantize
 from radixlm.layers.attention.base import AttentionBackend
 
 
@@ -24,6 +25,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.view(-1, hk, d),
                             v.view(-1, hk, dv))
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
+        k_scale, v_scale = self.kv_pool.k_scale, self.kv_pool.v_scale
         q = q.view(-1, hq, d)
         out = q.new_empty((q.shape[0], hq, dv))
         table = self.req_to_token_pool.req_to_token
@@ -33,8 +35,9 @@ class TorchNativeAttnBackend(AttentionBackend):
             seq_len = fb.seq_lens_cpu[i]
             slots = table[fb.req_pool_indices[i], :seq_len].long()
             qi = q[start:start + n_new].transpose(0, 1).unsqueeze(0)            # [1, Hq, n, D]
-            ki = k_buf[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)        # [1, Hk, S, D]
-            vi = v_buf[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            # The pool's storage dtype (fp8: scaled) back in the query's dtype.
+            ki = dequantize(k_buf[slots], k_scale, q.dtype).transpose(0, 1).unsqueeze(0)
+            vi = dequantize(v_buf[slots], v_scale, q.dtype).transpose(0, 1).unsqueeze(0)
             mask = None
             if causal and n_new > 1:
                 # New token j sits at absolute position prefix + j and sees keys 0..prefix + j.

@@ -13,6 +13,10 @@ Over an MLA latent pool (`kv_pool.is_latent`) the kernels are kernels/mla_attent
 same split-KV decode layout, and an extend kernel that reads every key, the new ones included,
 from the pool (its kv_indices then cover each request's whole sequence, not only the prefix).
 
+An fp8 pool (`--kv-cache-dtype fp8_e4m3`) is quantized by the store kernel and read as fp8 by
+the decode and extend kernels, which take the pool's k_scale / v_scale as plain float
+arguments: fixed when the pool is built, so a CUDA graph captures them as constants.
+
 forward_decode does no host-device synchronisation: every host-side number it needs (batch size,
 the maximum number of splits) was decided in init_forward_metadata from the ForwardBatch's host
 lists, and the per-request quantities stay on the device.
@@ -86,6 +90,13 @@ class TritonAttnBackend(AttentionBackend):
         # Decode programs per request and split: one per KV head, or for the MLA latent pool
         # one per block of query heads (bind_layers sets it from the layers).
         self.decode_programs_per_request = kv_pool.num_kv_heads
+        device = kv_pool.device
+        if (kv_pool.is_fp8 and device.type == "cuda"
+                and torch.cuda.get_device_capability(device) < (8, 9)):
+            # Triton converts float8_e4m3fn on sm_89+ only; say so instead of failing to compile.
+            raise ValueError("--kv-cache-dtype fp8_e4m3: the Triton attention kernels need a GPU "
+                             "of compute capability 8.9 or newer (Ada, Hopper); use "
+                             "--attention-backend torch_native or --kv-cache-dtype auto")
 
     def bind_layers(self, layers: list[AttentionLayer]) -> None:
         if self.kv_pool.is_latent and layers:
@@ -164,7 +175,8 @@ class TritonAttnBackend(AttentionBackend):
             return out.view(-1, hq * dv)
         decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
                          md.max_kv_splits, layer.scaling, mid_o, mid_lse,
-                         block_n=self.decode_block_n)
+                         block_n=self.decode_block_n, k_scale=self.kv_pool.k_scale,
+                         v_scale=self.kv_pool.v_scale)
         return out.view(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -186,7 +198,8 @@ class TritonAttnBackend(AttentionBackend):
         v3 = v.reshape(-1, hk, d).to(q.dtype)
         extend_attention(q3, k3, v3, out, k_buf, v_buf, md.qo_indptr, md.kv_indptr,
                          md.kv_indices, md.max_extend_len, layer.scaling,
-                         block_m=self.extend_block_m, block_n=self.extend_block_n)
+                         block_m=self.extend_block_m, block_n=self.extend_block_n,
+                         k_scale=self.kv_pool.k_scale, v_scale=self.kv_pool.v_scale)
         return out.view(-1, hq * d)
 
     # ------------------------------------------------------------------ helpers
@@ -207,5 +220,6 @@ class TritonAttnBackend(AttentionBackend):
         if self.kv_pool.is_latent:      # one row per token; V is its first v_head_dim values
             self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d))
             return k_buf, v_buf
-        store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc)
+        store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc,
+                 self.kv_pool.k_scale, self.kv_pool.v_scale)
         return k_buf, v_buf

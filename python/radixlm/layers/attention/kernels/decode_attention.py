@@ -19,6 +19,13 @@ change between replays.
 
 Scores use exp2 with the softmax scale pre-multiplied by log2(e); accumulation is fp32 whatever
 the input dtype. For fp32 inputs the dots run in IEEE fp32 (tensor-core TF32 would lose ~1e-3).
+
+An fp8 pool (`--kv-cache-dtype fp8_e4m3`) holds K / k_scale and V / v_scale: the tiles are loaded
+as fp8 (half the bytes of bf16, which is what a memory-bound decode pays for) and converted to
+the query's dtype in registers. The per-tensor scales are not multiplied into every element: K's
+is folded into the score scale (q . (k_scale k) = k_scale (q . k)) and V's multiplies the split's
+output once (sum p (v_scale v) = v_scale sum p v). Both are 1.0 for other pools, which leaves
+their arithmetic exactly as before.
 """
 
 from __future__ import annotations
@@ -74,7 +81,8 @@ def _decode_partial_kernel(
     Q, K_buf, V_buf,                  # Q [B, Hq, D]; K/V pools [slots, Hk, D]
     kv_indptr, kv_indices, num_kv_splits,
     Mid_O, Mid_LSE,                   # [B, Hq, S, D] fp32, [B, Hq, S] fp32
-    sm_scale_log2,
+    sm_scale_log2,                    # softmax scale * log2(e) * the pool's k_scale
+    v_scale,                          # the pool's v_scale
     stride_qb, stride_qh,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_mob, stride_moh, stride_mos,
@@ -124,7 +132,7 @@ def _decode_partial_kernel(
 
         o_ptrs = (Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos
                   + offs_d[None, :])
-        tl.store(o_ptrs, acc / l_i[:, None], mask=h_mask[:, None] & d_mask[None, :])
+        tl.store(o_ptrs, acc / l_i[:, None] * v_scale, mask=h_mask[:, None] & d_mask[None, :])
         tl.store(Mid_LSE + b * stride_mlb + heads * stride_mlh + split, m_i + tl.log2(l_i),
                  mask=h_mask)
 
@@ -180,11 +188,13 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                      num_kv_splits: torch.Tensor, max_kv_splits: int, sm_scale: float,
                      mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                     block_n: int | None = None, num_warps: int = 4,
-                     num_stages: int = 2) -> torch.Tensor:
+                     block_n: int | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """q/out [B, Hq, D]; k_buf/v_buf [slots, Hk, D]; request b attends to the slots
     kv_indices[kv_indptr[b]:kv_indptr[b+1]], in num_kv_splits[b] <= max_kv_splits splits.
-    mid_o/mid_lse come from alloc_decode_buffers (at least this batch size and max_kv_splits)."""
+    mid_o/mid_lse come from alloc_decode_buffers (at least this batch size and max_kv_splits).
+    k_scale/v_scale: what the pool's values are multiplied by (an fp8 pool's scales)."""
     bs, hq, d = q.shape
     hk = k_buf.shape[1]
     assert hq % hk == 0, f"{hq} query heads are not a multiple of {hk} KV heads"
@@ -195,11 +205,18 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     group = hq // hk
     block_d = block_dmodel(d)
     block_n = block_n or decode_block_n(d, q.dtype)
+    if num_warps is None or num_stages is None:
+        # FP8 tiles are widened in registers: 2 warps and a third stage keep the conversion off
+        # the critical path (4 warps measured 1.8x slower at bs 64, 4k, head dim 128: bench
+        # decode_kernel --kv-cache-dtype fp8_e4m3, H200).
+        fp8 = k_buf.element_size() == 1
+        num_warps = num_warps or (2 if fp8 else 4)
+        num_stages = num_stages or (3 if fp8 else 2)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
 
     _decode_partial_kernel[(bs, hk, max_kv_splits)](
         q, k_buf, v_buf, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
-        sm_scale * LOG2E,
+        sm_scale * LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),

@@ -9,9 +9,15 @@ Where K/V come from:
   * the request's own new tokens are read from the contiguous k/v tensors of this forward pass
     ([T, Hk, D], rows qo_indptr[b]..), not from the pool. They hold the same values (the backend
     stores them into the pool first), but contiguous rows need no index load and can be
-    prefetched linearly, which is what a long plain prefill spends its time on. (If the pool
-    ever stores a lossy dtype, e.g. fp8, the new tokens would attend to their exact K/V here
-    while later steps see the rounded ones; same as the usual engines do.)
+    prefetched linearly, which is what a long plain prefill spends its time on. With an fp8
+    pool (`--kv-cache-dtype fp8_e4m3`) the new tokens attend to their exact K/V here while
+    later steps see the rounded ones, as in the usual engines.
+
+An fp8 pool holds K / k_scale and V / v_scale: prefix tiles are loaded as fp8 and converted to
+the query's dtype in registers. The scales cost nothing per tile: K's is folded into the
+prefix's score scale (q . (k_scale k) = k_scale (q . k)), V's multiplies the accumulator once
+after the prefix (sum p (v_scale v) = v_scale sum p v). The new tokens' K/V are in the compute
+dtype already and take neither. Both scales are 1.0 for other pools (exact: nothing changes).
 
 The self-attention part is split at the diagonal: tiles entirely below the query block need no
 mask; only the tiles overlapping it apply the causal mask, and tiles above it are never visited.
@@ -51,6 +57,7 @@ def _extend_kernel(
     K_buf, V_buf,                     # pools [slots, Hk, D]
     qo_indptr, kv_indptr, kv_indices,
     sm_scale_log2,
+    prefix_scale_log2, v_scale,       # for the pool's tiles: sm_scale_log2 * k_scale, v_scale
     stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh,
@@ -89,11 +96,14 @@ def _extend_kernel(
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(K_buf + slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
                         mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * sm_scale_log2
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * prefix_scale_log2
             s = tl.where(n_mask[None, :], s, float("-inf"))
             v = tl.load(V_buf + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                         mask=kv_mask, other=0.0)
             acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v.to(q.dtype), DOT_PREC)
+        # So far acc sums p * (stored v): scaled once here it sums p * v; the rescaling by
+        # later tiles (acc * alpha) is linear, so the order does not matter.
+        acc = acc * v_scale
 
         # 2) New tokens strictly before this query block: all visible, no mask but head_dim's.
         k_base = K_new + kv_head * stride_knh + offs_d[None, :]
@@ -145,10 +155,12 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      k_buf: torch.Tensor, v_buf: torch.Tensor, qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_extend_len: int,
                      sm_scale: float, block_m: int | None = None,
-                     block_n: int | None = None) -> torch.Tensor:
+                     block_n: int | None = None, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
     """q/out [T, Hq, D]; k/v [T, Hk, D] (this step's new tokens); k_buf/v_buf [slots, Hk, D].
     Request b's queries are rows qo_indptr[b]:qo_indptr[b+1]; its cached prefix is the slots
-    kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the new tokens' slots are not in that list)."""
+    kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the new tokens' slots are not in that list).
+    k_scale/v_scale: what the pool's values are multiplied by (an fp8 pool's scales)."""
     t, hq, d = q.shape
     hk = k.shape[1]
     assert hq % hk == 0, f"{hq} query heads are not a multiple of {hk} KV heads"
@@ -167,7 +179,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     grid = (hq, triton.cdiv(max_extend_len, cfg["BLOCK_M"]), bs)
     _extend_kernel[grid](
         q, k, v, out, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
-        sm_scale * LOG2E,
+        sm_scale * LOG2E, sm_scale * LOG2E * k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),

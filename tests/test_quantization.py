@@ -1,0 +1,363 @@
+"""Quantized weights (issue 17): the flag/checkpoint checks, every checkpoint format loaded
+through the parallel layers (fused parts, tensor-parallel shards) against weights written by
+independent test-side packers (tests/quant_formats.py), whole models against HF transformers on
+the dequantized weights, online FP8 / W4A16, and the Triton kernels against their references
+(CPU interpreter here, real shapes on the GPU).
+
+By hand, the interpreter cases: TRITON_INTERPRET=1 python tests/test_quantization.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import run_file_under_interpreter, run_interpreter_cases
+from quant_formats import checkpoint_tensors, write_quantized_checkpoint
+from radixlm.distributed.parallel_state import TPGroup
+from radixlm.layers.linear import QKVParallelLinear, RowParallelLinear
+from radixlm.layers.quantization import linear_method_for, resolve_quant_spec
+from radixlm.layers.quantization.fp8_kernels import dequantize_fp8
+from radixlm.layers.quantization.spec import QuantSpec
+
+# ---------------------------------------------------------------------- flag and config checks
+
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+       "version": "gemm"}
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+FP8_BLOCK = {"quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+
+
+@pytest.mark.parametrize("flag, ckpt, method, source", [
+    ("fp8", None, "fp8", "online"), ("w4a16", None, "int4", "online"),
+    (None, AWQ, "int4", "awq"), ("awq", AWQ, "int4", "awq"), (None, GPTQ, "int4", "gptq"),
+    ("fp8", FP8_BLOCK, "fp8", "fp8"), (None, FP8_BLOCK, "fp8", "fp8")])
+def test_spec_from_flag_and_checkpoint(flag, ckpt, method, source):
+    spec = resolve_quant_spec(flag, ckpt)
+    assert (spec.method, spec.source) == (method, source)
+    assert resolve_quant_spec(None, None) is None
+
+
+@pytest.mark.parametrize("flag, ckpt, message", [
+    ("awq", None, "not quantized"),
+    ("gptq", None, "w4a16 quantizes it"),
+    ("w4a16", AWQ, "already quantized"),
+    ("gptq", AWQ, "does not match"),
+    ("fp8", GPTQ, "does not match"),
+    (None, {**AWQ, "group_size": 100}, "group_size 100"),
+    (None, {**GPTQ, "bits": 8}, "8-bit"),
+    (None, {**GPTQ, "desc_act": True}, "act-order"),
+    (None, {**AWQ, "version": "gemv"}, "version"),
+    (None, {"quant_method": "bitsandbytes"}, "not supported"),
+    (None, {**FP8_BLOCK, "weight_block_size": [100, 128]}, "weight_block_size"),
+    (None, {**AWQ, "modules_to_not_convert": ["model.layers.0.mlp"]}, "unquantized"),
+])
+def test_bad_combinations_name_the_flag(flag, ckpt, message):
+    with pytest.raises(ValueError, match=message) as e:
+        resolve_quant_spec(flag, ckpt)
+    assert "--quantization" in str(e.value)
+
+
+def test_fp8_needs_a_gpu_with_fp8(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        resolve_quant_spec("fp8", None, device=torch.device("cuda"))
+    with pytest.raises(ValueError, match="compute capability 8.9"):
+        resolve_quant_spec(None, FP8_BLOCK, device=torch.device("cuda"))
+    assert resolve_quant_spec("w4a16", None, device=torch.device("cuda")).method == "int4"
+
+
+def test_moe_models_are_refused():
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        resolve_quant_spec("fp8", None, "MixtralForCausalLM", is_moe=True)
+
+
+def test_server_args_check_the_flags():
+    from radixlm.config import ServerArgs
+    with pytest.raises(ValueError, match="--quantization"):
+        ServerArgs(quantization="int3")
+    with pytest.raises(ValueError, match="--kv-cache-dtype"):
+        ServerArgs(kv_cache_dtype="int8")
+    assert ServerArgs(quantization="fp8").quantization == "fp8"
+
+
+# ---------------------------------------------------------------------- loading through layers
+
+HIDDEN, HEAD_DIM, HEADS, KV_HEADS, INTER, GROUP = 64, 16, 4, 2, 128, 32
+
+
+def _spec(fmt: str) -> QuantSpec:
+    return {"awq": QuantSpec("int4", "awq", group_size=GROUP),
+            "gptq": QuantSpec("int4", "gptq", group_size=GROUP, gptq_zero_offset=1),
+            "fp8-tensor": QuantSpec("fp8", "fp8", fp8_scales="tensor"),
+            "fp8-channel": QuantSpec("fp8", "compressed-tensors", fp8_scales="channel"),
+            "fp8-block": QuantSpec("fp8", "fp8", fp8_scales="block", fp8_block=(16, 16)),
+            }[fmt]
+
+
+def _checkpoint_tensors(fmt: str, w: torch.Tensor):
+    return checkpoint_tensors(fmt, w, GROUP)
+
+
+def _served_weight(layer) -> torch.Tensor:
+    """The [N, K] weight the layer computes with, after loading."""
+    if hasattr(layer, "qweight"):
+        return layer.linear_method.dequantized_weight(layer, torch.float32)
+    return dequantize_fp8(layer.weight, layer.weight_scale, layer.fp8_block, torch.float32)
+
+
+def _load(layer, tensors: dict[str, torch.Tensor], shard=None) -> None:
+    for name, t in tensors.items():
+        p = getattr(layer, name)
+        if shard is None:
+            p.weight_loader(p, t)
+        else:
+            p.weight_loader(p, t, shard)
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "fp8-tensor", "fp8-channel", "fp8-block"])
+@pytest.mark.parametrize("rank, size", [(0, 1), (0, 2), (1, 2)])
+def test_checkpoint_formats_load_into_fused_and_sharded_layers(fmt, rank, size):
+    torch.manual_seed(0)
+    tp, method = TPGroup(rank=rank, size=size), linear_method_for(_spec(fmt))
+    qkv = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS, tp=tp, linear_method=method)
+    refs = []
+    for shard, rows in (("q", HEADS * HEAD_DIM), ("k", KV_HEADS * HEAD_DIM),
+                        ("v", KV_HEADS * HEAD_DIM)):
+        tensors, ref = _checkpoint_tensors(fmt, torch.randn(rows, HIDDEN))
+        _load(qkv, tensors, shard)
+        refs.append(ref.narrow(0, rank * rows // size, rows // size))
+    down = RowParallelLinear(INTER, HIDDEN, bias=True, tp=tp, linear_method=method)
+    tensors, down_ref = _checkpoint_tensors(fmt, torch.randn(HIDDEN, INTER))
+    _load(down, {**tensors, "bias": torch.randn(HIDDEN)})
+    down_ref = down_ref.narrow(1, rank * INTER // size, INTER // size)
+    for layer in (qkv, down):
+        layer.process_weights_after_loading()
+    torch.testing.assert_close(_served_weight(qkv), torch.cat(refs), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(_served_weight(down), down_ref, atol=1e-6, rtol=1e-5)
+    x = torch.randn(5, HIDDEN)
+    torch.testing.assert_close(qkv(x), F.linear(x, torch.cat(refs)), atol=1e-4, rtol=1e-4)
+
+
+def test_a_scale_block_split_by_a_shard_is_refused():
+    method = linear_method_for(_spec("fp8-block"))
+    with pytest.raises(ValueError, match="16-row boundary"):
+        down = RowParallelLinear(48, HIDDEN, tp=TPGroup(rank=1, size=2), linear_method=method)
+        tensors, _ = _checkpoint_tensors("fp8-block", torch.randn(HIDDEN, 48))
+        _load(down, tensors)
+
+
+def test_act_order_g_idx_is_refused_at_load():
+    method = linear_method_for(_spec("gptq"))
+    layer = RowParallelLinear(INTER, HIDDEN, linear_method=method)
+    tensors, _ = _checkpoint_tensors("gptq", torch.randn(HIDDEN, INTER))
+    tensors["g_idx"] = torch.randperm(INTER).to(torch.int32) // GROUP
+    _load(layer, tensors)
+    with pytest.raises(ValueError, match="act-order"):
+        layer.process_weights_after_loading()
+
+
+# ---------------------------------------------------------------------- whole models vs HF
+
+def _quantized_llama(tmp_path, fmt: str):
+    """A tiny Llama as a quantized checkpoint, and an HF model holding the weights it means."""
+    import transformers
+
+    from test_models_vs_hf import TINY
+    cfg = transformers.LlamaConfig(**TINY, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    path = tmp_path / fmt
+    reference = write_quantized_checkpoint(hf.state_dict(), cfg.to_dict(), path, fmt, GROUP)
+    hf.load_state_dict(reference)
+    return hf, path
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "fp8-tensor", "fp8-channel", "fp8-block"])
+def test_quantized_checkpoints_match_hf_on_their_weights(tmp_path, fmt):
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.request import Req
+    from test_models_vs_hf import _decode, _extend, _hf_logits
+
+    hf, path = _quantized_llama(tmp_path, fmt)
+    runner, kv = create_runner_and_kv(RunnerConfig(model_path=str(path), device="cpu",
+                                                   max_total_tokens=512))
+    layer = runner.model.layers[0].mlp.down_proj
+    assert (layer.qweight.dtype if fmt in ("awq", "gptq") else layer.weight.dtype) in (
+        torch.int32, torch.float8_e4m3fn), "the weights must stay quantized"
+    g = torch.Generator().manual_seed(1)
+    reqs = [Req(f"r{i}", torch.randint(0, 97, (n,), generator=g).tolist(), SamplingParams(),
+                seed=0) for i, n in enumerate((5, 17, 1))]
+    logits = _extend(runner, kv, reqs)
+    for _ in range(3):
+        for r, row in zip(reqs, logits):
+            torch.testing.assert_close(row, _hf_logits(hf, r.fill_ids)[-1], atol=1e-4,
+                                       rtol=1e-4)
+            r.output_ids.append(int(row.argmax()))
+        logits = _decode(runner, kv, reqs)
+
+
+@pytest.mark.parametrize("flag", ["fp8", "w4a16"])
+def test_online_quantization_stays_quantized_and_close(tmp_path, flag):
+    """--quantization fp8 / w4a16 on a full-precision checkpoint: the linear layers hold FP8
+    or packed 4-bit weights (never silently full precision) and the logits stay close."""
+    import transformers
+
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.request import Req
+    from test_models_vs_hf import TINY, _extend, _hf_logits
+
+    cfg = transformers.LlamaConfig(**TINY, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    hf.save_pretrained(tmp_path)
+    runner, kv = create_runner_and_kv(RunnerConfig(model_path=str(tmp_path), device="cpu",
+                                                   max_total_tokens=512, quantization=flag))
+    for name, module in runner.model.named_modules():
+        if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            held = module.weight if flag == "fp8" else module.qweight
+            assert held.dtype == (torch.float8_e4m3fn if flag == "fp8" else torch.int32), name
+            assert not hasattr(module, "weight") or flag == "fp8"
+    ids = torch.randint(0, 97, (24,), generator=torch.Generator().manual_seed(3)).tolist()
+    got = _extend(runner, kv, [Req("a", ids, SamplingParams(), seed=0)])[0]
+    want = _hf_logits(hf, ids)[-1]
+    rel = (got - want).norm() / want.norm()
+    assert 0 < rel < (0.05 if flag == "fp8" else 0.2), rel
+
+
+@pytest.mark.slow
+def test_bundled_model_accuracy_report():
+    """The accuracy part of `bench quant` on the real bundled weights (a short run): FP8 stays
+    close to full precision, and 4-bit costs more than FP8."""
+    from radixlm.bench.quant_accuracy import measure_accuracy
+    r = measure_accuracy(None, "cpu", prompts=1, new_tokens=4, text_tokens=16)
+    assert r["fp8"]["kl_mean"] < 0.1 and r["fp8"]["top1_agreement"] >= 0.75, r["fp8"]
+    assert r["w4a16"]["kl_mean"] > r["fp8"]["kl_mean"], r
+    assert 0 <= r["w4a16"]["greedy_token_agreement"] <= 1
+
+
+# ---------------------------------------------------------------------- kernels
+
+def _w4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, device: str,
+             tiles=None):
+    from radixlm.layers.quantization.int4_kernels import (quantize_int4_rtn, w4_dequantize,
+                                                          w4_dequantize_torch, w4a16_gemm)
+    torch.manual_seed(m * 7 + n)
+    qw, s, z = quantize_int4_rtn(torch.randn(n, k, device=device), group)
+    ref_w = w4_dequantize_torch(qw, s, z, group, k, torch.float32)
+    assert torch.equal(w4_dequantize(qw, s, z, group, k, torch.float32), ref_w)
+    x = torch.randn(m, k, device=device).to(dtype)
+    want = x.float() @ ref_w
+    got = w4a16_gemm(x, qw, s, z, group, tiles).float()
+    err = (got - want).abs().max().item()
+    tol = 1e-3 if dtype == torch.float32 else 2e-2 * want.abs().max().item()
+    assert err <= tol, (err, tol)
+    return err
+
+
+def _fp8_case(m: int, n: int, k: int, block, dtype: torch.dtype, device: str, tiles=None):
+    from radixlm.layers.quantization.fp8_kernels import fp8_weight_gemm, quantize_fp8_per_channel
+    torch.manual_seed(m * 5 + n)
+    w = torch.randn(n, k, device=device) / k ** 0.5
+    q, scale = quantize_fp8_per_channel(w)
+    if block:
+        scale = torch.rand(-(-n // block[0]), -(-k // block[1]), device=device) / 100 + 1e-3
+    x = torch.randn(m, k, device=device).to(dtype)
+    want = x.float() @ dequantize_fp8(q, scale, block, torch.float32).t()
+    got = fp8_weight_gemm(x, q, scale, block, tiles).float()
+    err = (got - want).abs().max().item()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2 * max(want.abs().max().item(), 1e-3)
+    assert err <= tol, (err, tol)
+    return err
+
+
+def _interpreter_cases():
+    # fp32 and fp16 only: the interpreter's tl.dot mishandles bf16 (see test_moe.py).
+    for m, n, k, group in [(1, 64, 256, 128), (5, 48, 576, 64), (33, 40, 256, 32)]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"w4a16 M={m} N={n} K={k} g={group} {dtype}", (
+                lambda a=(m, n, k, group, dtype): _w4_case(*a, "cpu"))
+    for m, n, k, block in [(1, 64, 256, None), (7, 40, 200, None), (20, 48, 96, (16, 32))]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"fp8 M={m} N={n} K={k} block={block} {dtype}", (
+                lambda a=(m, n, k, block, dtype): _fp8_case(*a, "cpu"))
+    # The other kernel shapes: one row per program (gemv) and K split over programs.
+    from radixlm.layers.quantization.fp8_kernels import GemmTiles
+    for tiles in (GemmTiles(16, 16, 32, split_k=3), GemmTiles(1, 16, 128, gemv=True),
+                  GemmTiles(1, 16, 32, gemv=True),
+                  GemmTiles(1, 32, 32, split_k=2, gemv=True)):
+        yield f"w4a16 {tiles}", lambda t=tiles: _w4_case(3, 48, 256, 64, torch.float32, "cpu", t)
+        if tiles.block_k <= 32:     # inside one 32-wide scale block
+            yield f"fp8 {tiles}", lambda t=tiles: _fp8_case(3, 40, 200, (16, 32),
+                                                            torch.float32, "cpu", t)
+
+
+def test_interpreter_small_cases():
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests cover the kernels")
+    run_file_under_interpreter(__file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16, 33, 64])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336)])
+def test_gpu_kernels_match_references(m, n, k):
+    _w4_case(m, n, k, 128, torch.bfloat16, "cuda")
+    _w4_case(m, n, k, 64, torch.bfloat16, "cuda")     # small groups
+    _fp8_case(m, n, k, None, torch.bfloat16, "cuda")
+    _fp8_case(m, n, k, (128, 128), torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_per_token_quantization_and_scaled_mm():
+    from radixlm.layers.quantization.fp8_kernels import (quantize_fp8_per_channel,
+                                                         quantize_per_token,
+                                                         scaled_mm_per_token)
+    torch.manual_seed(0)
+    x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
+    q, s = quantize_per_token(x)
+    torch.testing.assert_close(s[:, 0], x.float().abs().amax(1) / 448.0)
+    torch.testing.assert_close(q.float(), (x.float() / s).to(torch.float8_e4m3fn).float(),
+                               atol=0, rtol=0)
+    w, ws = quantize_fp8_per_channel(torch.randn(1024, 4096, device="cuda") / 64)
+    want = x.float() @ dequantize_fp8(w, ws, None, torch.float32).t()
+    got = scaled_mm_per_token(x, w, ws, None).float()
+    assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flag", ["fp8", "w4a16"])
+def test_gpu_quantized_layers_run_in_cuda_graphs(flag):
+    method = linear_method_for(resolve_quant_spec(flag, None))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layer = RowParallelLinear(4096, 2048, linear_method=method).to(torch.bfloat16)
+        w = torch.randn(2048, 4096) / 64
+        layer.weight.weight_loader(layer.weight, w.to(torch.bfloat16))
+        layer.process_weights_after_loading()
+        for m in (1, 16, 200):          # the small-batch kernel and the large-batch path
+            x = torch.randn(m, 4096, dtype=torch.bfloat16)
+            eager = layer(x)
+            graph = torch.cuda.CUDAGraph()
+            layer(x)
+            with torch.cuda.graph(graph):
+                out = layer(x)
+            x.copy_(torch.randn(m, 4096))
+            graph.replay()
+            torch.testing.assert_close(out, layer(x), atol=1e-2, rtol=1e-2)
+            assert not torch.equal(out, eager)
+            rel = ((layer(x).float() - x.float() @ w.t()).norm() / (x.float() @ w.t()).norm())
+            assert rel < (0.05 if flag == "fp8" else 0.15), (m, rel)
+
+
+if __name__ == "__main__":
+    sys.exit(run_interpreter_cases(_interpreter_cases()))
