@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp
 # checkpoints), w4a16 (online 4-bit round-to-nearest, group 128).
 QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,12 @@ class ServerArgs:
     grammar_backend: str = "xgrammar"
     disable_jump_forward: bool = False
 
+    # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4          # draft tokens verified per step
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
+
     # Server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -106,6 +113,20 @@ class ServerArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise bad("kv-cache-dtype", f"must be one of {KV_CACHE_DTYPES}, "
                                         f"got {self.kv_cache_dtype!r}")
+        if (self.speculative_algorithm is not None
+                and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS):
+            raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got "
+                                               f"{self.speculative_algorithm!r} (draft models "
+                                               f"are not supported yet)")
+        if not 1 <= self.speculative_num_draft_tokens <= 64:
+            raise bad("speculative-num-draft-tokens", f"must be in 1..64, got "
+                                                      f"{self.speculative_num_draft_tokens}")
+        lo = self.speculative_ngram_min_match_window_size
+        hi = self.speculative_ngram_max_match_window_size
+        if lo < 1 or hi < lo:
+            raise bad("speculative-ngram-min-match-window-size",
+                      f"need 1 <= min ({lo}) <= max ({hi}) "
+                      f"(--speculative-ngram-max-match-window-size)")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
                                          f"got {self.schedule_policy!r}")

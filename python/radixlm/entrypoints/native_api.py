@@ -117,10 +117,10 @@ async def get_server_info(request: Request):
         args["api_key"] = "***"
     gib = 1 << 30
     # One entry per scheduler (one engine today; one per data-parallel engine later), with
-    # SGLang's keys: without speculative decoding every step accepts exactly one token.
+    # SGLang's keys (without speculative decoding every step accepts exactly one token).
     internal_state = {
         "last_gen_throughput": stats.last_gen_throughput,
-        "avg_spec_accept_length": 1.0,
+        "avg_spec_accept_length": stats.spec_accept_length,
         "num_running_reqs": stats.num_running_reqs, "num_waiting_reqs": stats.num_waiting_reqs,
         "token_usage": stats.token_usage, "cache_hit_rate": stats.cache_hit_rate,
         "memory_usage": {"weight": stats.weight_bytes / gib,

@@ -69,6 +69,7 @@ class SchedulerReady:
     model_path: str
     tokenizer_path: str
     error: str | None = None         # set when start-up failed
+    speculative: bool = False        # --speculative-algorithm: meta_info gets spec_verify_ct
 
 
 @dataclass
@@ -85,6 +86,7 @@ class ReqOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    spec_verify_ct: int = 0          # speculative decoding: verify steps so far (a total)
     output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     # Sent once, with the first output of the request (prompt logprobs are complete by then).
@@ -145,6 +147,11 @@ class SchedulerStats:
     last_gen_throughput: float = 0.0 # tokens/s over the last window of steps
     weight_bytes: int = 0            # model parameters and buffers on the device
     kv_cache_bytes: int = 0          # the KV pool
+    # Speculative decoding since start (1.0 / 0.0 without it): tokens per verify step, and the
+    # share of draft tokens accepted
+    spec_accept_length: float = 1.0
+    spec_accept_rate: float = 0.0
+    spec_verify_steps: int = 0
 
 
 # What each side may receive (the scheduler ignores, with a warning, anything else).

@@ -38,6 +38,12 @@ class MetricsCollector:
                                        labels, registry=r)
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels,
                                      registry=r)
+        self.spec_accept_length = Gauge("sglang:spec_accept_length",
+                                        "Speculative decoding: tokens per verify step",
+                                        labels, registry=r)
+        self.spec_accept_rate = Gauge("sglang:spec_accept_rate",
+                                      "Speculative decoding: accepted / proposed draft tokens",
+                                      labels, registry=r)
         self.generation_tokens = Counter("sglang:generation_tokens", "Tokens generated", labels,
                                          registry=r)
         self.cached_tokens = Counter("sglang:cached_tokens", "Prompt tokens served from cache",
@@ -81,6 +87,8 @@ class MetricsCollector:
         self.num_queue.labels(m).set(stats.num_waiting_reqs)
         self.token_usage.labels(m).set(stats.token_usage)
         self.cache_hit_rate.labels(m).set(stats.cache_hit_rate)
+        self.spec_accept_length.labels(m).set(stats.spec_accept_length)
+        self.spec_accept_rate.labels(m).set(stats.spec_accept_rate)
         now = time.perf_counter()
         gen = self.generation_tokens.labels(m)._value.get()
         prompt = self.prompt_tokens.labels(m)._value.get()

@@ -40,6 +40,7 @@ class ReqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_verify_ct: int = 0
     input_token_logprobs: list = field(default_factory=list)
     input_top_logprobs: list = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
@@ -203,6 +204,7 @@ class TokenizerManager:
         st.text += out.text
         st.prompt_tokens, st.completion_tokens = out.prompt_tokens, out.completion_tokens
         st.cached_tokens = out.cached_tokens
+        st.spec_verify_ct = out.spec_verify_ct
         if out.input_token_logprobs is not None:
             st.input_token_logprobs = out.input_token_logprobs
             st.input_top_logprobs = out.input_top_logprobs or []
@@ -258,6 +260,8 @@ class TokenizerManager:
             "cached_tokens": st.cached_tokens,
             "e2e_latency": time.perf_counter() - st.created,
         }
+        if self.ready.speculative:   # verify passes; completion_tokens / it = accept length
+            meta["spec_verify_ct"] = st.spec_verify_ct
         if st.single.return_logprob:
             meta["input_token_logprobs"] = self._lp(st, st.input_token_logprobs)
             meta["output_token_logprobs"] = self._lp(st, st.output_token_logprobs)

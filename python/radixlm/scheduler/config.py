@@ -21,6 +21,11 @@ class SchedulerConfig:
     disable_jump_forward: bool = False
     grammar_backend: str = "xgrammar"
     random_seed: int = 0
+    # Speculative decoding (scheduler/speculation.py); None: off
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
     # Tensor parallelism: every rank runs this scheduler and must take the same decisions, so
     # nothing may depend on timing (a grammar is waited for instead of polled).
     tp_size: int = 1

@@ -40,6 +40,9 @@ class LaunchedStep:
     epochs: list[int]
     pool_rows: torch.Tensor                # the batch's req-to-token rows (device), for sampling
     sampled: SampleOutput | None = None
+    # Verify steps: the argmax of every row (batch.verify_rows says whose), host copy queued.
+    _verify_host: torch.Tensor | None = None
+    _verify_copied: torch.cuda.Event | None = None
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
     _copied: torch.cuda.Event | None = None
@@ -60,6 +63,24 @@ class LaunchedStep:
             self._copied.record()
         else:
             self._ids_host, self._logprobs_host = ids, lps
+
+    def attach_verify(self, argmax: torch.Tensor) -> None:
+        """Queue the host copy of every row's argmax (the targets drafts are checked against)."""
+        if argmax.device.type == "cuda":
+            self._verify_host = torch.empty(argmax.shape, dtype=argmax.dtype, pin_memory=True)
+            self._verify_host.copy_(argmax, non_blocking=True)
+            self._verify_copied = torch.cuda.Event()
+            self._verify_copied.record()
+        else:
+            self._verify_host = argmax
+
+    def verified(self, row: int) -> list[int]:
+        """The target's token after each of request `row`'s verify rows."""
+        if self._verify_copied is not None:
+            self._verify_copied.synchronize()
+            self._verify_copied = None
+        first, n = self.batch.verify_rows[row]
+        return self._verify_host[first:first + n].tolist()
 
     def wait(self) -> list[RowTokens]:
         """The tokens of each sampled row, in sample_rows order (blocks until the copy is

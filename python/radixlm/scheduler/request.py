@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from radixlm.constrained.base import GrammarMatcher
     from radixlm.managers.detokenizer import StopStringChecker
     from radixlm.mem_cache.radix_cache import TreeNode
+    from radixlm.speculative.ngram import NgramIndex
 
 
 @dataclass(eq=False)
@@ -55,6 +56,15 @@ class Req:
     # The tokens from kv_allocated_len on are known on the host only (a jump-forward replaced
     # them): the next decode step feeds them from the host, not from the sampler's output.
     input_on_host: bool = False
+
+    # Speculative decoding (scheduler/speculation.py): the drafts the next decode step
+    # verifies, the drafter's index of this request's text, and the accept-rate policy state.
+    spec_drafts: list[int] = field(default_factory=list)
+    spec_index: "NgramIndex | None" = None
+    spec_verify_ct: int = 0                # verify steps (SGLang's meta_info spec_verify_ct)
+    spec_accept_avg: float = 0.5
+    spec_cooldown: int = 0
+    spec_misses: int = 0                   # proposals in a row without a match
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
@@ -105,8 +115,9 @@ class Req:
     @property
     def num_decode_tokens(self) -> int:
         """Tokens the next decode step computes for this request: one (its last sampled token),
-        or, after a jump-forward, every forced token whose KV is not computed yet."""
-        return self.seq_len + self.num_pending - self.kv_allocated_len
+        or, after a jump-forward, every forced token whose KV is not computed yet; plus the
+        drafts a verify step checks."""
+        return self.seq_len + self.num_pending - self.kv_allocated_len + len(self.spec_drafts)
 
     @property
     def remaining_prefill(self) -> int:

@@ -7,7 +7,7 @@ scheduler's own counters comes back as a StepResult for it to apply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from radixlm.constrained.jump_forward import plan_jump
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from radixlm.mem_cache.kv_cache_manager import KVCacheManager
     from radixlm.model_executor.model_runner import ForwardOutput
     from radixlm.scheduler.launched_step import LaunchedStep
+    from radixlm.scheduler.speculation import NgramSpeculator
 
 
 @dataclass
@@ -29,11 +30,15 @@ class StepResult:
     prompt_tokens: int = 0      # prompts that finished their prefill this step
     cached_tokens: int = 0      # of which came from the prefix cache
     generated_tokens: int = 0   # tokens sampled and kept
+    # Verify steps: (request slot, its next input token) for ModelRunner.last_token_ids, which
+    # the sampler did not write (the accepted run's last token is known on the host only).
+    next_inputs: list[tuple[int, int]] = field(default_factory=list)
 
 
 class ResultProcessor:
     def __init__(self, kv: "KVCacheManager", send: Callable[[Any], None], tokenizer,
-                 context_len: int, eos_token_ids: Sequence[int], jump_forward: bool = True):
+                 context_len: int, eos_token_ids: Sequence[int], jump_forward: bool = True,
+                 speculator: "NgramSpeculator | None" = None):
         self.kv = kv
         self.prefix_cache = kv.prefix_cache
         self.send = send
@@ -41,6 +46,7 @@ class ResultProcessor:
         self.context_len = context_len
         self.eos_token_ids = set(eos_token_ids)
         self.jump_forward = jump_forward
+        self.speculator = speculator
 
     def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
@@ -52,6 +58,9 @@ class ResultProcessor:
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
                 continue  # jumped (or retracted) while this step ran: the row is moot
+            if i in batch.verify_rows:
+                self._accept_verified(req, step.verified(i), result, outputs, released_tails)
+                continue
             j = row_of.get(i)
             if j is not None:
                 req.num_pending -= 1
@@ -110,6 +119,35 @@ class ResultProcessor:
         if outputs:
             self.send(BatchReqOutput(outputs))
         return result
+
+    def _accept_verified(self, req: Req, targets: list[int], result: StepResult,
+                         outputs: list[ReqOutput],
+                         released_tails: list[tuple[int, int, int]]) -> None:
+        """A verify step's outcome for one request: append the accepted tokens (up to a stop
+        condition), keep the KV of the rows whose inputs stay in the text, release the rest."""
+        if req.finished:    # ended while the step ran (its KV went to the cache then)
+            return
+        last_position = req.kv_allocated_len - len(targets)   # row 0's input
+        reason, appended = None, 0
+        for token in self.speculator.accept(req, targets):
+            req.output_ids.append(token)
+            appended += 1
+            result.generated_tokens += 1
+            reason = self._check_finished(req, token)
+            if reason is not None:
+                break
+        # Rows 0..appended-1 computed the KV of tokens that stay (the last sampled token and
+        # the accepted drafts); the newest token is the next step's input, without KV yet.
+        keep = last_position + appended
+        released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+        req.kv_allocated_len = keep
+        if reason is not None:
+            self.finish(req, reason, send=False)
+            outputs.append(self._output(req))
+            return
+        result.next_inputs.append((req.req_pool_idx, req.output_ids[-1]))
+        if req.stream or len(req.output_ids) == appended:
+            outputs.append(self._output(req))
 
     def _record_input_logprobs(self, req: Req, out: "ForwardOutput", i: int) -> None:
         if not req.wants_input_logprobs:
@@ -197,6 +235,7 @@ class ResultProcessor:
             rid=req.rid, new_token_ids=req.output_ids[start:],
             finish_reason=req.finished_reason, prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
+            spec_verify_ct=req.spec_verify_ct,
             output_token_logprobs=req.output_token_logprobs[start:] if req.return_logprob else [],
             output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [])
         if not req.detok_sent:

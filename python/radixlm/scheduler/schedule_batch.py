@@ -8,7 +8,7 @@ cache when the allocator runs dry. Admission (prefill.py) and retraction (decode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class ScheduleBatch:
     # prepare_decode; None when every request has one row (row i is request i). Sampling then
     # reads the logits of sample_rows() out of these.
     last_rows: torch.Tensor | None = None
+    # Decode with speculative drafts: request index -> (its first row, rows), every row of which
+    # is verified (scheduler/speculation.py); such requests do not go through the sampler.
+    verify_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -37,7 +40,8 @@ class ScheduleBatch:
         max_new_tokens == 0 (which only fills the cache). Called after the batch was prepared,
         when kv_allocated_len already counts this step's tokens."""
         if self.forward_mode.is_decode:
-            return [i for i, r in enumerate(self.reqs) if not r.input_on_host]
+            return [i for i, r in enumerate(self.reqs)
+                    if not r.input_on_host and i not in self.verify_rows]
         return [i for i, r in enumerate(self.reqs)
                 if r.kv_allocated_len >= r.seq_len and r.max_new_tokens > 0]
 
@@ -91,21 +95,29 @@ class ScheduleBatch:
         scheduler).
 
         A request that jumped forward (`input_on_host`) feeds its forced tokens instead, one
-        row each, from the host: the step stays a decode step (one CUDA graph, no extend pass),
+        row each, from the host (and one with speculative drafts feeds them after its token,
+        each row verified: `verify_rows`): the step stays a decode step (one CUDA graph, no extend pass),
         each row attending to the request's KV up to its own position. `last_rows` then names
         each request's last row, whose logits sample its next token. At most `max_rows` rows
         (the largest CUDA graph) when the requests fit: forced tokens past that wait for the
         next step, and their request samples only once all of them are computed."""
         self.last_rows = None
-        if not any(r.input_on_host for r in self.reqs):
+        self.verify_rows = {}
+        if not any(r.input_on_host or r.spec_drafts for r in self.reqs):
             return self._prepare_one_row_each(kv, last_token_ids)
         pool = kv.req_to_token_pool
         spare = None if max_rows is None else max(max_rows - len(self.reqs), 0)
         rows_req, positions, starts, host_rows, host_ids, last_rows = [], [], [], [], [], []
-        for req in self.reqs:
+        for i, req in enumerate(self.reqs):
             start, n = req.kv_allocated_len, req.num_decode_tokens
-            assert n >= 1 and (req.input_on_host or n == 1), "decode request out of step with its KV"
-            if req.input_on_host:
+            assert n >= 1 and (req.input_on_host or n == 1 + len(req.spec_drafts)), \
+                "decode request out of step with its KV"
+            if req.spec_drafts:
+                # Row 0 feeds the last sampled token (on the device), rows 1.. the drafts.
+                self.verify_rows[i] = (len(positions), n)
+                host_rows.extend(range(len(positions) + 1, len(positions) + n))
+                host_ids.extend(req.spec_drafts)
+            elif req.input_on_host:
                 if spare is not None:
                     extra = min(n - 1, spare)
                     spare -= extra

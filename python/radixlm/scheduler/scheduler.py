@@ -38,6 +38,7 @@ from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+from radixlm.scheduler.speculation import NgramSpeculator
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
 
@@ -67,9 +68,15 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
+        self.speculator = None
+        if config.speculative_algorithm is not None:
+            self.speculator = NgramSpeculator(config.speculative_num_draft_tokens,
+                                              config.speculative_ngram_min_match_window_size,
+                                              config.speculative_ngram_max_match_window_size)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
-                                       jump_forward=not config.disable_jump_forward)
+                                       jump_forward=not config.disable_jump_forward,
+                                       speculator=self.speculator)
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -148,6 +155,11 @@ class Scheduler:
         """Step 4's outcome on the scheduler's own state: finished requests leave the running
         batch (jumped ones stay: their forced tokens ride in the next decode step)."""
         self.running = [r for r in self.running if not r.finished]
+        if result.next_inputs:      # verify steps: each request's last accepted token
+            n = len(result.next_inputs)
+            t = to_device([i for i, _ in result.next_inputs] + [t for _, t in result.next_inputs],
+                          torch.int64, self.runner.device)
+            self.runner.last_token_ids[t[:n]] = t[n:]
         self.prompt_tokens_total += result.prompt_tokens
         self.cached_tokens_total += result.cached_tokens
         self.gen_throughput.add(result.generated_tokens)
@@ -156,6 +168,9 @@ class Scheduler:
         """The next batch can be built ahead of the pending step's results only in the steady
         decode state; anything that reads those results on the host waits for them (sampling
         that reads them waits inside the step instead: `_defers_sampling`)."""
+        if self.pending.batch.verify_rows or (
+                self.speculator is not None and self.speculator.may_draft(self.running)):
+            return True  # drafts come from the text: the pending step's tokens first
         if self.pending.batch.forward_mode.is_extend and (self.waiting or self.chunked_req):
             return True  # another prefill comes next: it must see this one's cached prefixes
         # Otherwise a prefill's requests join the next decode batch before their first token is
@@ -264,6 +279,9 @@ class Scheduler:
         if not self.running:
             return None
         self.ratio.step()
+        if self.speculator is not None:
+            self.speculator.plan_step(self.running, self.kv, self.max_decode_rows,
+                                      self.runner.model_config.context_len)
         return ScheduleBatch(list(self.running), ForwardMode.DECODE)
 
     def _release_aborted(self) -> None:
@@ -372,10 +390,14 @@ class Scheduler:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
         pool_rows = fb.req_pool_indices
+        verify = out.next_token_logits.argmax(-1) if batch.verify_rows else None
         if batch.last_rows is not None:  # jump-forward rows: each request samples its last
             out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
             pool_rows = pool_rows[batch.last_rows]
-        return LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows)
+        step = LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows)
+        if verify is not None:
+            step.attach_verify(verify)
+        return step
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedStep) -> None:
@@ -452,7 +474,8 @@ class Scheduler:
             overlapped_steps=self.overlapped_steps,
             generated_tokens_total=self.gen_throughput.total_tokens,
             last_gen_throughput=self.gen_throughput.read(),
-            weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes)
+            weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes,
+            **(self.speculator.totals.as_stats() if self.speculator else {}))
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""

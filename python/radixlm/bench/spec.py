@@ -1,0 +1,129 @@
+"""`radixlm bench spec`: speculative decoding on vs off, batch 1, same run (issue 18).
+
+Two workloads on the served model (default: the bundled one), each request alone (batch 1),
+greedy, through the offline Engine:
+  copy  edits and rewrites whose answer repeats the input (fix a paragraph's spelling, repeat
+        code with a comment added, continue a list): what n-gram drafts are for;
+  chat  open-ended questions, where drafts rarely match (the adaptive policy should keep the
+        cost near zero).
+Reported per workload: output tokens/s without and with --speculative-algorithm NGRAM, the
+ratio, tokens per verify step (completion_tokens / spec_verify_ct), and whether the greedy
+texts are identical.
+
+    radixlm bench spec [--model-path ...] [--max-new-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Sequence
+
+from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+
+PARAGRAPH = ("Teh history of the printing press begins in the fifteenth century, when Johannes "
+             "Gutenberg combined movable metal type, oil-based ink and a wooden screw press "
+             "into a sytem that could produce books quickly and cheaply. Within fifty years "
+             "printers were working in more then two hundred cities across Europe.")
+CODE = '''def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for v in values:
+        total += (v - m) ** 2
+    return total / len(values)
+'''
+COPY = [f"Fix the spelling mistakes in this paragraph and write it out again in full:\n\n"
+        f"{PARAGRAPH}",
+        f"Repeat this Python code exactly, adding a docstring to each function:\n\n{CODE}",
+        "Write out the alphabet as a comma-separated list of capital letters, A to Z.",
+        f"Copy this text word for word:\n\n{PARAGRAPH}"]
+CHAT = ["Write a short story about a robot who learns to paint.",
+        "Why is the sky blue? Explain it to a ten-year-old.",
+        "Give me three ideas for a weekend trip and say why each is fun.",
+        "What are the pros and cons of working from home?"]
+
+
+def _run(engine, prompts: list[str], max_new: int) -> dict[str, Any]:
+    before = engine.get_stats()
+    texts, tokens, verify, seconds = [], 0, 0, 0.0
+    for p in prompts:
+        prompt = engine.apply_chat_template([{"role": "user", "content": p}])
+        t = time.perf_counter()
+        out = engine.generate(prompt, {"max_new_tokens": max_new, "temperature": 0})
+        seconds += time.perf_counter() - t
+        texts.append(out["text"])
+        tokens += out["meta_info"]["completion_tokens"]
+        verify += out["meta_info"].get("spec_verify_ct", 0)
+    after = engine.get_stats()
+    steps = after.spec_verify_steps - before.spec_verify_steps
+    # Tokens the verify steps produced (accept length x steps, since start) over this run.
+    emitted = (after.spec_accept_length * after.spec_verify_steps
+               - before.spec_accept_length * before.spec_verify_steps)
+    return {"texts": texts, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+            "verify_steps": verify, "accept_length": emitted / steps if steps else None,
+            "tokens_in_verify_steps": emitted}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="radixlm bench spec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2, help="passes over each workload (the "
+                                                          "first warms up, the best is kept)")
+    p.add_argument("--output", default=None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
+    from radixlm.entrypoints.engine import Engine
+    result: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    runs: dict[str, dict[str, Any]] = {}
+    for spec in (None, "NGRAM"):
+        engine = Engine(model_path=args.model_path, device=args.device, log_level="warning",
+                        speculative_algorithm=spec,
+                        speculative_num_draft_tokens=args.num_draft_tokens)
+        try:
+            for name, prompts in (("copy", COPY), ("chat", CHAT)):
+                best = None
+                for _ in range(args.repeats):
+                    r = _run(engine, prompts, args.max_new_tokens)
+                    if best is None or r["seconds"] < best["seconds"]:
+                        best = r
+                runs[f"{name}/{spec or 'off'}"] = best
+        finally:
+            engine.shutdown()
+    for name in ("copy", "chat"):
+        off, on = runs[f"{name}/off"], runs[f"{name}/NGRAM"]
+        result[name] = {
+            "off_tok_s": off["tok_s"], "ngram_tok_s": on["tok_s"],
+            "speedup": on["tok_s"] / off["tok_s"],
+            # tokens a verify step produced on average (accepted drafts + 1), and the share of
+            # all output tokens that came from verify steps (the rest: plain decode steps)
+            "accept_length": on["accept_length"],
+            "share_from_verify_steps": on["tokens_in_verify_steps"] / max(on["tokens"], 1),
+            "verify_steps": on["verify_steps"], "tokens": on["tokens"],
+            "identical_text": off["texts"] == on["texts"],
+            "texts_off": off["texts"], "texts_ngram": on["texts"]}
+        r = result[name]
+        print(f"{name}: {r['off_tok_s']:.1f} -> {r['ngram_tok_s']:.1f} tok/s "
+              f"(x{r['speedup']:.2f}), accept length {r['accept_length'] or 0:.2f} over "
+              f"{r['verify_steps']} verify steps ({r['share_from_verify_steps']:.0%} of the "
+              f"tokens), identical text: {r['identical_text']}",
+              flush=True)
+    result.update(environment(args.device), command="radixlm bench spec " + " ".join(argv))
+    path = write_json(args.output or default_output_path("spec"), result)
+    print_summary(f"bench spec -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
