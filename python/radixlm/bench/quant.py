@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
 
@@ -109,7 +110,7 @@ def _sweep_grid(kind: str, m: int) -> list:
         bks = (256, 512, 1024) if kind == "w4a16" else (512, 1024, 2048)
         return [GemmTiles(1, bn, bk, warps, 3, split, gemv=True) for bn in (8, 16, 32, 64)
                 for bk in bks for warps in (4, 8) for split in (1, 2, 4, 8)]
-    bm = max(16, triton_pow2(m))
+    bm = max(16, triton.next_power_of_2(m))
     bks = (64, 128) if kind == "w4a16" else (128, 256)
     return [GemmTiles(bm, bn, bk, 4, 3, split) for bn in (16, 32, 64) for bk in bks
             for split in (1, 2, 4)]
@@ -149,10 +150,6 @@ def sweep_part(ms: list[int], kinds: list[str]) -> list[dict]:
     return rows
 
 
-def triton_pow2(m: int) -> int:
-    return 1 << (m - 1).bit_length()
-
-
 def model_part(args) -> dict:
     from radixlm.bench.moe import model_part as run_model
     from radixlm.bench.one_batch import copy_bandwidth
@@ -172,12 +169,6 @@ def model_part(args) -> dict:
                   f"prefill x{q['prefill_speedup_vs_bf16']:.2f} vs bf16, "
                   f"{q['fraction_of_roofline']:.0%} of its roofline", flush=True)
     return out
-
-
-def accuracy_part(model_path: str | None, device: str, prompts: int = 8,
-                  new_tokens: int = 32) -> dict:
-    from radixlm.bench.quant_accuracy import measure_accuracy
-    return measure_accuracy(model_path, device, prompts, new_tokens)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["model"] = model_part(args)
     if "accuracy" in parts:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        result["accuracy"] = accuracy_part(
+        from radixlm.bench.quant_accuracy import measure_accuracy
+        # (the model part's --model-path is a config of random weights: use the bundled model)
+        result["accuracy"] = measure_accuracy(
             args.model_path if "model" not in parts else None, device)
     result.update(environment(None), command="radixlm bench quant " + " ".join(argv))
     path = write_json(args.output or default_output_path("quant"), result)

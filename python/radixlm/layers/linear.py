@@ -46,6 +46,12 @@ def _param(shape: tuple[int, ...], loader: WeightLoader, dtype: torch.dtype | No
     return p
 
 
+def register_bias(layer: nn.Module, size: int, bias: bool, loader: WeightLoader) -> None:
+    """`layer.bias` in the compute dtype, split like the output rows (None without a bias):
+    the same for every method, whatever it does with the weight."""
+    layer.register_parameter("bias", _param((size,), loader) if bias else None)
+
+
 def _rows(size: int, start: int, div: int, what: str) -> tuple[int, int]:
     """(first element, count) of a parameter whose elements each cover `div` rows, for the
     rows [start, start + size) of the weight. A part must begin on an element boundary; its
@@ -94,8 +100,7 @@ class UnquantizedLinearMethod(LinearMethod):
         out = sum(output_partition_sizes)
         layer.register_parameter("weight", _param((out, input_size_per_partition),
                                                   weight_loader))
-        layer.register_parameter(
-            "bias", _param((out,), bias_loader or weight_loader) if bias else None)
+        register_bias(layer, out, bias, bias_loader or weight_loader)
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:

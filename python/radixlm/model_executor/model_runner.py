@@ -143,8 +143,7 @@ class ModelRunner:
 
     def _make_kv_pool(self) -> KVPool | MLAKVPool:
         spec, slots = self.kv_spec, self.memory_plan.num_slots
-        if spec.kind == "mla":
-            _check_kv_dtype_for_mla(self.kv_dtype, self.model_config.architecture)
+        if spec.kind == "mla":       # (fp8 refused in __init__, before the weights load)
             return MLAKVPool(slots, spec.num_layers, spec.head_dim, spec.latent_value_dim,
                              self.dtype, self.device)
         # Scales 1.0 (KVPool's default): no checkpoint KV scales are read yet.

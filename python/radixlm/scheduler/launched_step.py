@@ -15,6 +15,7 @@ import torch
 from radixlm.sampling.sampler import SampleOutput
 from radixlm.model_executor.model_runner import ForwardOutput
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+from radixlm.utils.device import to_host_async
 
 
 @dataclass
@@ -53,26 +54,12 @@ class LaunchedStep:
     def attach_samples(self, sampled: SampleOutput) -> None:
         """Record the sampler's output and queue its copy to the host."""
         self.sampled = sampled
-        ids, lps = sampled.next_token_ids, sampled.next_token_logprobs
-        if ids.device.type == "cuda":
-            self._ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            self._logprobs_host = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
-            self._ids_host.copy_(ids, non_blocking=True)
-            self._logprobs_host.copy_(lps, non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        else:
-            self._ids_host, self._logprobs_host = ids, lps
+        (self._ids_host, self._logprobs_host), self._copied = to_host_async(
+            sampled.next_token_ids, sampled.next_token_logprobs)
 
     def attach_verify(self, argmax: torch.Tensor) -> None:
         """Queue the host copy of every row's argmax (the targets drafts are checked against)."""
-        if argmax.device.type == "cuda":
-            self._verify_host = torch.empty(argmax.shape, dtype=argmax.dtype, pin_memory=True)
-            self._verify_host.copy_(argmax, non_blocking=True)
-            self._verify_copied = torch.cuda.Event()
-            self._verify_copied.record()
-        else:
-            self._verify_host = argmax
+        (self._verify_host,), self._verify_copied = to_host_async(argmax)
 
     def verified(self, row: int) -> list[int]:
         """The target's token after each of request `row`'s verify rows."""

@@ -95,9 +95,9 @@ class ScheduleBatch:
         scheduler).
 
         A request that jumped forward (`input_on_host`) feeds its forced tokens instead, one
-        row each, from the host (and one with speculative drafts feeds them after its token,
-        each row verified: `verify_rows`): the step stays a decode step (one CUDA graph, no extend pass),
-        each row attending to the request's KV up to its own position. `last_rows` then names
+        row each, from the host (one with speculative drafts feeds them after its token, every
+        row verified: `verify_rows`): the step stays a decode step (one CUDA graph, no extend
+        pass), each row attending to the request's KV up to its own position. `last_rows` then names
         each request's last row, whose logits sample its next token. At most `max_rows` rows
         (the largest CUDA graph) when the requests fit: forced tokens past that wait for the
         next step, and their request samples only once all of them are computed."""

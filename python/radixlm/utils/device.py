@@ -1,4 +1,4 @@
-"""Host-to-device copies that do not stall the GPU queue.
+"""Copies between host and device that do not stall the GPU queue.
 
 A copy from ordinary (pageable) host memory waits for every kernel already queued on the stream
 before it starts, so the scheduler would block on the running step while building the next one.
@@ -19,3 +19,18 @@ def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype,
         return torch.as_tensor(values, dtype=dtype, device=device)
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     return host.to(dtype).pin_memory().to(device, non_blocking=True)
+
+
+def to_host_async(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """Queue copies of device tensors into pinned host memory; returns the host tensors and an
+    event to synchronize on before reading them (None, and the tensors themselves, off CUDA)."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return list(tensors), None
+    hosts = []
+    for t in tensors:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        hosts.append(host)
+    event = torch.cuda.Event()
+    event.record()
+    return hosts, event

@@ -1,6 +1,7 @@
 """Quantized linear layers: FP8 and 4-bit weights (issue 17).
 
     spec.py           the flag and the checkpoint's quantization_config -> QuantSpec (checks)
+    method.py         QuantizedLinearMethod: what the methods share (spec, input flattening)
     fp8.py / int4.py  the LinearMethods (layers/linear.py) that load, repack and multiply
     *_kernels.py      their Triton kernels and torch references
 

@@ -13,20 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.linear import LinearMethod, WeightLoader, _param
+from radixlm.layers.linear import WeightLoader, _param, register_bias
 from radixlm.layers.quantization.fp8_kernels import (FP8_DTYPE, dequantize_fp8,
                                                      fp8_weight_gemm, quantize_fp8_per_channel,
                                                      scaled_mm_per_token)
-from radixlm.layers.quantization.spec import QuantSpec
+from radixlm.layers.quantization.method import QuantizedLinearMethod
 
 # Rows up to which the weight-only kernel beats FP8 tensor-core GEMMs (bench quant, H200).
 FP8_WEIGHT_ONLY_MAX_M = 16
 
 
-class Fp8LinearMethod(LinearMethod):
-    def __init__(self, spec: QuantSpec):
-        self.spec = spec
-
+class Fp8LinearMethod(QuantizedLinearMethod):
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], bias: bool,
                        weight_loader: WeightLoader,
@@ -56,8 +53,7 @@ class Fp8LinearMethod(LinearMethod):
                 # token at run time, which is at least as accurate.
                 layer.register_parameter("input_scale",
                                          _param((parts,), weight_loader, f32, per_part=True))
-        layer.register_parameter(
-            "bias", _param((n,), bias_loader or weight_loader) if bias else None)
+        register_bias(layer, n, bias, bias_loader or weight_loader)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         spec = self.spec
@@ -86,18 +82,13 @@ class Fp8LinearMethod(LinearMethod):
         # cuBLASLt's FP8 GEMM wants both dimensions in multiples of 16.
         layer.fp8_scaled_mm_ok = spec.fp8_block is None and n % 16 == 0 and k % 16 == 0
 
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+    def matmul(self, layer: nn.Module, x: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
         w, scale, block = layer.weight, layer.weight_scale, layer.fp8_block
         if x.device.type != "cuda":
             # No FP8 kernels on the CPU: widen the FP8 weight for this product only.
-            y = F.linear(x2, dequantize_fp8(w, scale, block, x.dtype), bias)
-        elif x2.shape[0] > FP8_WEIGHT_ONLY_MAX_M and layer.fp8_scaled_mm_ok:
-            y = scaled_mm_per_token(x2, w, scale, bias)
-        else:
-            y = fp8_weight_gemm(x2, w, scale, block)
-            if bias is not None:
-                y = y + bias
-        return y.reshape(*shape[:-1], y.shape[-1])
+            return F.linear(x, dequantize_fp8(w, scale, block, x.dtype), bias)
+        if x.shape[0] > FP8_WEIGHT_ONLY_MAX_M and layer.fp8_scaled_mm_ok:
+            return scaled_mm_per_token(x, w, scale, bias)
+        y = fp8_weight_gemm(x, w, scale, block)
+        return y if bias is None else y + bias

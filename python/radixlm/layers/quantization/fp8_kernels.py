@@ -36,10 +36,6 @@ class GemmTiles:
     gemv: bool = False      # one row per program, multiply-and-reduce without tensor cores
 
 
-def _pow2(m: int) -> int:
-    return 1 << max(m - 1, 0).bit_length()
-
-
 def fp8_tiles(m: int, n: int, k: int, block: tuple[int, int] | None) -> GemmTiles:
     """Default tiles of `fp8_weight_gemm`, from `bench quant --parts sweep` on an H200
     (Llama-3.1-8B shapes). One row: the CUDA-core kernel with deep K tiles, K split for the
@@ -50,7 +46,7 @@ def fp8_tiles(m: int, n: int, k: int, block: tuple[int, int] | None) -> GemmTile
         return GemmTiles(1, 16, bk, 4, 3, split_k=4 if k >= 8192 else 1, gemv=True)
     bk = min(256, block[1]) if block else 256
     wide = n >= 16384
-    return GemmTiles(max(16, _pow2(m)), 32 if wide else 64, bk, 4, 3,
+    return GemmTiles(max(16, triton.next_power_of_2(m)), 32 if wide else 64, bk, 4, 3,
                      split_k=1 if wide else (4 if m <= 16 else 2))
 
 

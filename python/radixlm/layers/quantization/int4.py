@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.layers.linear import LinearMethod, WeightLoader, _param
+from radixlm.layers.linear import WeightLoader, _param, register_bias
 from radixlm.layers.quantization.int4_kernels import (PACK, pack_int4_rows, quantize_int4_rtn,
                                                       unpack_int4_rows, w4_dequantize,
                                                       w4_dequantize_torch, w4a16_gemm)
-from radixlm.layers.quantization.spec import QuantSpec
+from radixlm.layers.quantization.method import QuantizedLinearMethod
 
 # Rows up to which the unpack-in-registers kernel beats dequantize + cuBLAS (bench quant).
 W4_KERNEL_MAX_M = 64
@@ -40,10 +40,7 @@ def unpack_int4_columns(words: torch.Tensor, order: tuple[int, ...] = tuple(rang
     return vals.reshape(r, c8 // PACK, PACK)[:, :, inverse].reshape(r, c8)
 
 
-class Int4LinearMethod(LinearMethod):
-    def __init__(self, spec: QuantSpec):
-        self.spec = spec
-
+class Int4LinearMethod(QuantizedLinearMethod):
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], bias: bool,
                        weight_loader: WeightLoader,
@@ -76,8 +73,7 @@ class Int4LinearMethod(LinearMethod):
         if not spec.online:
             layer.register_parameter("scales", _param((groups, n), weight_loader, torch.float32,
                                                       input_dim=0, input_div=g, output_dim=1))
-        layer.register_parameter(
-            "bias", _param((n,), bias_loader or weight_loader) if bias else None)
+        register_bias(layer, n, bias, bias_loader or weight_loader)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         spec, g = self.spec, layer.int4_group
@@ -117,21 +113,15 @@ class Int4LinearMethod(LinearMethod):
         return w4_dequantize_torch(layer.qweight, layer.scales, layer.zeros, layer.int4_group,
                                    layer.int4_in_features, dtype).t()
 
-    def apply(self, layer: nn.Module, x: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+    def matmul(self, layer: nn.Module, x: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
         g, k = layer.int4_group, layer.int4_in_features
         if x.device.type != "cuda":
             # No 4-bit kernels on the CPU: widen the weight for this product only.
-            y = F.linear(x2, self.dequantized_weight(layer, x.dtype), bias)
-        elif x2.shape[0] > W4_KERNEL_MAX_M:
+            return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+        if x.shape[0] > W4_KERNEL_MAX_M:
             w = w4_dequantize(layer.qweight, layer.scales, layer.zeros, g, k, x.dtype)
-            y = torch.matmul(x2, w)
-            if bias is not None:
-                y = y + bias
+            y = torch.matmul(x, w)
         else:
-            y = w4a16_gemm(x2, layer.qweight, layer.scales, layer.zeros, g)
-            if bias is not None:
-                y = y + bias
-        return y.reshape(*shape[:-1], y.shape[-1])
+            y = w4a16_gemm(x, layer.qweight, layer.scales, layer.zeros, g)
+        return y if bias is None else y + bias

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.quantization.fp8_kernels import (GemmTiles, _k_range, _pow2,
-                                                     _store_or_add, launch_split)
+from radixlm.layers.quantization.fp8_kernels import (GemmTiles, _k_range, _store_or_add,
+                                                     launch_split)
 
 PACK = 8                 # 4-bit values per int32 word
 
@@ -153,7 +153,7 @@ def w4_tiles(m: int, n: int, k: int, group: int) -> GemmTiles:
         if n >= 16384 or k >= 8192:     # gate_up, down: narrower and deeper
             return GemmTiles(1, 8, max(1024, group), 4 if n >= 16384 else 8, 3, gemv=True)
         return GemmTiles(1, 16, max(512, group), 8, 3, gemv=True)
-    return GemmTiles(max(16, _pow2(m)), 64, min(128, group), 4, 3,
+    return GemmTiles(max(16, triton.next_power_of_2(m)), 64, min(128, group), 4, 3,
                      split_k=4 if m <= 16 else 2)
 
 
