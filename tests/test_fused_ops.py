@@ -183,6 +183,35 @@ def check_rotary(t: int, hq: int, hk: int, d: int, dtype, device, views: bool = 
         _exact(qkv[:, (hq + hk) * d:], v_before, what + ": v must be untouched")
 
 
+def check_qk_norm_rotary(t: int, hq: int, hk: int, d: int, dtype, device,
+                         seed: int = 0) -> None:
+    """Qwen3's per-head q/k RMSNorm folded into the rotary kernel, against RMSNorm's and
+    rotary's PyTorch code in turn (the norm's mean may differ in its last bits: _close)."""
+    from radixlm.layers.kernels.rotary_kernels import rotary_embedding_
+
+    g = torch.Generator().manual_seed(seed)
+    rope = RotaryEmbedding(d, 4096, 10000.0).to(device)
+    q_norm, k_norm = _norm_module(d, dtype, device, g), _norm_module(d, dtype, device, g)
+    positions = torch.randint(0, 4096, (t,), generator=g, dtype=torch.int64).to(device)
+    qkv, q, k = _qkv_views(t, hq, hk, d, dtype, device, g)
+    v_before = qkv[:, (hq + hk) * d:].clone()
+    ref_q, ref_k = _fallback(lambda: rope(positions, q.clone(), k.clone(), q_norm, k_norm))
+    out_q, out_k = rotary_embedding_(positions, q, k, rope.cos, rope.sin, d, halves_equal=True,
+                                     qk_norm=(q_norm.weight, k_norm.weight, q_norm.eps))
+    what = f"qk-norm + rotary T={t} hq={hq} hk={hk} d={d} {str(dtype)[6:]}"
+    for out, ref, name in ((out_q, ref_q, " q"), (out_k, ref_k, " k")):
+        if _interpreter_bf16 and dtype == BF16:
+            # The interpreter truncates both roundings (norm, then rotation), and a rotation
+            # that cancels leaves a tiny element with that error: bound it by the largest.
+            err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            assert err <= 2 ** -6, f"{what}{name}: {err:.3g} of max |ref|"
+        else:
+            _close(out, ref, what + name)
+    if t:
+        assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr(), what
+    _exact(qkv[:, (hq + hk) * d:], v_before, what + ": v must be untouched")
+
+
 # ---------------------------------------------------------------------- interpreter (CPU) tier
 
 LLAMA3 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -210,6 +239,10 @@ def _interpreter_cases():
         for t, hq, hk, d in ((0, 4, 2, 64), (1, 4, 2, 64), (9, 6, 1, 32), (4, 3, 3, 96)):
             yield (f"rotary T={t} hq={hq} hk={hk} d={d} {name}",
                    lambda t=t, hq=hq, hk=hk, d=d, dt=dt: check_rotary(t, hq, hk, d, dt, "cpu"))
+        for t, hq, hk, d in ((1, 4, 2, 64), (6, 3, 1, 32)):
+            yield (f"qk-norm + rotary T={t} hq={hq} hk={hk} d={d} {name}",
+                   lambda t=t, hq=hq, hk=hk, d=d, dt=dt: check_qk_norm_rotary(t, hq, hk, d, dt,
+                                                                              "cpu"))
         yield f"rotary contiguous llama3 {name}", lambda dt=dt: check_rotary(
             5, 4, 2, 64, dt, "cpu", views=False, scaling=LLAMA3, max_position=512,
             halves_equal=True)
@@ -306,6 +339,14 @@ def test_gpu_rotary(t, hq, hk, d, dtype):
     check_rotary(t, hq, hk, d, dtype, "cuda", views=True, seed=t + d)
     check_rotary(t, hq, hk, d, dtype, "cuda", views=False, scaling=LLAMA3, seed=t + d + 1,
                  halves_equal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hq,hk,d", [(16, 8, 128), (32, 4, 128), (14, 2, 64)])
+@pytest.mark.parametrize("t", TOKENS)
+def test_gpu_qk_norm_rotary(t, hq, hk, d, dtype):
+    check_qk_norm_rotary(t, hq, hk, d, dtype, "cuda", seed=t + d)
 
 
 def _all_ops(x, r, gate_up, positions, q, k, norm, rope):

@@ -161,3 +161,48 @@ def test_yarn_matches_hf(params):
     scaling = RopeScaling.from_hf(rope)
     torch.testing.assert_close(_inv_freq(64, 10000.0, scaling).float(), hf_inv.float())
     assert rope_magnitude(scaling) == pytest.approx(hf_mag)
+
+
+def _fields(mc: ModelConfig) -> dict:
+    return {f.name: getattr(mc, f.name) for f in dataclasses.fields(mc) if f.name != "hf_config"}
+
+
+CONFIG_DIRS = sorted(p for p in (Path(__file__).parent.parent / "benchmarks" / "configs").iterdir()
+                     if (p / "config.json").exists())
+
+
+@pytest.mark.parametrize("path", CONFIG_DIRS, ids=lambda p: p.name)
+def test_config_json_read_directly_equals_transformers(path):
+    """read_hf_config skips transformers (seconds of start-up) for a config.json that states
+    every family-specific field; the ModelConfig is the same as through AutoConfig."""
+    from radixlm.model_executor.weight_source import load_hf_config, read_hf_config
+    fast = read_hf_config(str(path))
+    # (DeepSeek-V2-Lite's config.json has no head_dim: it goes through transformers)
+    assert isinstance(fast, SimpleNamespace) == (path.name != "deepseek-v2-lite")
+    assert _fields(ModelConfig.from_hf(fast, None)) == _fields(
+        ModelConfig.from_hf(load_hf_config(str(path)), None))
+
+
+def test_config_json_missing_a_family_default_goes_through_transformers(tmp_path):
+    """Qwen3's head_dim defaults to 128 in transformers, not hidden / heads: a config.json
+    without it is read by AutoConfig, which knows the family's default."""
+    import json
+    from radixlm.model_executor.weight_source import read_hf_config
+    src = Path(__file__).parent.parent / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
+    raw = json.loads(src.read_text())
+    raw.pop("head_dim")
+    raw["hidden_size"] = 1024   # heads 16: hidden / heads would say 64
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = read_hf_config(str(tmp_path))
+    assert not isinstance(cfg, SimpleNamespace)
+    assert ModelConfig.from_hf(cfg, None).head_dim == 128
+
+
+def test_bundled_model_config_read_directly_equals_transformers():
+    from radixlm.model_executor.weight_source import (load_hf_config, read_hf_config,
+                                                       resolve_model_dir)
+    hf_dir, _ = resolve_model_dir(None, "auto")     # the bundled GGUF, converted
+    fast = read_hf_config(hf_dir)
+    assert isinstance(fast, SimpleNamespace)
+    assert _fields(ModelConfig.from_hf(fast, None)) == _fields(
+        ModelConfig.from_hf(load_hf_config(hf_dir), None))

@@ -272,6 +272,56 @@ def test_info_health_flush_metrics(url):
     assert float(count[0].split()[-1]) > 0
 
 
+def test_startup_phases_reported(url):
+    info = server_info(url)
+    phases = info["startup_phases"]
+    for name in ("imports", "weights", "kv_cache", "tokenizer"):
+        assert phases[name] >= 0, name
+    assert "cuda_graphs" not in phases            # none captured on the CPU
+    assert info["startup_seconds"] >= sum(phases.values()) - 1e-6
+
+
+def test_profiler_start_stop_writes_a_trace(url, tmp_path):
+    import gzip
+    out = tmp_path / "prof"
+    r = post(url, "/start_profile", {"output_dir": str(out), "activities": ["CPU"]})
+    assert r.status_code == 200, r.text
+    again = post(url, "/start_profile", {})
+    assert again.status_code == 400 and "already running" in again.json()["error"]["message"]
+    assert post(url, "/generate", {"text": "Hello", "sampling_params": {
+        "max_new_tokens": 4, **GREEDY}}).status_code == 200
+    stop = post(url, "/stop_profile", None)
+    assert stop.status_code == 200, stop.text
+    result = stop.json()
+    assert result["steps"] >= 4 and result["gpu_busy_s"] is None
+    trace = json.loads(gzip.open(result["trace_path"]).read())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names)
+    assert str(out) in result["trace_path"]
+    assert post(url, "/stop_profile", None).status_code == 400     # not running any more
+
+
+def test_profiler_num_steps_stops_by_itself(url, tmp_path):
+    assert post(url, "/start_profile", {"output_dir": str(tmp_path), "num_steps": 2,
+                                        "activities": ["CPU"]}).status_code == 200
+    post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 6, **GREEDY}})
+    assert list(tmp_path.glob("*-TP-0.trace.json.gz"))
+    assert post(url, "/stop_profile", None).status_code == 400
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"activities": ["GPU"]}, "GPU asked"),          # the CPU server cannot profile a GPU
+    ({"activities": ["MEM"]}, "not supported"),
+    ({"profile_by_stage": True}, "unsupported /start_profile fields"),
+    ({"num_steps": 0}, "num_steps"),
+    ({"num_steps": "3"}, "num_steps"),
+])
+def test_profiler_bad_requests_are_400(url, body, needle):
+    r = post(url, "/start_profile", body)
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    assert post(url, "/stop_profile", None).status_code == 400   # nothing was started
+
+
 # ---------------------------------------------------------------------- process lifecycle
 
 def test_sigterm_aborts_streams_and_exits_cleanly(server):

@@ -124,3 +124,31 @@ def test_overlap_structured_matches_plain_loop(overlap_engine, make_engine, jump
     # Decode steps of constrained requests overlapped with the previous step's processing.
     assert overlapped.get_stats().overlapped_steps > 10
     assert_pool_empty(overlapped)
+
+
+def test_overlap_runs_consecutive_prefill_chunks_back_to_back(overlap_engine, make_engine):
+    """A long prompt's prefill chunks are launched one after another without reading each
+    chunk's results first (the chunk's KV enters the prefix cache at launch). Prompt logprobs,
+    which each chunk's processing records, and the output equal the plain loop's."""
+    prompt = " ".join(PROMPTS * 3)
+    params = {"max_new_tokens": 1, "temperature": 0}
+    kwargs = dict(max_total_tokens=4096, chunked_prefill_size=16)
+    plain = make_engine(disable_overlap_schedule=True, **kwargs)
+    want = plain.generate(prompt, params, return_logprob=True, logprob_start_len=0)
+    overlapped = overlap_engine(**kwargs)
+    got = overlapped.generate(prompt, params, return_logprob=True, logprob_start_len=0)
+    n_prompt = got["meta_info"]["prompt_tokens"]
+    assert n_prompt > 64
+    assert got["output_ids"] == want["output_ids"]
+    lp_got = got["meta_info"]["input_token_logprobs"]
+    lp_want = want["meta_info"]["input_token_logprobs"]
+    assert len(lp_got) == n_prompt and [t for _, t, *_ in lp_got] == [t for _, t, *_ in lp_want]
+    assert lp_got[0][0] is None
+    assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(lp_got[1:], lp_want[1:]))
+    # Every chunk after the first was launched while the one before it was still pending.
+    assert overlapped.get_stats().overlapped_steps >= n_prompt // 16 - 1
+    # The prompt went into the prefix cache chunk by chunk: a second request reuses it.
+    again = overlapped.generate(prompt, params)
+    assert again["meta_info"]["cached_tokens"] >= n_prompt - 16
+    assert again["output_ids"] == want["output_ids"]
+    assert_pool_empty(overlapped)

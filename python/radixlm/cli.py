@@ -74,7 +74,8 @@ def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) ->
 
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
 BENCHMARKS = ("structured", "grammar-fill", "programs", "one-batch", "offline", "serving", "headline",
-              "overlap", "router", "hicache", "moe", "moe-tune", "quant", "spec")
+              "overlap", "router", "hicache", "moe", "moe-tune", "quant", "spec", "startup",
+              "extend-kernel")
 
 
 def _generate(ns: argparse.Namespace) -> int:

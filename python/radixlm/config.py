@@ -61,7 +61,7 @@ class ServerArgs:
     # Kernels (the GPU issue fills these in)
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
+    cuda_graph_max_bs: int = 256
     disable_overlap_schedule: bool = False
     grammar_backend: str = "xgrammar"
     disable_jump_forward: bool = False

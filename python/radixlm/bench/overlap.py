@@ -29,23 +29,15 @@ from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
+from radixlm.utils.gpu_activity import busy_and_span, kernel_intervals
 
 
 def gpu_idle_fraction(prof) -> float | None:
     """1 - busy / span over the CUDA kernels the profiler saw (overlapping kernels merged)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    if not spans:
+    intervals = kernel_intervals(prof)
+    if not intervals:
         return None
-    busy, cur_start, cur_end = 0.0, *spans[0]
-    for start, end in spans[1:]:
-        if start > cur_end:
-            busy += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    busy += cur_end - cur_start
-    span = spans[-1][1] - spans[0][0]
+    busy, span = busy_and_span(intervals)
     return 1.0 - busy / span if span > 0 else 0.0
 
 

@@ -27,7 +27,8 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.generate_request import GenerateReqInput
-from radixlm.managers.messages import AbortReq, SchedulerReady, SchedulerStats, ShutdownReq
+from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, SchedulerReady,
+                                       SchedulerStats, ShutdownReq)
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
 from radixlm.entrypoints.ranks import start_ranks
@@ -123,6 +124,7 @@ def _failed(reason: str) -> SchedulerReady:
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any):
+        started = time.perf_counter()
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
         logging.basicConfig(level=self.server_args.log_level.upper(),
                             format="[%(asctime)s] %(name)s: %(message)s")
@@ -140,6 +142,10 @@ class Engine:
             self._children.stop(timeout_s=5)
             raise RuntimeError(f"engine failed to start: {ready.error}")
         self.ready = ready
+        # From here to ready, and where the scheduler's share of it went (/get_server_info).
+        self.startup_seconds = time.perf_counter() - started
+        logger.info("engine ready in %.1f s; scheduler: %s", self.startup_seconds,
+                    ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
         self.tokenizer_manager = TokenizerManager(self.tokenizer, ready, self._children.send)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
@@ -273,6 +279,24 @@ class Engine:
 
     def get_stats(self) -> SchedulerStats:
         return self._run(self.tokenizer_manager.get_stats())
+
+    def start_profile(self, output_dir: str | None = None, num_steps: int | None = None,
+                      activities: list[str] | None = None, with_stack: bool = False,
+                      record_shapes: bool = False) -> None:
+        """Run the torch profiler in the scheduler over the next steps (until stop_profile, or
+        for num_steps steps); raises ValueError if it cannot."""
+        self._profile(ProfileReq("start", output_dir, num_steps, activities, with_stack,
+                                 record_shapes))
+
+    def stop_profile(self) -> ProfileResult:
+        """Stop the profiler; the result names the trace written and the GPU's busy time."""
+        return self._profile(ProfileReq("stop"))
+
+    def _profile(self, req: ProfileReq) -> ProfileResult:
+        result = self._run(self.tokenizer_manager.profile(req))
+        if not result.success:
+            raise ValueError(result.message)
+        return result
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **template_kwargs: Any) -> str:

@@ -1,5 +1,5 @@
 """SGLang's native HTTP API: /generate, health, model and server info, cache and abort control,
-tokenize / detokenize, and Prometheus metrics."""
+tokenize / detokenize, the profiler, and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.request_limits import check_generate_limits
 from radixlm.managers.generate_request import GenerateReqInput
+from radixlm.managers.messages import ProfileReq
 from radixlm.managers.tokenizer_manager import EngineDeadError
 
 router = APIRouter()
@@ -136,6 +137,7 @@ async def get_server_info(request: Request):
             "max_running_requests": ready.max_running_requests,
             "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
             "resolved_model_path": ready.model_path, "internal_states": [internal_state],
+            "startup_seconds": engine.startup_seconds, "startup_phases": ready.startup_phases,
             "version": __version__}
 
 
@@ -148,6 +150,57 @@ async def flush_cache(request: Request) -> Response:
     if not result.success:
         return error_response(f"cache not flushed: {result.message}", 400)
     return PlainTextResponse("Cache flushed.\n")
+
+
+# /start_profile's fields (SGLang's names); others are refused rather than ignored.
+_PROFILE_FIELDS = {"output_dir": str, "num_steps": int, "activities": list, "with_stack": bool,
+                   "record_shapes": bool}
+
+
+def profile_request(body: Any) -> ProfileReq:
+    """/start_profile's optional JSON body as a ProfileReq; raises ValueError naming a field."""
+    if body is None or body == {}:
+        return ProfileReq("start")
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    unknown = sorted(set(body) - set(_PROFILE_FIELDS))
+    if unknown:
+        raise ValueError(f"unsupported /start_profile fields: {unknown}; supported: "
+                         f"{sorted(_PROFILE_FIELDS)}")
+    fields = {k: v for k, v in body.items() if v is not None}
+    for name, value in fields.items():
+        kind = _PROFILE_FIELDS[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"`{name}` must be a {kind.__name__}")
+    if not all(isinstance(a, str) for a in fields.get("activities", [])):
+        raise ValueError("`activities` must be a list of strings (\"CPU\", \"GPU\")")
+    return ProfileReq("start", **fields)
+
+
+@router.api_route("/start_profile", methods=["GET", "POST"])
+async def start_profile(request: Request) -> Response:
+    try:
+        req = profile_request(await read_json_body(request))
+    except ValueError as e:
+        return bad_request(e)
+    return await _profile(request, req)
+
+
+@router.api_route("/stop_profile", methods=["GET", "POST"])
+async def stop_profile(request: Request) -> Response:
+    return await _profile(request, ProfileReq("stop"))
+
+
+async def _profile(request: Request, req: ProfileReq) -> Response:
+    try:
+        result = await request.app.state.engine.tokenizer_manager.profile(req)
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
+    if not result.success:
+        return error_response(result.message, 400)
+    if req.action == "start":
+        return PlainTextResponse(result.message + "\n")
+    return JSONResponse(dataclasses.asdict(result))
 
 
 @router.post("/abort_request")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import time
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.utils.gpus import pinned_env, visible_gpus
+from radixlm.utils.phases import SPAWN_TIME_ENV
 
 
 def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
@@ -39,7 +41,8 @@ def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
         rank = args.node_rank * per_node + local
         gpu = args.base_gpu_id + local
         # Each rank (the one process that uses a GPU) sees only its own GPU.
-        env = pinned_env(gpu) if gpu and gpus else None
+        env = pinned_env(gpu) if gpu and gpus else dict(os.environ)
+        env[SPAWN_TIME_ENV] = repr(time.time())   # the child reports its interpreter start-up
         name = "scheduler" if args.tp_size == 1 else f"scheduler (TP rank {rank})"
         procs.append((name, subprocess.Popen(
             [sys.executable, "-m", "radixlm.scheduler.process", args_json, ep, str(rank)],

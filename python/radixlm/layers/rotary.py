@@ -18,6 +18,7 @@ from torch import nn
 
 from radixlm.core.model_config import RopeScaling
 from radixlm.layers.kernels import use_fused
+from radixlm.layers.norm import RMSNorm
 
 
 def _inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -114,17 +115,36 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         """q: [T, Hq, D], k: [T, Hk, D]; returns them rotated, in the input dtype: in place on
-        the fused path (q/k may be strided views, e.g. of a fused qkv output), else copies."""
+        the fused path (q/k may be strided views, e.g. of a fused qkv output), else copies.
+        q_norm / k_norm: per-head RMSNorms applied first (Qwen3), in the same kernel when
+        fused."""
         if use_fused(q):
             from radixlm.layers.kernels import rotary_kernels
-            if rotary_kernels.supports(positions, q, k, self.cos, self.head_dim):
+            norm = _fusable_norms(q_norm, k_norm, self.head_dim)
+            if (rotary_kernels.supports(positions, q, k, self.cos, self.head_dim)
+                    and (q_norm is None or norm is not None)):
                 return rotary_kernels.rotary_embedding_(positions, q, k, self.cos, self.sin,
-                                                        self.head_dim, halves_equal=True)
+                                                        self.head_dim, halves_equal=True,
+                                                        qk_norm=norm)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _fusable_norms(q_norm: RMSNorm | None, k_norm: RMSNorm | None,
+                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(q weight, k weight, eps) when the rotary kernel can apply both norms itself."""
+    if q_norm is None or k_norm is None or q_norm.eps != k_norm.eps:
+        return None
+    weights = (q_norm.weight, k_norm.weight)
+    if any(w.shape != (head_dim,) or w.stride(0) != 1 for w in weights):
+        return None
+    return q_norm.weight, k_norm.weight, q_norm.eps
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -84,8 +84,9 @@ class GenerateReqInput:
                 raise ValueError("`input_ids` must be a list of token ids or a list of lists")
             batch = ids if ids and isinstance(ids[0], list) else [ids]
             for one in batch:
-                if not isinstance(one, list) or not all(
-                        isinstance(t, int) and not isinstance(t, bool) for t in one):
+                # (type(), not isinstance: a bool is an int subclass but no token id; the set
+                # of types is built in C, a per-element check costs ~0.1 s per 1M ids.)
+                if not isinstance(one, list) or not set(map(type, one)) <= {int}:
                     raise ValueError("`input_ids` must contain integer token ids")
             prompts = [(None, list(one)) for one in batch]
         n_prompts = len(prompts)

@@ -51,16 +51,18 @@ def send(sock: zmq.Socket, msg: Any) -> None:
     sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def recv_all(sock: zmq.Socket, timeout_s: float | None) -> list[Any]:
-    """Every message waiting on sock; waits up to timeout_s for the first (0/None: no wait)."""
+def recv_all(sock: zmq.Socket, timeout_s: float | None, limit: int | None = None) -> list[Any]:
+    """Every message waiting on sock (at most `limit`); waits up to timeout_s for the first
+    (0/None: no wait)."""
     msgs: list[Any] = []
     if timeout_s and not sock.poll(int(timeout_s * 1000)):
         return msgs
-    while True:
+    while limit is None or len(msgs) < limit:
         try:
             msgs.append(pickle.loads(sock.recv(zmq.NOBLOCK)))
         except zmq.Again:
             return msgs
+    return msgs
 
 
 def exit_now(code: int) -> None:

@@ -49,6 +49,18 @@ class GetStatsReq:
 
 
 @dataclass
+class ProfileReq:
+    """/start_profile and /stop_profile (SGLang's fields): run the torch profiler in the
+    scheduler process over the next steps and write a Chrome trace."""
+    action: str                          # "start" or "stop"
+    output_dir: str | None = None        # default: $RADIXLM_TORCH_PROFILER_DIR, else /tmp
+    num_steps: int | None = None         # stop by itself after this many scheduler steps
+    activities: list[str] | None = None  # "CPU", "GPU"; default: both where there is a GPU
+    with_stack: bool = False
+    record_shapes: bool = False
+
+
+@dataclass
 class ShutdownReq:
     pass
 
@@ -70,6 +82,9 @@ class SchedulerReady:
     tokenizer_path: str
     error: str | None = None         # set when start-up failed
     speculative: bool = False        # --speculative-algorithm: meta_info gets spec_verify_ct
+    # Seconds per start-up phase in the scheduler process (rank 0), in order: imports,
+    # weights, kv_cache, cuda_graphs, ...
+    startup_phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +146,19 @@ class FlushCacheResult:
 
 
 @dataclass
+class ProfileResult:
+    success: bool
+    message: str = ""
+    trace_path: str | None = None    # the Chrome trace written (stop)
+    # GPU activity over the profiled window (stop, when GPU was profiled): kernel time with
+    # overlapping kernels counted once, the first kernel's start to the last one's end, count
+    gpu_busy_s: float | None = None
+    gpu_span_s: float | None = None
+    num_kernels: int = 0
+    steps: int = 0                   # scheduler steps profiled
+
+
+@dataclass
 class SchedulerStats:
     num_running_reqs: int
     num_waiting_reqs: int
@@ -155,5 +183,7 @@ class SchedulerStats:
 
 
 # What each side may receive (the scheduler ignores, with a warning, anything else).
-TO_SCHEDULER = (TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq, ShutdownReq)
-FROM_SCHEDULER = (SchedulerReady, BatchReqOutput, FlushCacheResult, SchedulerStats, ShutdownReq)
+TO_SCHEDULER = (TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq, ProfileReq,
+                ShutdownReq)
+FROM_SCHEDULER = (SchedulerReady, BatchReqOutput, FlushCacheResult, SchedulerStats,
+                  ProfileResult, ShutdownReq)

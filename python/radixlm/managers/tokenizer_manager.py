@@ -16,7 +16,8 @@ from typing import Any, AsyncIterator, Callable
 
 from radixlm.managers.generate_request import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
-                                       FlushCacheResult, GetStatsReq, ReqOutput, SchedulerReady,
+                                       FlushCacheResult, GetStatsReq, ProfileReq, ProfileResult,
+                                       ReqOutput, SchedulerReady,
                                        SchedulerStats, TokenizedGenerateReq)
 from radixlm.managers.prompt_length import check_text_fits
 
@@ -59,7 +60,8 @@ class TokenizerManager:
         self.send = send
         self.states: dict[str, ReqState] = {}
         self._pending: dict[type, list[asyncio.Future]] = {FlushCacheResult: [],
-                                                           SchedulerStats: []}
+                                                           SchedulerStats: [],
+                                                           ProfileResult: []}
         self.dead_reason: str | None = None
         self.metrics = None  # a MetricsCollector when --enable-metrics
 
@@ -78,8 +80,8 @@ class TokenizerManager:
         if not ids:
             raise ValueError("the prompt is empty (`text` / `input_ids` must not be empty)")
         vocab = self.ready.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
+        if min(ids) < 0 or max(ids) >= vocab:   # (C loops; the message's list only then)
+            bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"input_ids contains token ids outside the vocabulary: {bad[:5]}")
         if len(ids) >= self.context_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
@@ -290,6 +292,9 @@ class TokenizerManager:
 
     async def get_stats(self) -> SchedulerStats:
         return await self._ask(GetStatsReq(), SchedulerStats)
+
+    async def profile(self, req: ProfileReq) -> ProfileResult:
+        return await self._ask(req, ProfileResult)
 
     def abort(self, rid: str) -> None:
         self.send(AbortReq(rid))

@@ -102,8 +102,11 @@ class KVCacheManager:
         """Slots for the next num_tokens tokens of the request in table row req_row, which has
         `committed` tokens' KV already (its partial last page is filled first)."""
         alloc = self.allocator
-        row = self.req_to_token_pool.req_to_token[req_row]
-        last_loc = int(row[committed - 1]) if committed > 0 else -1
+        # Only a paged pool continues the request's last page, whose slot is read back from the
+        # device (a synchronisation: with page size 1 nothing is read).
+        last_loc = -1
+        if committed > 0 and alloc.page_size > 1:
+            last_loc = int(self.req_to_token_pool.req_to_token[req_row, committed - 1])
         locs = alloc.alloc_extend(committed, last_loc, num_tokens)
         if locs is None:
             short = alloc.pages_needed(committed, num_tokens) * alloc.page_size \

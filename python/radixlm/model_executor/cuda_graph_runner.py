@@ -5,8 +5,11 @@ Capturing the whole step (attention metadata, every layer, the LM head) once per
 replaying it makes the launch cost one call.
 
 How a step runs through a graph:
-  * batch sizes 1, 2, 4, 8, then every 8 up to --cuda-graph-max-bs are captured at start-up,
-    largest first, all sharing one memory pool (only one graph ever runs at a time);
+  * batch sizes 1, 2, 4, 8, every 8 up to 64, every 16 up to 128, then every 32 up to
+    --cuda-graph-max-bs are captured at start-up, largest first, all sharing one memory pool
+    (only one graph ever runs at a time). Fewer sizes at the top keep start-up short; a step
+    padded to the next size costs little there (decode reads the weights once whatever the
+    batch);
   * a batch of B requests uses the smallest captured size >= B; the padded rows write their K/V
     into the pool's padding slot 0, read one token of request row 0, and their logits are dropped;
   * the inputs are copied into the graph's static buffers, the graph replays, and the logits come
@@ -29,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4) if s <= max_bs]
-    sizes += list(range(8, max_bs + 1, 8))
+    steps = [*range(1, 3), 4, *range(8, 65, 8), *range(80, 129, 16), *range(160, max_bs + 1, 32)]
+    sizes = [s for s in steps if s <= max_bs]
     if max_bs not in sizes:
         sizes.append(max_bs)
     return sorted(set(sizes))
@@ -87,8 +90,7 @@ class CudaGraphRunner:
 
     def _capture_one(self, bs: int) -> None:
         fb = self._static_batch(bs)
-        for _ in range(2):  # warm-up: Triton compiles and cuBLAS picks its kernels outside capture
-            self._run_static(fb)
+        self._run_static(fb)  # warm-up: Triton compiles and cuBLAS picks its kernels outside capture
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):

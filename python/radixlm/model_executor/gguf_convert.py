@@ -16,11 +16,14 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
 import radixlm.envs as envs
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +376,8 @@ def _tensor_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape.tolist()))
 
 
-def _dequantized(tensor: Any, config: dict[str, Any], spec: ArchSpec) -> torch.Tensor:
+def _dequantized(tensor: Any, config: dict[str, Any], spec: ArchSpec) -> "torch.Tensor":
+    import torch   # (here, not at the top: resolving a cached conversion needs no torch)
     from gguf.quants import dequantize
 
     array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)

@@ -17,7 +17,9 @@ Start-up is two steps because the two owners depend on each other's sizes:
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +38,10 @@ from radixlm.model_executor.forward_pass import run_model
 from radixlm.model_executor.loader import load_model
 from radixlm.model_executor.model_config import ModelConfig, resolve_dtype
 from radixlm.model_executor.runner_config import RunnerConfig
-from radixlm.model_executor.weight_source import load_hf_config, resolve_model_dir
+from radixlm.model_executor.weight_source import read_hf_config, resolve_model_dir
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.sampler import SampleOutput, Sampler
+from radixlm.utils.phases import PhaseTimer
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +69,35 @@ class ModelRunner:
         weights load)."""
         self.config = config
         self.device = torch.device(config.device) if config.device else default_device()
+        # Where start-up time goes (the scheduler process adds its own phases and reports all).
+        self.startup = PhaseTimer(self.device)
+        with self.startup.phase("model_config"):
+            self._read_config(config, hicache)
+        with self.startup.phase("weights"):
+            self.model = load_model(self.model_config, self.hf_dir, self.load_format,
+                                    self.device, self.dtype, seed=config.random_seed, tp=self.tp,
+                                    quantization=config.quantization)
+        # The model declares what a token costs in the cache; the pool is built from that.
+        self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
+        with self.startup.phase("kv_cache"):
+            self.memory_plan = self._plan_memory()
+            self.kv_pool = self._make_kv_pool()
+        # The next input id of each request slot: the sampler writes it, the next decode step
+        # reads it on the device, so that step can be launched before the host has seen it.
+        self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
+                                          device=self.device)
+        self.sampler = Sampler()
+        self.attn_backend: AttentionBackend | None = None
+        self.graph_runner = None
+        logger.info("KV cache: %d tokens (%.1f MiB, %s), %d max running requests",
+                    self.max_total_num_tokens, self.kv_pool.nbytes / 2**20,
+                    str(self.kv_dtype).removeprefix("torch."), self.max_running_requests)
+
+    def _read_config(self, config: RunnerConfig, hicache: bool) -> None:
+        """The model's config, dtypes and this rank's group: everything before the weights."""
         self.hf_dir, self.load_format = resolve_model_dir(config.model_path, config.load_format)
         self.tokenizer_path = config.tokenizer_path or self.hf_dir
-        hf_config = load_hf_config(self.hf_dir)
+        hf_config = read_hf_config(self.hf_dir)
         self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
                                                 _generation_eos(self.hf_dir))
         if hicache and self.model_config.is_mla:
@@ -86,23 +115,6 @@ class ModelRunner:
         if self.tp.size != config.tp_size:
             raise RuntimeError(f"--tp-size {config.tp_size}: this process joined a group of "
                                f"{self.tp.size} (init_tensor_parallel first)")
-        self.model = load_model(self.model_config, self.hf_dir, self.load_format, self.device,
-                                self.dtype, seed=config.random_seed, tp=self.tp,
-                                quantization=config.quantization)
-        # The model declares what a token costs in the cache; the pool is built from that.
-        self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
-        self.memory_plan = self._plan_memory()
-        self.kv_pool = self._make_kv_pool()
-        # The next input id of each request slot: the sampler writes it, the next decode step
-        # reads it on the device, so that step can be launched before the host has seen it.
-        self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
-                                          device=self.device)
-        self.sampler = Sampler()
-        self.attn_backend: AttentionBackend | None = None
-        self.graph_runner = None
-        logger.info("KV cache: %d tokens (%.1f MiB, %s), %d max running requests",
-                    self.max_total_num_tokens, self.kv_pool.nbytes / 2**20,
-                    str(self.kv_dtype).removeprefix("torch."), self.max_running_requests)
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -127,9 +139,10 @@ class ModelRunner:
     def init_attention(self, req_to_token_pool: ReqToTokenPool) -> None:
         """Build the attention backend over the KV tensors and the KV manager's req-to-token
         table, hand it to the model's attention layers, and capture the CUDA graphs."""
-        self.attn_backend = create_attention_backend(self.attention_backend_name, self.kv_pool,
-                                                     req_to_token_pool)
-        bind_attention_backend(self.model, self.attn_backend)
+        with self.startup.phase("attention_backend"):
+            self.attn_backend = create_attention_backend(self.attention_backend_name,
+                                                         self.kv_pool, req_to_token_pool)
+            bind_attention_backend(self.model, self.attn_backend)
         cfg = self.config
         if (self.device.type == "cuda" and not cfg.disable_cuda_graph
                 and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph):
@@ -137,7 +150,8 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 self.model, self.attn_backend, self.device,
                 min(cfg.cuda_graph_max_bs, self.max_running_requests))
-            self.graph_runner.capture()
+            with self.startup.phase("cuda_graphs"):
+                self.graph_runner.capture()
 
     # ------------------------------------------------------------------ memory
 
@@ -249,12 +263,15 @@ def _check_kv_dtype_for_mla(kv_dtype: torch.dtype, architecture: str) -> None:
 
 
 def _generation_eos(hf_dir: str) -> tuple[int, ...]:
-    """EOS ids from generation_config.json (chat models often add their end-of-turn token)."""
+    """EOS ids from generation_config.json (chat models often add their end-of-turn token).
+    Read as plain JSON: transformers' GenerationConfig costs seconds of imports at start-up."""
     try:
-        from transformers import GenerationConfig
-        eos = GenerationConfig.from_pretrained(hf_dir).eos_token_id
-    except Exception:  # no generation_config.json: the model config's eos is all there is
+        with open(os.path.join(hf_dir, "generation_config.json")) as f:
+            eos = json.load(f).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):  # none, or not a JSON object
         return ()
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(eos)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return (eos,)
+    if isinstance(eos, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
+        return tuple(eos)
+    return ()

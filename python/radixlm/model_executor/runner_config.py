@@ -31,7 +31,7 @@ class RunnerConfig:
     # Kernels
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
+    cuda_graph_max_bs: int = 256
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
     tp_rank: int = 0
     tp_size: int = 1

@@ -72,10 +72,10 @@ class LlamaAttention(nn.Module):
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.reshape(-1, q_size), k.reshape(-1, kv_size), v.contiguous(), fb)
+        # (Qwen3's q/k norms run inside the rotary kernel when it is fused.) v stays a view of
+        # qkv: the backends store and read it through its strides.
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
+        out = self.attn(q.reshape(-1, q_size), k.reshape(-1, kv_size), v, fb)
         return self.o_proj(out)
 
 

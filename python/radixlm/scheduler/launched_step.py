@@ -40,6 +40,10 @@ class LaunchedStep:
     # (jump-forward while this step ran) gets nothing from this step.
     epochs: list[int]
     pool_rows: torch.Tensor                # the batch's req-to-token rows (device), for sampling
+    # Each row's kv_allocated_len once the batch was prepared. Under the overlap scheduler a
+    # request's next prefill chunk may be launched before this step is processed, so whether
+    # this step ended the request's prompt is read here, not from the request.
+    kv_lens: list[int] = field(default_factory=list)
     sampled: SampleOutput | None = None
     # Verify steps: the argmax of every row (batch.verify_rows says whose), host copy queued.
     _verify_host: torch.Tensor | None = None

@@ -17,14 +17,21 @@ import logging
 import os
 import sys
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
+from radixlm.utils.phases import PhaseTimer, seconds_since_spawn
 
 logger = logging.getLogger(__name__)
+
+# Messages taken per scheduler iteration: a burst of large requests (a 256-prompt batch) starts
+# its first prefill after the first of them are unpickled and admitted, and the rest are read
+# in the next iterations while that prefill runs.
+MESSAGES_PER_STEP = 64
 
 
 def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
@@ -43,33 +50,57 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         if outbox is not None:
             ipc.send(outbox, msg)
 
+    startup = PhaseTimer()
+    spawned = seconds_since_spawn()
+    if spawned is not None:
+        startup.seconds["process_start"] = spawned
     try:
-        from radixlm.distributed.parallel_state import init_tensor_parallel
-        from radixlm.mem_cache.hiradix_cache import HiCacheConfig
-        from radixlm.model_executor.model_runner import create_runner_and_kv
-        from radixlm.model_executor.runner_config import RunnerConfig
-        from radixlm.model_executor.weight_source import load_tokenizer
-        from radixlm.scheduler.config import SchedulerConfig
-        from radixlm.scheduler.scheduler import Scheduler
+        with startup.phase("imports"):
+            from radixlm.distributed.parallel_state import init_tensor_parallel
+            from radixlm.mem_cache.hiradix_cache import HiCacheConfig
+            from radixlm.model_executor.model_runner import create_runner_and_kv
+            from radixlm.model_executor.runner_config import RunnerConfig
+            from radixlm.model_executor.weight_source import load_tokenizer
+            from radixlm.scheduler.config import SchedulerConfig
+            from radixlm.scheduler.scheduler import Scheduler
 
+        # The tokenizer (transformers' imports, seconds) loads on a thread meanwhile: only the
+        # Scheduler needs it, after the weights and the CUDA graphs.
+        # (A directory only: a GGUF file is converted first, by the runner.)
+        tokenizer_path = args.tokenizer_path or args.model_path
+        tokenizer_job = None
+        if tokenizer_path and os.path.isfile(os.path.join(tokenizer_path,
+                                                          "tokenizer_config.json")):
+            tokenizer_job = ThreadPoolExecutor(1, "tokenizer").submit(load_tokenizer,
+                                                                      tokenizer_path)
         runner_config = RunnerConfig.from_server_args(args, tp_rank)
         on_gpu = _on_gpu(args)
         if args.tp_size > 1 and not on_gpu:   # the ranks share the CPU's cores
             import torch
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
-        tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
-                                  "cuda" if on_gpu else "cpu", args.dist_timeout)
+        with startup.phase("device_and_ranks"):
+            if on_gpu:   # the CUDA context, here rather than inside whichever phase comes first
+                import torch
+                torch.zeros(1, device="cuda")
+            tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
+                                      "cuda" if on_gpu else "cpu", args.dist_timeout)
 
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
-            return tp.broadcast_from_first(ipc.recv_all(inbox, timeout_s) if first else None)
+            return tp.broadcast_from_first(
+                ipc.recv_all(inbox, timeout_s, MESSAGES_PER_STEP) if first else None)
 
         hicache = (HiCacheConfig.from_server_args(args, tp_rank)
                    if args.enable_hierarchical_cache else None)
         runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache,
                                           hicache=hicache)
-        tokenizer = load_tokenizer(runner.tokenizer_path)
-        scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv, send,
-                              tokenizer)
+        startup.merge(runner.startup)
+        with startup.phase("tokenizer"):   # (what is left of it: it ran alongside)
+            tokenizer = (tokenizer_job.result() if tokenizer_job is not None
+                         else load_tokenizer(runner.tokenizer_path))
+        with startup.phase("scheduler"):
+            scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv,
+                                  send, tokenizer)
+        logger.info("scheduler ready: %s", startup.summary())
         mc = runner.model_config
         send(SchedulerReady(
             max_total_num_tokens=runner.max_total_num_tokens,
@@ -77,7 +108,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             vocab_size=mc.vocab_size, eos_token_ids=list(mc.eos_token_ids),
             device=str(runner.device), dtype=str(runner.dtype).removeprefix("torch."),
             model_path=runner.hf_dir, tokenizer_path=runner.tokenizer_path,
-            speculative=scheduler.speculator is not None))
+            speculative=scheduler.speculator is not None, startup_phases=startup.seconds))
     except Exception as e:
         logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
         send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))

@@ -69,16 +69,17 @@ class ResultProcessor:
                 # found in the previous step's results): its token here is dropped.
                 continue
             if batch.forward_mode.is_extend:
-                self._record_input_logprobs(req, out, i)
-                if not req.prompt_counted and req.kv_allocated_len >= req.seq_len:
+                # (The step's KV went into the prefix cache when it was launched.)
+                prompt_done = step.kv_lens[i] >= req.seq_len
+                self._record_input_logprobs(req, out, i, step.kv_lens[i])
+                if not prompt_done:
+                    continue                            # a chunk of a longer prompt
+                if not req.prompt_counted:
                     req.prompt_counted = True
                     result.prompt_tokens += req.prompt_len
                     result.cached_tokens += req.cached_tokens
             if j is None and batch.forward_mode.is_decode:
                 continue  # a jump's forced tokens that did not all fit: the rest come next step
-            if req.kv_allocated_len < req.seq_len:      # a chunk of a longer prompt
-                self.prefix_cache.cache_unfinished_req(req)
-                continue
             if j is None:                               # max_new_tokens == 0
                 self.finish(req, FinishReason("length", length=0), send=False)
                 outputs.append(self._output(req))
@@ -101,13 +102,6 @@ class ResultProcessor:
                 self.finish(req, reason, send=False)
                 outputs.append(self._output(req))
                 continue
-            if batch.forward_mode.is_extend:
-                # The prompt's KV goes into the tree now, not when the request ends: requests
-                # running alongside (or deferred by PrefillAdder) share it. Only what this
-                # step computed: under overlap the next step may already be writing the first
-                # output token's KV, and jump-forward may still replace that token.
-                self.prefix_cache.cache_unfinished_req(
-                    req, kv_len=min(req.kv_allocated_len, req.seq_len - 1))
             if req.grammar is not None and self._jump_forward(req, released_tails):
                 if req.stream or req.finished:
                     outputs.append(self._output(req))
@@ -149,7 +143,10 @@ class ResultProcessor:
         if req.stream or len(req.output_ids) == appended:
             outputs.append(self._output(req))
 
-    def _record_input_logprobs(self, req: Req, out: "ForwardOutput", i: int) -> None:
+    def _record_input_logprobs(self, req: Req, out: "ForwardOutput", i: int,
+                               kv_len: int) -> None:
+        """Row i's prompt logprobs; kv_len: the request's tokens with KV once the step was
+        launched (a later chunk may have been launched since)."""
         if not req.wants_input_logprobs:
             return
         if out.input_logprobs is not None:
@@ -157,7 +154,7 @@ class ResultProcessor:
             req.input_token_logprobs.extend(got.token_logprobs)
             req.input_top_logprobs.extend(got.top_logprobs if req.top_logprobs_num else
                                           [None] * len(got.token_logprobs))
-        if req.kv_allocated_len >= req.prompt_len:
+        if kv_len >= req.prompt_len:
             if req.effective_logprob_start == 0:   # the first prompt token has no context
                 req.input_token_logprobs.insert(0, (None, req.origin_input_ids[0]))
                 req.input_top_logprobs.insert(0, None)

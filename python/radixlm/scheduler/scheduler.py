@@ -24,8 +24,8 @@ from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.request import SamplingRequest
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
-                                       FlushCacheResult, GetStatsReq, ReqOutput, SchedulerStats,
-                                       ShutdownReq, TokenizedGenerateReq)
+                                       FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
+                                       SchedulerStats, ShutdownReq, TokenizedGenerateReq)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
@@ -34,6 +34,7 @@ from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefill import AddResult, PrefillAdder
+from radixlm.scheduler.profiler import StepProfiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
@@ -96,6 +97,7 @@ class Scheduler:
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
+        self.profiler = StepProfiler(runner.device, runner.tp.rank)
 
     # ------------------------------------------------------------------ loop
 
@@ -140,6 +142,8 @@ class Scheduler:
                 self._apply(self.results.process(launched))
         if self.check_invariants:
             self.check_memory_invariant()
+        if launched is not None:
+            self.profiler.on_step()
         return launched is not None
 
     @property
@@ -171,10 +175,9 @@ class Scheduler:
         if self.pending.batch.verify_rows or (
                 self.speculator is not None and self.speculator.may_draft(self.running)):
             return True  # drafts come from the text: the pending step's tokens first
-        if self.pending.batch.forward_mode.is_extend and (self.waiting or self.chunked_req):
-            return True  # another prefill comes next: it must see this one's cached prefixes
-        # Otherwise a prefill's requests join the next decode batch before their first token is
-        # read: the decode step takes it from ModelRunner.last_token_ids on the device.
+        # A prefill's prompts entered the prefix cache at launch, so the next prefill can be
+        # built now; a prefill's requests join the next decode batch before their first token
+        # is read: the decode step takes it from ModelRunner.last_token_ids on the device.
         need = decode_tokens_needed(self.running, self.kv.page_size)
         return need > self.kv.available_size()  # retraction
 
@@ -204,8 +207,12 @@ class Scheduler:
             self.send(self.flush_cache())
         elif isinstance(msg, GetStatsReq):
             self.send(self.stats())
+        elif isinstance(msg, ProfileReq):
+            self.send(self.profiler.handle(msg))
         elif isinstance(msg, ShutdownReq):
             self.abort_all()
+            if self.profiler.active:
+                self.profiler.stop()
             self.stopped = True
         else:
             logger.warning("scheduler ignored an unknown message %r", type(msg).__name__)
@@ -386,6 +393,11 @@ class Scheduler:
             fb = batch.prepare_extend(self.kv, runner.device)
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
+            # The prompts' KV goes into the prefix cache now, at launch, not when the results
+            # are read: the next prefill (queued behind this one on the device, so it reads
+            # the KV once written) can share it and be built while this step runs.
+            for req in batch.reqs:
+                self.prefix_cache.cache_unfinished_req(req)
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
@@ -394,7 +406,8 @@ class Scheduler:
         if batch.last_rows is not None:  # jump-forward rows: each request samples its last
             out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
             pool_rows = pool_rows[batch.last_rows]
-        step = LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows)
+        step = LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows,
+                            kv_lens=[r.kv_allocated_len for r in batch.reqs])
         if verify is not None:
             step.attach_verify(verify)
         return step

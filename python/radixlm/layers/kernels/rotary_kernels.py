@@ -34,12 +34,21 @@ _LAUNCH = dict(enable_fp_fusion=False)
 
 @triton.jit
 def _rotate_heads(X, t, head_block, n_heads, stride_t, stride_h, c1, c2, s1, s2, d, d_mask,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+                  W, eps, HALF: tl.constexpr, BLOCK_H: tl.constexpr, NORM: tl.constexpr):
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = (heads < n_heads)[:, None] & d_mask[None, :]
     ptrs = X + t * stride_t + heads[:, None].to(tl.int64) * stride_h + d[None, :]
     x1 = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        # Qwen3's per-head RMSNorm first, as norm_kernels does it: fp32, x * rstd, then the
+        # weight, rounded to the tensor's dtype (what the rotation then reads back).
+        ms = tl.math.div_rn(tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1), 2.0 * HALF)
+        rstd = tl.math.rsqrt(ms + eps)
+        w1 = tl.load(W + d, mask=d_mask, other=0.0).to(tl.float32)
+        w2 = tl.load(W + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
+        x1 = (w1[None, :] * (x1 * rstd[:, None])).to(X.dtype.element_ty).to(tl.float32)
+        x2 = (w2[None, :] * (x2 * rstd[:, None])).to(X.dtype.element_ty).to(tl.float32)
     o1 = x1 * c1[None, :] - x2 * s1[None, :]
     o2 = x2 * c2[None, :] + x1 * s2[None, :]
     tl.store(ptrs, o1.to(X.dtype.element_ty), mask=mask)
@@ -47,10 +56,10 @@ def _rotate_heads(X, t, head_block, n_heads, stride_t, stride_h, c1, c2, s1, s2,
 
 
 @triton.jit
-def _rope_kernel(Q, K, Cos, Sin, Pos, n_q_heads, n_k_heads, n_q_blocks,
+def _rope_kernel(Q, K, Cos, Sin, Pos, QW, KW, eps, n_q_heads, n_k_heads, n_q_blocks,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
                  HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                 HALVES_EQUAL: tl.constexpr):
+                 HALVES_EQUAL: tl.constexpr, NORM: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -68,10 +77,10 @@ def _rope_kernel(Q, K, Cos, Sin, Pos, n_q_heads, n_k_heads, n_q_blocks,
         s2 = tl.load(sin_row + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
     if block < n_q_blocks:
         _rotate_heads(Q, t, block, n_q_heads, stride_qt, stride_qh, c1, c2, s1, s2, d, d_mask,
-                      HALF, BLOCK_H)
+                      QW, eps, HALF, BLOCK_H, NORM)
     else:
         _rotate_heads(K, t, block - n_q_blocks, n_k_heads, stride_kt, stride_kh, c1, c2, s1, s2,
-                      d, d_mask, HALF, BLOCK_H)
+                      d, d_mask, KW, eps, HALF, BLOCK_H, NORM)
 
 
 def _as_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -109,10 +118,13 @@ def launch_config(head_dim: int, n_q_heads: int, n_k_heads: int) -> tuple[int, i
 
 def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       cos: torch.Tensor, sin: torch.Tensor, head_dim: int | None = None,
-                      halves_equal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      halves_equal: bool = False,
+                      qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in place (see the module doc); returns them (in their own shapes).
     halves_equal: the caches' two halves are equal (RotaryEmbedding builds them so), and the
-    kernel reads only the first."""
+    kernel reads only the first. qk_norm: (q weight, k weight, eps) of a per-head RMSNorm
+    applied first, in the same kernel (Qwen3's q/k norm: two launches and two copies fewer)."""
     d = head_dim or cos.shape[-1]
     q3, k3 = _as_heads(q, d), _as_heads(k, d)
     n_tokens = q3.shape[0]
@@ -128,9 +140,10 @@ def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     block_d, block_h, num_warps = launch_config(d, hq, hk)
     n_q_blocks = triton.cdiv(hq, block_h)
     grid = (n_tokens, n_q_blocks + triton.cdiv(hk, block_h))
-    _rope_kernel[grid](q3, k3, cos, sin, positions, hq, hk, n_q_blocks,
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (q3, k3, 0.0)
+    _rope_kernel[grid](q3, k3, cos, sin, positions, q_w, k_w, eps, hq, hk, n_q_blocks,
                        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
                        cos.stride(0), sin.stride(0),
                        HALF=d // 2, BLOCK_D=block_d, BLOCK_H=block_h, HALVES_EQUAL=halves_equal,
-                       num_warps=num_warps, **_LAUNCH)
+                       NORM=qk_norm is not None, num_warps=num_warps, **_LAUNCH)
     return q3.view(q.shape), k3.view(k.shape)

@@ -141,14 +141,17 @@ def extend_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
 
     BLOCK_M=128 x BLOCK_N=64 keeps the tensor cores busy for head_dim <= 128 in 16-bit types;
     head_dim 128 needs 8 warps for the 128x128 fp32 accumulator to fit in registers. Wider heads
-    and fp32 inputs double the bytes per tile, so they halve the tiles.
+    and fp32 inputs double the bytes per tile, so they halve the tiles. Measured on an H200
+    (`python -m radixlm.bench.extend_kernel`, benchmarks/results/issue12/): head_dim 128 with 3
+    stages instead of 2 went from 355 to 392 TFLOP/s (4 x 4k causal) and 349 to 450 (16k);
+    head_dim 64 is best as it was (4 x 4k: 311-344, 16k: 403-411; PyTorch's SDPA: 369 / 466).
     """
     block_d = block_dmodel(head_dim)
     if dtype == torch.float32 or block_d > 128:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4 if block_d <= 64 else 8, num_stages=2)
     if block_d <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
+    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
 
 
 def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -156,7 +159,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_extend_len: int,
                      sm_scale: float, block_m: int | None = None,
                      block_n: int | None = None, k_scale: float = 1.0,
-                     v_scale: float = 1.0) -> torch.Tensor:
+                     v_scale: float = 1.0, num_warps: int | None = None,
+                     num_stages: int | None = None) -> torch.Tensor:
     """q/out [T, Hq, D]; k/v [T, Hk, D] (this step's new tokens); k_buf/v_buf [slots, Hk, D].
     Request b's queries are rows qo_indptr[b]:qo_indptr[b+1]; its cached prefix is the slots
     kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the new tokens' slots are not in that list).
@@ -174,6 +178,10 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
         cfg["BLOCK_M"] = block_m
     if block_n is not None:
         cfg["BLOCK_N"] = block_n
+    if num_warps is not None:
+        cfg["num_warps"] = num_warps
+    if num_stages is not None:
+        cfg["num_stages"] = num_stages
     # The diagonal loop starts at a query block boundary, which must also be a key tile boundary.
     assert cfg["BLOCK_M"] % cfg["BLOCK_N"] == 0
     grid = (hq, triton.cdiv(max_extend_len, cfg["BLOCK_M"]), bs)
