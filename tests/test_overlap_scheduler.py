@@ -126,10 +126,14 @@ def test_overlap_structured_matches_plain_loop(overlap_engine, make_engine, jump
     assert_pool_empty(overlapped)
 
 
-def test_overlap_runs_consecutive_prefill_chunks_back_to_back(overlap_engine, make_engine):
+@pytest.mark.parametrize("min_tokens", [16, 100000], ids=["overlapped", "small-prefills-first"])
+def test_overlap_runs_consecutive_prefill_chunks_back_to_back(overlap_engine, make_engine,
+                                                              monkeypatch, min_tokens):
     """A long prompt's prefill chunks are launched one after another without reading each
-    chunk's results first (the chunk's KV enters the prefix cache at launch). Prompt logprobs,
-    which each chunk's processing records, and the output equal the plain loop's."""
+    chunk's results first (the chunk's KV enters the prefix cache at launch), when they are
+    as big as RADIXLM_OVERLAP_PREFILL_MIN_TOKENS; smaller ones are processed first. Prompt
+    logprobs, which each chunk's processing records, and the output equal the plain loop's."""
+    monkeypatch.setenv("RADIXLM_OVERLAP_PREFILL_MIN_TOKENS", str(min_tokens))
     prompt = " ".join(PROMPTS * 3)
     params = {"max_new_tokens": 1, "temperature": 0}
     kwargs = dict(max_total_tokens=4096, chunked_prefill_size=16)
@@ -145,8 +149,10 @@ def test_overlap_runs_consecutive_prefill_chunks_back_to_back(overlap_engine, ma
     assert len(lp_got) == n_prompt and [t for _, t, *_ in lp_got] == [t for _, t, *_ in lp_want]
     assert lp_got[0][0] is None
     assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(lp_got[1:], lp_want[1:]))
-    # Every chunk after the first was launched while the one before it was still pending.
-    assert overlapped.get_stats().overlapped_steps >= n_prompt // 16 - 1
+    # Every chunk after the first was launched while the one before it was still pending (or,
+    # below the threshold, none was: only the decode step after the last chunk overlaps).
+    steps = overlapped.get_stats().overlapped_steps
+    assert steps >= n_prompt // 16 - 1 if min_tokens <= 16 else steps <= 1
     # The prompt went into the prefix cache chunk by chunk: a second request reuses it.
     again = overlapped.generate(prompt, params)
     assert again["meta_info"]["cached_tokens"] >= n_prompt - 16

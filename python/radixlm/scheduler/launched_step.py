@@ -44,6 +44,7 @@ class LaunchedStep:
     # request's next prefill chunk may be launched before this step is processed, so whether
     # this step ended the request's prompt is read here, not from the request.
     kv_lens: list[int] = field(default_factory=list)
+    new_tokens: int = 0                    # tokens the forward computes (rows of the batch)
     sampled: SampleOutput | None = None
     # Verify steps: the argmax of every row (batch.verify_rows says whose), host copy queued.
     _verify_host: torch.Tensor | None = None

@@ -93,6 +93,9 @@ class Scheduler:
         self.overlap = (not config.disable_overlap_schedule
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
+        # A prefill of at least this many new tokens overlaps the next prefill (its GPU time
+        # hides the host's work for the next); a smaller one is processed first.
+        self.overlap_prefill_min_tokens = envs.overlap_prefill_min_tokens()
         self.overlapped_steps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
@@ -175,6 +178,11 @@ class Scheduler:
         if self.pending.batch.verify_rows or (
                 self.speculator is not None and self.speculator.may_draft(self.running)):
             return True  # drafts come from the text: the pending step's tokens first
+        if (self.pending.batch.forward_mode.is_extend and (self.waiting or self.chunked_req)
+                and self.pending.new_tokens < self.overlap_prefill_min_tokens):
+            # A small prefill ends before the host could launch the next one, and its requests
+            # (often whole requests: scoring, short programs) answer sooner if processed first.
+            return True
         # A prefill's prompts entered the prefix cache at launch, so the next prefill can be
         # built now; a prefill's requests join the next decode batch before their first token
         # is read: the decode step takes it from ModelRunner.last_token_ids on the device.
@@ -407,7 +415,8 @@ class Scheduler:
             out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
             pool_rows = pool_rows[batch.last_rows]
         step = LaunchedStep(batch, out, batch.sample_rows(), epochs, pool_rows,
-                            kv_lens=[r.kv_allocated_len for r in batch.reqs])
+                            kv_lens=[r.kv_allocated_len for r in batch.reqs],
+                            new_tokens=len(fb.positions))
         if verify is not None:
             step.attach_verify(verify)
         return step
