@@ -27,6 +27,7 @@ def causal_flops(lengths: list[int], heads: int, d: int) -> float:
 
 
 def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict:
+    from radixlm.layers.attention.kernels.common import max_shared_memory
     from radixlm.layers.attention.kernels.extend_attention import (extend_attention,
                                                                    extend_config)
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -69,7 +70,7 @@ def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict
         for qb, kb, vb in expanded:
             F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
 
-    default = extend_config(d, dt)
+    default = extend_config(d, dt, max_shared_memory(dev))
     s_default = _median_seconds(run)
     result = {"lengths": lengths, "hq": hq, "hk": hk, "head_dim": d, "max_abs_err": err,
               "default_config": default, "default_us": s_default * 1e6,

@@ -141,17 +141,21 @@ def load_hf_config(hf_dir: str) -> "PretrainedConfig":
 # transformers default differs between families (or that have none). A config missing one goes
 # through transformers, whose per-family defaults then decide.
 _EXPLICIT = ("model_type", "architectures", "hidden_size", "num_attention_heads",
-             "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps",
-             "intermediate_size", "tie_word_embeddings")
+             "num_key_value_heads", "num_hidden_layers", "vocab_size",
+             "max_position_embeddings", "rms_norm_eps", "intermediate_size",
+             "tie_word_embeddings", "eos_token_id")
 _EXPLICIT_BY_TYPE = {
-    "qwen3": ("head_dim",), "qwen3_moe": ("head_dim", "num_experts", "num_experts_per_tok"),
-    "qwen2_moe": ("num_experts", "num_experts_per_tok"),
+    "qwen3": ("head_dim",),
+    "qwen3_moe": ("head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "mixtral": ("num_local_experts", "num_experts_per_tok"),
-    # (transformers sets DeepSeek's head_dim to qk_rope_head_dim when config.json has none)
+    # (transformers sets DeepSeek's head_dim to qk_rope_head_dim when config.json has none;
+    # V3's defaults for norm_topk_prob, the MTP layers and the scoring differ from V2's)
     **{t: ("head_dim", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
            "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
            "moe_intermediate_size", "first_k_dense_replace", "topk_method", "n_group",
-           "topk_group", "routed_scaling_factor") for t in ("deepseek_v2", "deepseek_v3")},
+           "topk_group", "routed_scaling_factor", "norm_topk_prob", "scoring_func",
+           "num_nextn_predict_layers") for t in ("deepseek_v2", "deepseek_v3")},
 }
 
 

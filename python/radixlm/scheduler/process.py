@@ -65,15 +65,17 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             from radixlm.scheduler.scheduler import Scheduler
 
         # The tokenizer (transformers' imports, seconds) loads on a thread meanwhile: only the
-        # Scheduler needs it, after the weights and the CUDA graphs. (A directory only: a GGUF
-        # file is converted first, by the runner.) While it runs, the interpreter switches
-        # threads every 0.1 ms instead of 5: each CUDA call of the graph capture that lets the
-        # GIL go would otherwise wait up to 5 ms for the importing thread to hand it back (the
-        # capture took 8-20 s instead of 2 on an H200).
+        # Scheduler needs it, after the weights and the CUDA graphs. (Only when nothing is left
+        # to convert: a GGUF conversion imports transformers too, outside the loader's lock.)
+        # While it runs, the interpreter switches threads every 0.1 ms instead of 5: each CUDA
+        # call of the graph capture that lets the GIL go would otherwise wait up to 5 ms for the
+        # importing thread to hand it back (the capture took 8-20 s instead of 2 on an H200).
         tokenizer_path = args.tokenizer_path or args.model_path
         tokenizer_job, switch_interval = None, sys.getswitchinterval()
-        if tokenizer_path and os.path.isfile(os.path.join(tokenizer_path,
-                                                          "tokenizer_config.json")):
+        converted = args.model_path and os.path.isfile(os.path.join(args.model_path,
+                                                                    "config.json"))
+        if converted and tokenizer_path and os.path.isfile(
+                os.path.join(tokenizer_path, "tokenizer_config.json")):
             sys.setswitchinterval(1e-4)
             tokenizer_job = ThreadPoolExecutor(1, "tokenizer").submit(load_tokenizer,
                                                                       tokenizer_path)

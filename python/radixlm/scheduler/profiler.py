@@ -2,7 +2,8 @@
 
 The profiler runs in the scheduler process (where the model runs), from a start request to a
 stop request or for `num_steps` scheduler steps, and writes a Chrome trace (open it in
-chrome://tracing or Perfetto) named `<time>-TP-<rank>.trace.json.gz` in the output directory.
+chrome://tracing or Perfetto) named `<time in ms>-<n>-TP-<rank>.trace.json.gz` in the output
+directory.
 The stop answer also says how busy the GPU was over the window (kernel time with overlapping
 kernels counted once, and the span from the first kernel to the last): `radixlm bench headline`
 compares that with the end-to-end time of the same request.
@@ -36,6 +37,8 @@ class StepProfiler:
         self._prof = None
         self._req: ProfileReq | None = None
         self._steps = 0
+        self._out_dir = default_output_dir()
+        self._written = 0                  # traces written (part of their names)
 
     @property
     def active(self) -> bool:
@@ -70,10 +73,13 @@ class StepProfiler:
             return ProfileResult(False, f"output_dir {out_dir!r}: {e}")
         kinds = {"CPU": torch.profiler.ProfilerActivity.CPU,
                  "GPU": torch.profiler.ProfilerActivity.CUDA}
-        prof = torch.profiler.profile(activities=[kinds[a] for a in names],
-                                      with_stack=req.with_stack,
-                                      record_shapes=req.record_shapes)
-        prof.start()
+        try:
+            prof = torch.profiler.profile(activities=[kinds[a] for a in names],
+                                          with_stack=req.with_stack,
+                                          record_shapes=req.record_shapes)
+            prof.start()
+        except Exception as e:   # e.g. another profiler active in this process
+            return ProfileResult(False, f"the profiler did not start: {type(e).__name__}: {e}")
         self._prof, self._req, self._steps = prof, req, 0
         self._out_dir = out_dir
         logger.info("profiling %s, trace to %s", "+".join(names), out_dir)
@@ -86,22 +92,33 @@ class StepProfiler:
         self._steps += 1
         if self._req.num_steps is not None and self._steps >= self._req.num_steps:
             result = self.stop()
-            logger.info("profiler stopped after %d steps: %s", result.steps, result.message)
+            log = logger.info if result.success else logger.error
+            log("profiler stopped after %d steps: %s", result.steps, result.message)
 
     def stop(self) -> ProfileResult:
+        """Stop and write the trace. Never raises: a trace that cannot be written (its
+        directory removed, a full disk) is an error answer, and the scheduler keeps serving."""
         if self._prof is None:
             return ProfileResult(False, "the profiler is not running (/start_profile first)")
         prof, self._prof = self._prof, None
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        prof.stop()
+        # Milliseconds and a count: two traces stopped within a second keep distinct names.
+        self._written += 1
+        name = f"{time.time() * 1000:.0f}-{self._written}-TP-{self.tp_rank}.trace.json.gz"
+        path = os.path.join(self._out_dir, name)
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            prof.stop()
+            intervals = kernel_intervals(prof) if self.device.type == "cuda" else []
+            prof.export_chrome_trace(path)
+        except Exception as e:
+            logger.exception("profiler: no trace written")
+            return ProfileResult(False, f"the profiler stopped, but no trace was written to "
+                                        f"{path}: {type(e).__name__}: {e}", steps=self._steps)
         busy = span = None
-        intervals = kernel_intervals(prof) if self.device.type == "cuda" else []
         if intervals:
             busy_us, span_us = busy_and_span(intervals)
             busy, span = busy_us / 1e6, span_us / 1e6
-        path = os.path.join(self._out_dir, f"{time.time():.0f}-TP-{self.tp_rank}.trace.json.gz")
-        prof.export_chrome_trace(path)
         return ProfileResult(True, f"Stop profiling. Trace written to {path}.", trace_path=path,
                              gpu_busy_s=busy, gpu_span_s=span, num_kernels=len(intervals),
                              steps=self._steps)

@@ -31,6 +31,24 @@ def multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(device_index: int) -> int:
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+        return int(props["max_shared_mem"])
+    except Exception:  # unknown: callers then pick their smallest tiles
+        return 0
+
+
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on `device` (the opt-in maximum: 227 KiB on
+    Hopper, 163 on A100, 99 on sm_86/sm_89); None on CPU (the interpreter has no limit)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _max_shared_memory(index)
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (a small constant on CPU, where only the Triton
     interpreter runs and the number only shapes the split heuristic)."""

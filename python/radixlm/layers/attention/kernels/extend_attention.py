@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.attention.kernels.common import block_dmodel
+from radixlm.layers.attention.kernels.common import block_dmodel, max_shared_memory
 
 LOG2E = 1.4426950408889634
 
@@ -136,7 +136,13 @@ def _extend_kernel(
                  mask=m_mask[:, None] & d_mask[None, :])
 
 
-def extend_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+# Shared memory the head-dim-128 tiles need with 3 pipeline stages (a 128 x 128 query tile
+# plus 3 K and 3 V tiles of 64 x 128, 16-bit: 128 KiB), with room for Triton's own buffers.
+_SMEM_FOR_3_STAGES_HD128 = 160 * 1024
+
+
+def extend_config(head_dim: int, dtype: torch.dtype,
+                  shared_memory: int | None = None) -> dict[str, int]:
     """Tile sizes for an H100-class GPU (228 KiB shared memory per SM).
 
     BLOCK_M=128 x BLOCK_N=64 keeps the tensor cores busy for head_dim <= 128 in 16-bit types;
@@ -145,13 +151,16 @@ def extend_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
     (`python -m radixlm.bench.extend_kernel`, benchmarks/results/issue12/): head_dim 128 with 3
     stages instead of 2 went from 355 to 392 TFLOP/s (4 x 4k causal) and 349 to 450 (16k);
     head_dim 64 is best as it was (4 x 4k: 311-344, 16k: 403-411; PyTorch's SDPA: 369 / 466).
+    GPUs with less shared memory per program (`shared_memory`, bytes; sm_86 / sm_89 have 99 KiB)
+    keep 2 stages for head_dim 128.
     """
     block_d = block_dmodel(head_dim)
     if dtype == torch.float32 or block_d > 128:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4 if block_d <= 64 else 8, num_stages=2)
     if block_d <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    roomy = shared_memory is None or shared_memory >= _SMEM_FOR_3_STAGES_HD128
+    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3 if roomy else 2)
 
 
 def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -173,7 +182,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     bs = qo_indptr.numel() - 1
     if t == 0 or bs == 0:
         return out
-    cfg = extend_config(d, q.dtype)
+    cfg = extend_config(d, q.dtype, max_shared_memory(q.device))
     if block_m is not None:
         cfg["BLOCK_M"] = block_m
     if block_n is not None:
