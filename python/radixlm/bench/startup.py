@@ -11,7 +11,6 @@ cuda_graphs, tokenizer) and stops the server.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from typing import Sequence
@@ -19,18 +18,14 @@ from typing import Sequence
 import httpx
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
-from radixlm.utils.server_process import free_port, stop_server, wait_healthy
+from radixlm.utils.server_process import launch_server, stop_server
 
 
 def one_start(server_args: list[str], timeout_s: float) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-                             *server_args], start_new_session=True)
+    proc, url = launch_server(server_args, timeout_s, poll_s=0.05)
+    ready_s = time.perf_counter() - t
     try:
-        wait_healthy(proc, url, timeout_s, poll_s=0.05)
-        ready_s = time.perf_counter() - t
         info = httpx.get(url + "/get_server_info", timeout=30).json()
     finally:
         stop_server(proc, timeout_s=60)
