@@ -120,3 +120,13 @@ def test_gpu_structured_jump_forward_matches_plain_paths(make_engine, smollm_dir
     the same tokens as the plain loop."""
     _fast_paths_match_plain(lambda **flags: _structured(make_engine, smollm_dir, **flags),
                             monkeypatch)
+
+
+def test_gpu_torch_compile_matches_plain_paths(make_engine, model_path, monkeypatch):
+    """--enable-torch-compile: sizes up to 4 run inductor's graphs inside the CUDA graphs, the
+    size-8 graph the eager forward; both give the plain loop's tokens."""
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    plain = _generate(make_engine, model_path, disable_cuda_graph=True,
+                      disable_overlap_schedule=True)
+    assert _generate(make_engine, model_path, enable_torch_compile=True,
+                     torch_compile_max_bs=4) == plain

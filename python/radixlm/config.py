@@ -62,6 +62,10 @@ class ServerArgs:
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
+    # torch.compile (inductor) of the decode forward, captured in the CUDA graphs, for batches of
+    # up to --torch-compile-max-bs rows (model_executor/torch_compile.py)
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
     disable_overlap_schedule: bool = False
     grammar_backend: str = "xgrammar"
     disable_jump_forward: bool = False
@@ -118,6 +122,8 @@ class ServerArgs:
             raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got "
                                                f"{self.speculative_algorithm!r} (draft models "
                                                f"are not supported yet)")
+        if self.torch_compile_max_bs < 1:
+            raise bad("torch-compile-max-bs", f"must be >= 1, got {self.torch_compile_max_bs}")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
             raise bad("speculative-num-draft-tokens", f"must be in 1..64, got "
                                                       f"{self.speculative_num_draft_tokens}")

@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> dict:
                              max_running_requests=bs, context_length=n_in + n_out + 8,
                              attention_backend=args.attention_backend,
                              disable_cuda_graph=args.disable_cuda_graph,
-                             cuda_graph_max_bs=bs)
+                             cuda_graph_max_bs=bs,
+                             enable_torch_compile=args.enable_torch_compile,
+                             torch_compile_max_bs=bs)
     runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(server_args), radix=False)
     check_floor_supports(runner.model_config)   # before the timed engine run, not after
     dev = runner.device
@@ -195,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--enable-torch-compile", action="store_true",
+                   help="the decode forward compiled by torch.compile (captured in the graphs)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)

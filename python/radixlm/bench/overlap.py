@@ -128,6 +128,8 @@ def decode_roofline(runner: ModelRunner, ns: argparse.Namespace) -> dict | None:
 def run(ns: argparse.Namespace) -> dict:
     base = ServerArgs(model_path=ns.model_path, load_format=ns.load_format, dtype=ns.dtype,
                       tokenizer_path=ns.model_path, disable_cuda_graph=ns.disable_cuda_graph,
+                      enable_torch_compile=ns.enable_torch_compile,
+                      torch_compile_max_bs=ns.torch_compile_max_bs,
                       max_running_requests=ns.batch_size,
                       max_total_tokens=ns.batch_size * (ns.input_len + ns.steps
                                                         + ns.profile_steps + 16) + 256)
@@ -144,6 +146,7 @@ def run(ns: argparse.Namespace) -> dict:
             results[name]["fraction_of_roofline"] = roof["step_s"] / results[name]["seconds"] \
                 * results[name]["decode_steps"]
     results["config"] = {k: v for k, v in vars(ns).items()}
+    results["startup_phases"] = dict(runner.startup.seconds)     # torch_compile among them
     return results
 
 
@@ -153,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--enable-torch-compile", action="store_true")
+    p.add_argument("--torch-compile-max-bs", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,6 +28,9 @@ from torch import nn
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 from radixlm.layers.attention.base import AttentionBackend
 from radixlm.model_executor.forward_pass import run_model
+
+if TYPE_CHECKING:
+    from radixlm.model_executor.torch_compile import CompiledDecode
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +48,11 @@ class CudaGraphRunner:
     requests; the backend must already hold the pools the graphs will read and write."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device,
-                 max_bs: int):
+                 max_bs: int, compiled: "CompiledDecode | None" = None):
+        """`compiled`: --enable-torch-compile's forward (already compiled), captured instead
+        of the eager one for the sizes it covers."""
         self.model = model
+        self.compiled = compiled
         self.backend = backend
         self.device = device
         self.max_bs = max_bs
@@ -85,6 +92,9 @@ class CudaGraphRunner:
             seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs)
 
     def _run_static(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.compiled is not None and self.compiled.can_run(fb):
+            self.backend.init_forward_metadata_capture(fb)
+            return self.compiled(fb)
         _, logits = run_model(self.model, self.backend, fb, capturing=True)
         return logits
 

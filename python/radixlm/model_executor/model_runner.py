@@ -89,6 +89,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.attn_backend: AttentionBackend | None = None
         self.graph_runner = None
+        self.compiled_decode = None      # --enable-torch-compile
         logger.info("KV cache: %d tokens (%.1f MiB, %s), %d max running requests",
                     self.max_total_num_tokens, self.kv_pool.nbytes / 2**20,
                     str(self.kv_dtype).removeprefix("torch."), self.max_running_requests)
@@ -110,6 +111,10 @@ class ModelRunner:
         self.kv_dtype = kv_storage_dtype(config.kv_cache_dtype, self.dtype)
         if self.model_config.is_mla:        # refused before the weights load
             _check_kv_dtype_for_mla(self.kv_dtype, self.model_config.architecture)
+        if config.enable_torch_compile:     # refused before the weights load, too
+            from radixlm.model_executor.torch_compile import check_supported
+            check_supported(self.model_config.architecture, config.quantization,
+                            config.tp_size, is_fp8(self.kv_dtype))
         torch.manual_seed(config.random_seed)
         self.tp = tp_group()
         if self.tp.size != config.tp_size:
@@ -144,12 +149,19 @@ class ModelRunner:
                                                          self.kv_pool, req_to_token_pool)
             bind_attention_backend(self.model, self.attn_backend)
         cfg = self.config
-        if (self.device.type == "cuda" and not cfg.disable_cuda_graph
-                and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph):
+        graphs = (self.device.type == "cuda" and not cfg.disable_cuda_graph
+                  and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph)
+        if cfg.enable_torch_compile:
+            from radixlm.model_executor.torch_compile import CompiledDecode
+            self.compiled_decode = CompiledDecode(
+                self.model, min(cfg.torch_compile_max_bs, self.max_running_requests))
+            with self.startup.phase("torch_compile"):
+                self.compiled_decode.warm_up(self.attn_backend, self.device)
+        if graphs:
             from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
             self.graph_runner = CudaGraphRunner(
                 self.model, self.attn_backend, self.device,
-                min(cfg.cuda_graph_max_bs, self.max_running_requests))
+                min(cfg.cuda_graph_max_bs, self.max_running_requests), self.compiled_decode)
             with self.startup.phase("cuda_graphs"):
                 self.graph_runner.capture()
 
@@ -224,6 +236,9 @@ class ModelRunner:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return ForwardOutput(next_token_logits=self.graph_runner.replay(fb),
                                  input_logprobs=None)
+        if self.compiled_decode is not None and self.compiled_decode.can_run(fb):
+            self.attn_backend.init_forward_metadata(fb)
+            return ForwardOutput(next_token_logits=self.compiled_decode(fb), input_logprobs=None)
         hidden, logits = run_model(self.model, self.attn_backend, fb)
         input_logprobs = None
         if fb.input_logprob_rows and any(fb.input_logprob_rows):

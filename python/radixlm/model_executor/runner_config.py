@@ -32,6 +32,8 @@ class RunnerConfig:
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
+    enable_torch_compile: bool = False     # --enable-torch-compile (model_executor/torch_compile.py)
+    torch_compile_max_bs: int = 32
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
     tp_rank: int = 0
     tp_size: int = 1

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.layers.attention import traced
 from radixlm.layers.attention.base import AttentionBackend
 
 
@@ -26,13 +27,16 @@ class RadixAttention(nn.Module):
         self.v_head_dim = v_head_dim or head_dim
         self.scaling = scaling
         self.backend: AttentionBackend | None = None
+        self.compile_key: int | None = None     # set by traced.register_layers
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                forward_batch: ForwardBatch) -> torch.Tensor:
+                forward_batch: ForwardBatch | None) -> torch.Tensor:
         """q [T, Hq*D], k [T, Hk*D], v [T, Hk*Dv] -> [T, Hq*Dv]."""
         if self.backend is None:
             raise RuntimeError("RadixAttention: no attention backend bound "
                                "(call bind_attention_backend after building the model)")
+        if torch.compiler.is_compiling():   # --enable-torch-compile: one opaque op (traced.py)
+            return traced.attention(self, q, k, v)
         return self.backend.forward(q, k, v, self, forward_batch)
 
 

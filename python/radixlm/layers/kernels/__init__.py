@@ -8,7 +8,9 @@ branch, after `use_fused` said yes. A CPU install without Triton never imports t
 The fused path is taken when all of these hold (`use_fused`):
   * the tensor is on CUDA,
   * RADIXLM_DISABLE_FUSED_OPS is not set (read at every call, like the other knobs in envs.py),
-  * Triton imports.
+  * Triton imports,
+  * torch.compile is not tracing the caller (--enable-torch-compile: inductor fuses the plain
+    PyTorch code itself; model_executor/torch_compile.py).
 Otherwise the layers run their plain PyTorch code, unchanged.
 
 All wrappers are CUDA-graph capturable: outputs are allocated from shapes only, launch grids
@@ -37,4 +39,6 @@ def triton_available() -> bool:
 
 def use_fused(x: torch.Tensor) -> bool:
     """Whether the layers should run their fused Triton kernel on `x` (see the module doc)."""
+    if torch.compiler.is_compiling():
+        return False
     return x.is_cuda and not envs.disable_fused_ops() and triton_available()
