@@ -4,11 +4,13 @@ token for token those of the engine without speculation (mixed batches, stops, o
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from radixlm.scheduler.request import Req
 from radixlm.sampling.params import SamplingParams
-from radixlm.scheduler.speculation import COOLDOWN_STEPS, NgramSpeculator
+from radixlm.scheduler.speculation import COOLDOWN_STEPS, NgramDrafter, Speculator
 from radixlm.speculative.ngram import NgramIndex
 
 # ---------------------------------------------------------------------- drafter
@@ -37,7 +39,7 @@ def _req(max_new: int = 64) -> Req:
 
 
 def test_accept_keeps_drafts_up_to_the_first_mismatch_then_the_targets_token():
-    spec, req = NgramSpeculator(4, 1, 4), _req()
+    spec, req = Speculator(NgramDrafter(1, 4), 4), _req()
     req.spec_drafts = [5, 6, 7, 8]
     assert spec.accept(req, [5, 6, 9, 1, 2]) == [5, 6, 9]
     req.spec_drafts = [5, 6]
@@ -50,7 +52,7 @@ def test_accept_keeps_drafts_up_to_the_first_mismatch_then_the_targets_token():
 
 
 def test_rejected_drafts_pause_drafting():
-    spec, req = NgramSpeculator(2, 1, 4), _req()
+    spec, req = Speculator(NgramDrafter(1, 4), 2), _req()
     req.output_ids = [1, 2, 3]                       # the text repeats: drafts are proposed
     for _ in range(10):
         assert spec.plan([req], free_tokens=100, max_rows=None, context_len=512) > 0
@@ -62,7 +64,7 @@ def test_rejected_drafts_pause_drafting():
 
 
 def test_drafts_respect_limits_and_eligibility():
-    spec = NgramSpeculator(8, 1, 4)
+    spec = Speculator(NgramDrafter(1, 4), 8)
     req = _req(max_new=3)
     req.output_ids = [1, 2]                          # one token left to produce: no draft
     assert spec.plan([req], 100, None, 512) == 0
@@ -70,9 +72,19 @@ def test_drafts_respect_limits_and_eligibility():
     req.output_ids = [1, 2, 3, 1, 2]
     assert spec.plan([req], 1, None, 512) == 1       # one free KV slot
     assert spec.plan([req], 100, 3, 512) == 2        # rows: a CUDA graph of 3
-    sampled = Req("s", [1, 2, 3], SamplingParams(temperature=0.8), seed=0)
+    sampled = Req("s", [1, 2, 3], SamplingParams(temperature=0.8, top_p=0.9), seed=0)
     sampled.output_ids = [1, 2, 3]
-    assert spec.plan([sampled], 100, None, 512) == 0 and not sampled.spec_drafts
+    assert spec.plan([sampled], 100, None, 512) == 3     # verified by sampling (verify_targets)
+    # Penalties, logit bias, min_new_tokens and logprobs are verified row by row as well.
+    for params in (SamplingParams(temperature=0.8, frequency_penalty=0.5),
+                   SamplingParams(temperature=0.0, logit_bias={"7": 3.0}),
+                   SamplingParams(temperature=0.0, min_new_tokens=8)):
+        adjusted = Req("a", [1, 2, 3], params, seed=0)
+        adjusted.output_ids = [1, 2, 3]
+        assert spec.plan([adjusted], 100, None, 512) == 3
+    jumping = Req("j", [1, 2, 3], SamplingParams(temperature=0.0), seed=0)
+    jumping.output_ids, jumping.input_on_host = [1, 2, 3], True   # feeds forced tokens
+    assert spec.plan([jumping], 100, None, 512) == 0 and not jumping.spec_drafts
     many = [_req() for _ in range(spec.max_batch + 1)]
     for r in many:
         r.output_ids = [1, 2, 3]
@@ -130,4 +142,277 @@ def test_greedy_outputs_equal_the_engine_without_speculation(make_engine, monkey
     copy = spec[0]["meta_info"]
     # The copy prompt repeats itself: several tokens per verify step on average.
     assert copy["completion_tokens"] / copy["spec_verify_ct"] >= 1.5, copy
-    assert spec[2]["meta_info"]["spec_verify_ct"] == 0      # sampled: no drafts
+
+
+def test_sampled_outputs_equal_the_engine_without_speculation(make_engine, monkeypatch):
+    """A sampled request keeps a draft exactly when sampling would have drawn it (the noise is
+    a function of seed and position), so with the same seeds the texts are the same token for
+    token: the output distribution is the target's. Many seeds, and filters of each kind, under
+    the overlap scheduler (the plain loop samples in the tests below)."""
+    monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    filters = [{"temperature": 0.6}, {"temperature": 0.9, "top_p": 0.9},
+               {"temperature": 1.0, "top_k": 20}, {"temperature": 0.8, "min_p": 0.05}]
+    prompts, params = [], []
+    for seed in range(12):
+        prompts.append([COPY, CODE][seed % 2])
+        params.append({"max_new_tokens": 24, "sampling_seed": seed, **filters[seed % 4]})
+    outs = {}
+    for spec in (False, True):
+        engine = make_engine(max_total_tokens=4096, max_running_requests=4,
+                             speculative_algorithm="NGRAM" if spec else None)
+        outs[spec] = engine.generate(prompts, params)
+        stats = engine.get_stats()
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
+    assert len({tuple(o["output_ids"]) for o in outs[False]}) > 6     # the seeds differ
+    assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs[True]) >= 6
+    # Sampled drafts were kept: more than one token per verify step on average.
+    assert stats.spec_accept_length > 1.2, stats
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_adjusted_and_logprob_outputs_equal_the_engine_without_speculation(
+        make_engine, monkeypatch, overlap):
+    """Penalties, logit bias and min_new_tokens are applied to each verify row as if the drafts
+    before it were already output, and logprobs of accepted tokens are their rows' logprobs:
+    tokens and logprobs are those of decoding without drafts."""
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    base = {"max_new_tokens": 24}
+    params = [{**base, "temperature": 0, "frequency_penalty": 0.4},
+              {**base, "temperature": 0.8, "presence_penalty": 0.5, "repetition_penalty": 1.1,
+               "sampling_seed": 3},
+              {**base, "temperature": 0, "logit_bias": {"253": 4.0, "260": -100}},
+              {**base, "temperature": 0, "min_new_tokens": 20},
+              {**base, "temperature": 0.7, "top_k": 30, "sampling_seed": 9}]
+    prompts = [COPY, CODE, COPY, CODE, COPY]
+    outs, stats = {}, {}
+    for spec in (False, True):
+        engine = make_engine(max_total_tokens=4096, max_running_requests=8,
+                             speculative_algorithm="NGRAM" if spec else None)
+        outs[spec] = engine.generate(prompts, params, return_logprob=True,
+                                     top_logprobs_num=3)
+        stats[spec] = engine.get_stats()
+        engine.shutdown()
+    for a, b in zip(outs[False], outs[True]):
+        assert b["output_ids"] == a["output_ids"]
+        la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+        assert [t for _, t, _ in lb] == b["output_ids"]
+        assert [t for _, t, _ in lb] == [t for _, t, _ in la]
+        assert [lp for lp, _, _ in lb] == pytest.approx([lp for lp, _, _ in la], abs=1e-4)
+        ta, tb = a["meta_info"]["output_top_logprobs"], b["meta_info"]["output_top_logprobs"]
+        assert len(tb) == len(b["output_ids"]) and all(len(t) == 3 for t in tb)
+        assert [[tok for _, tok, _ in t] for t in tb] == [[tok for _, tok, _ in t] for t in ta]
+    # All but the penalised sampled one (whose text does not repeat itself) drafted.
+    assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs[True]) >= 4
+    assert len(outs[True][3]["output_ids"]) >= 20        # min_new_tokens held under drafts
+    assert stats[True].spec_accept_length > 1.2, stats[True]
+
+
+def test_sampled_tokens_follow_the_target_distribution(make_engine, smollm_dir, tmp_path):
+    """A statistical test against an independent computation: a random 8-token-vocabulary
+    Llama (HF transformers gives the exact distribution of the first three sampled tokens by
+    enumerating every path) is sampled from 1200 seeds with NGRAM drafts, which are both kept
+    and rejected; the empirical joint distribution of the tokens the verify steps decide must
+    be within a total-variation bound of the exact one."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=7, torch_dtype="float32")
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():   # peaked enough that drafts are often right, not always
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path)
+    prompt, temperature, seeds = [0, 3, 1, 4, 1, 5, 6, 2, 6, 5, 3, 5, 4, 3, 1, 4], 1.0, 1200
+
+    # Exact P(t1, t2, t3): softmax(logits / T) at each position, every path enumerated.
+    exact: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(3):
+            paths = list(exact)
+            ids = torch.tensor([prompt + list(p) for p in paths])
+            probs = torch.softmax(model(ids).logits[:, -1].double() / temperature, -1)
+            exact = {p + (t,): exact[p] * float(probs[i, t])
+                     for i, p in enumerate(paths) for t in range(8)}
+
+    engine = make_engine(model_path=str(tmp_path), tokenizer_path=smollm_dir,
+                         max_running_requests=8, speculative_algorithm="NGRAM",
+                         speculative_num_draft_tokens=2)
+    outs = engine.generate(input_ids=[prompt] * seeds, sampling_params=[
+        {"max_new_tokens": 3, "temperature": temperature, "ignore_eos": True,
+         "sampling_seed": s} for s in range(seeds)])
+    stats = engine.get_stats()
+    counts: dict[tuple[int, ...], int] = {}
+    for o in outs:
+        key = tuple(o["output_ids"])
+        counts[key] = counts.get(key, 0) + 1
+    assert sum(counts.values()) == seeds and all(len(k) == 3 for k in counts)
+    assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs) > seeds // 2
+    assert 0.2 < stats.spec_accept_rate < 0.9, stats        # drafts kept and rejected
+    keys = list(exact)
+    seen = torch.tensor([counts.get(k, 0) / seeds for k in keys], dtype=torch.float64)
+    p = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+    # The bound: what exact sampling gives at the 99.9th percentile, from 4000 simulated runs
+    # of `seeds` draws each (a wrong accept rule moves far more mass than that).
+    gen = torch.Generator().manual_seed(0)
+    sims = torch.stack([torch.bincount(torch.multinomial(p, seeds, True, generator=gen),
+                                       minlength=len(keys)) for _ in range(4000)]) / seeds
+    by_pos = [torch.tensor([k[pos] for k in keys]) for pos in range(3)]
+
+    def tv(q: torch.Tensor, pos: int | None = None) -> torch.Tensor:
+        """Total variation to the exact distribution: joint, or one position's marginal."""
+        d = q - p
+        if pos is not None:
+            d = torch.zeros(*d.shape[:-1], 8, dtype=d.dtype).index_add_(-1, by_pos[pos], d)
+        return 0.5 * d.abs().sum(-1)
+
+    for pos in (None, 0, 1, 2):
+        bound = float(torch.quantile(tv(sims, pos), 0.999))
+        assert float(tv(seen, pos)) < bound, (pos, float(tv(seen, pos)), bound)
+
+
+PEOPLE = {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                     "city": {"type": "string", "maxLength": 12}},
+    "required": ["name", "city"]}}
+
+
+@pytest.mark.parametrize("jump_forward", [False, True], ids=["no_jump", "jump"])
+def test_grammar_outputs_equal_the_engine_without_speculation(make_engine, monkeypatch,
+                                                              jump_forward):
+    """Grammar requests draft too: drafts are cut at the first token the grammar rejects, each
+    verify row is sampled under the grammar's mask after the drafts before it, and jump-forward
+    is tried after each accepted token, as decoding one token a step would. Outputs (JSON that
+    repeats its keys, a regex) equal the engine without drafts, and validate."""
+    import json
+
+    import jsonschema
+
+    monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    prompt = ("Give three people as JSON, for example "
+              '[{"name": "Ann", "city": "Oslo"}, {"name": "Bob", "city": "Rome"}]: ')
+    schema = json.dumps(PEOPLE)
+    params = [{"max_new_tokens": 64, "temperature": 0, "json_schema": schema},
+              {"max_new_tokens": 64, "temperature": 0.8, "sampling_seed": 4,
+               "json_schema": schema},
+              {"max_new_tokens": 40, "temperature": 0, "regex": r"(ab, ){3,8}done\."}]
+    prompts = [prompt, prompt, "Repeat 'ab, ' a few times, then say done: ab, ab, "]
+    outs = {}
+    for spec in (False, True):
+        engine = make_engine(max_total_tokens=4096, disable_jump_forward=not jump_forward,
+                             speculative_algorithm="NGRAM" if spec else None)
+        outs[spec] = engine.generate(prompts, params)
+        engine.shutdown()
+    for a, b in zip(outs[False], outs[True]):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+    for o in outs[True][:2]:
+        if o["meta_info"]["finish_reason"]["type"] == "stop":
+            jsonschema.validate(json.loads(o["text"]), PEOPLE)
+    assert re.fullmatch(r"(ab, ){3,8}done\.", outs[True][2]["text"])
+    # Repeated keys and punctuation are drafted and kept: fewer verify steps than tokens.
+    json_out = outs[True][0]
+    assert json_out["meta_info"]["spec_verify_ct"] > 0
+    assert json_out["meta_info"]["completion_tokens"] > json_out["meta_info"]["spec_verify_ct"]
+
+
+# ---------------------------------------------------------------------- draft models (STANDALONE)
+
+
+def test_standalone_flags_are_checked():
+    from radixlm.config import ServerArgs
+    with pytest.raises(ValueError, match="--speculative-draft-model-path: is required"):
+        ServerArgs(speculative_algorithm="standalone")
+    with pytest.raises(ValueError, match="--speculative-draft-model-path: needs"):
+        ServerArgs(speculative_draft_model_path="/m")
+    for kwargs, flag in (({"speculative_eagle_topk": 4}, "--speculative-eagle-topk"),
+                         ({"speculative_num_steps": 0}, "--speculative-num-steps"),
+                         ({"page_size": 16}, "--page-size"), ({"tp_size": 2}, "--tp-size"),
+                         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache")):
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path="/m",
+                       **kwargs)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_identical_draft_model_accepts_everything(make_engine, smollm_dir, monkeypatch,
+                                                  overlap):
+    """The target as its own draft model: every draft is the token the target will choose
+    (greedy, or sampled with the request's seed and penalties), so nearly all are kept (fp32
+    rows computed one by one vs together may differ in the last bits), and the outputs, mixed
+    in one batch with prefix sharing, equal the engine without speculation."""
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    prompts = [COPY, CODE, "The capital of France is", COPY]
+    params = [{"max_new_tokens": 24, "temperature": 0},
+              {"max_new_tokens": 24, "temperature": 0, "stop": ["mul"]},
+              {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 5},
+              {"max_new_tokens": 20, "temperature": 0, "frequency_penalty": 0.3}]
+    outs = {}
+    for spec in (False, True):
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=smollm_dir,
+                      speculative_num_steps=3) if spec else {})
+        engine = make_engine(max_total_tokens=4096, **extra)
+        outs[spec] = engine.generate(prompts, params)
+        stats = engine.get_stats()
+        engine.shutdown()
+    for a, b in zip(outs[False], outs[True]):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+    # The draft model drafts as each request samples (its seeded noise, its penalties).
+    assert stats.spec_verify_steps > 0 and stats.spec_accept_rate > 0.95, stats
+    greedy = outs[True][0]["meta_info"]
+    assert greedy["completion_tokens"] / greedy["spec_verify_ct"] >= 3.0, greedy
+
+
+def test_small_draft_model_keeps_the_target_output(make_engine, smollm_dir, tmp_path):
+    """A random tiny draft model (same vocabulary) is mostly wrong: the output is still the
+    target's, token for token, and what it drafts is mostly rejected."""
+    from helpers import tiny_checkpoint
+    draft = tiny_checkpoint(tmp_path / "draft", "llama")     # 512 positions
+    outs = {}
+    with pytest.raises(Exception, match="--speculative-draft-model-path: .*lower --context-length"):
+        make_engine(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft)
+    for spec in (False, True):
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
+                      speculative_num_steps=2) if spec else {})
+        engine = make_engine(max_total_tokens=4096, context_length=512, **extra)
+        outs[spec] = engine.generate([COPY, CODE], {"max_new_tokens": 16, "temperature": 0})
+        stats = engine.get_stats()
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
+    assert stats.spec_verify_steps > 0 and stats.spec_accept_rate < 0.5, stats
+
+
+def test_draft_model_with_another_vocabulary_is_refused(make_engine, smollm_dir, tmp_path):
+    from helpers import write_tiny_config
+    draft = write_tiny_config(tmp_path / "draft", vocab_size=1000)
+    with pytest.raises(Exception, match="--speculative-draft-model-path: the draft model's "
+                                        "vocabulary has 1000 tokens"):
+        make_engine(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
+                    load_format="dummy", context_length=1024)
+
+
+def test_bench_spec_reports_a_draft_model_run(smollm_dir, tmp_path, monkeypatch):
+    """`radixlm bench spec --draft-model-path`: the bundled model drafting for itself, a few
+    tokens a prompt; the JSON says which algorithm ran and that the texts are the same."""
+    import json
+
+    from radixlm.bench import spec
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "spec.json"
+    assert spec.main(["--device", "cpu", "--max-new-tokens", "6", "--repeats", "1",
+                      "--draft-model-path", smollm_dir, "--num-steps", "2",
+                      "--output", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["algorithm"] == "STANDALONE"
+    for name in ("copy", "chat"):
+        r = res[name]
+        assert r["identical_text"] and r["tokens"] > 0 and r["verify_steps"] > 0, r
+        assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["off_tok_s"])

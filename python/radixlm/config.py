@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Callable, TypeVar, get_type_hints
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -19,7 +19,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp
 # checkpoints), w4a16 (online 4-bit round-to-nearest, group 128).
 QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-SPECULATIVE_ALGORITHMS = ("NGRAM",)
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,15 @@ class ServerArgs:
     grammar_backend: str = "xgrammar"
     disable_jump_forward: bool = False
 
-    # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text
+    # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text,
+    # STANDALONE drafts from a smaller model (--speculative-draft-model-path)
     speculative_algorithm: str | None = None
-    speculative_num_draft_tokens: int = 4          # draft tokens verified per step
+    speculative_num_draft_tokens: int = 4          # NGRAM: draft tokens verified per step
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int = 3                 # STANDALONE: draft tokens (model steps)
+    speculative_eagle_topk: int = 1                # branches per draft step (1: a chain)
 
     # Server
     host: str = "127.0.0.1"
@@ -117,11 +121,13 @@ class ServerArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise bad("kv-cache-dtype", f"must be one of {KV_CACHE_DTYPES}, "
                                         f"got {self.kv_cache_dtype!r}")
-        if (self.speculative_algorithm is not None
-                and self.speculative_algorithm.upper() not in SPECULATIVE_ALGORITHMS):
-            raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, got "
-                                               f"{self.speculative_algorithm!r} (draft models "
-                                               f"are not supported yet)")
+        if self.speculative_algorithm is not None:
+            # (SGLang takes the name in any case; the rest of the code sees it upper-case.)
+            object.__setattr__(self, "speculative_algorithm", self.speculative_algorithm.upper())
+            if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+                raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, "
+                                                   f"got {self.speculative_algorithm!r}")
+        self._validate_draft_model(bad)
         if self.torch_compile_max_bs < 1:
             raise bad("torch-compile-max-bs", f"must be >= 1, got {self.torch_compile_max_bs}")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
@@ -213,6 +219,31 @@ class ServerArgs:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
                                           f"got {self.reasoning_parser!r}")
+
+    def _validate_draft_model(self, bad: Callable[[str, str], ValueError]) -> None:
+        """STANDALONE's flags, and what it does not support yet (each refused by name)."""
+        standalone = self.speculative_algorithm == "STANDALONE"
+        if self.speculative_draft_model_path is not None and not standalone:
+            raise bad("speculative-draft-model-path", "needs --speculative-algorithm STANDALONE")
+        if not standalone:
+            return
+        if self.speculative_draft_model_path is None:
+            raise bad("speculative-draft-model-path", "is required with "
+                                                      "--speculative-algorithm STANDALONE")
+        if not 1 <= self.speculative_num_steps <= 16:
+            raise bad("speculative-num-steps", f"must be in 1..16, got "
+                                               f"{self.speculative_num_steps}")
+        if self.speculative_eagle_topk != 1:
+            raise bad("speculative-eagle-topk", f"only 1 (a chain of drafts) is supported, got "
+                                                f"{self.speculative_eagle_topk}")
+        # The draft model keeps its KV in the target's slots: one slot per token, on one rank,
+        # filled by every forward the target runs (a host tier would restore only the target's).
+        for flag, unsupported in (("page-size", self.page_size != 1),
+                                  ("tp-size", self.tp_size != 1),
+                                  ("enable-hierarchical-cache", self.enable_hierarchical_cache)):
+            if unsupported:
+                raise bad(flag, "is not supported with --speculative-algorithm STANDALONE yet "
+                                "(needs page size 1, one rank, no host tier)")
 
     # ------------------------------------------------------------------ CLI
 

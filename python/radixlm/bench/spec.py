@@ -1,16 +1,17 @@
 """`radixlm bench spec`: speculative decoding on vs off, batch 1, same run (issue 18).
 
 Two workloads on the served model (default: the bundled one), each request alone (batch 1),
-greedy, through the offline Engine:
+greedy (or sampled with `--temperature`, a fixed seed per prompt), through the offline Engine:
   copy  edits and rewrites whose answer repeats the input (fix a paragraph's spelling, repeat
         code with a comment added, continue a list): what n-gram drafts are for;
   chat  open-ended questions, where drafts rarely match (the adaptive policy should keep the
         cost near zero).
-Reported per workload: output tokens/s without and with --speculative-algorithm NGRAM, the
-ratio, tokens per verify step (completion_tokens / spec_verify_ct), and whether the greedy
-texts are identical.
+Reported per workload: output tokens/s without and with --speculative-algorithm NGRAM (or,
+with --draft-model-path, STANDALONE with that draft model), the ratio, tokens per verify step
+(completion_tokens / spec_verify_ct), and whether the texts are identical (they must be, greedy
+or sampled with the same seeds).
 
-    radixlm bench spec [--model-path ...] [--max-new-tokens 256]
+    radixlm bench spec [--model-path ...] [--max-new-tokens 256] [--draft-model-path ...]
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ CHAT = ["Write a short story about a robot who learns to paint.",
         "What are the pros and cons of working from home?"]
 
 
-def _run(engine, prompts: list[str], max_new: int) -> dict[str, Any]:
+def _run(engine, prompts: list[str], max_new: int, temperature: float) -> dict[str, Any]:
     before = engine.get_stats()
     texts, tokens, verify, seconds = [], 0, 0, 0.0
-    for p in prompts:
+    for seed, p in enumerate(prompts):
         prompt = engine.apply_chat_template([{"role": "user", "content": p}])
         t = time.perf_counter()
-        out = engine.generate(prompt, {"max_new_tokens": max_new, "temperature": 0})
+        out = engine.generate(prompt, {"max_new_tokens": max_new, "temperature": temperature,
+                                       "sampling_seed": seed})
         seconds += time.perf_counter() - t
         texts.append(out["text"])
         tokens += out["meta_info"]["completion_tokens"]
@@ -78,33 +80,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-path", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="NGRAM's drafts a step")
+    p.add_argument("--draft-model-path", default=None,
+                   help="compare STANDALONE with this draft model instead of NGRAM")
+    p.add_argument("--num-steps", type=int, default=3, help="STANDALONE's drafts a step")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; above: sampled, seed i for the i-th prompt")
     p.add_argument("--repeats", type=int, default=2, help="passes over each workload (the "
                                                           "first warms up, the best is kept)")
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     from radixlm.entrypoints.engine import Engine
-    result: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    algorithm = "STANDALONE" if args.draft_model_path else "NGRAM"
+    result: dict[str, Any] = {"max_new_tokens": args.max_new_tokens,
+                              "temperature": args.temperature, "algorithm": algorithm}
+    spec_flags = ({"speculative_draft_model_path": args.draft_model_path,
+                   "speculative_num_steps": args.num_steps} if args.draft_model_path else
+                  {"speculative_num_draft_tokens": args.num_draft_tokens})
     runs: dict[str, dict[str, Any]] = {}
-    for spec in (None, "NGRAM"):
+    for spec in (None, algorithm):
         engine = Engine(model_path=args.model_path, device=args.device, log_level="warning",
-                        speculative_algorithm=spec,
-                        speculative_num_draft_tokens=args.num_draft_tokens)
+                        speculative_algorithm=spec, **(spec_flags if spec else {}))
         try:
             for name, prompts in (("copy", COPY), ("chat", CHAT)):
                 best = None
                 for _ in range(args.repeats):
-                    r = _run(engine, prompts, args.max_new_tokens)
+                    r = _run(engine, prompts, args.max_new_tokens, args.temperature)
                     if best is None or r["seconds"] < best["seconds"]:
                         best = r
                 runs[f"{name}/{spec or 'off'}"] = best
         finally:
             engine.shutdown()
     for name in ("copy", "chat"):
-        off, on = runs[f"{name}/off"], runs[f"{name}/NGRAM"]
+        off, on = runs[f"{name}/off"], runs[f"{name}/{algorithm}"]
         result[name] = {
-            "off_tok_s": off["tok_s"], "ngram_tok_s": on["tok_s"],
+            "off_tok_s": off["tok_s"], "spec_tok_s": on["tok_s"],
             "speedup": on["tok_s"] / off["tok_s"],
             # tokens a verify step produced on average (accepted drafts + 1), and the share of
             # all output tokens that came from verify steps (the rest: plain decode steps)
@@ -112,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "share_from_verify_steps": on["tokens_in_verify_steps"] / max(on["tokens"], 1),
             "verify_steps": on["verify_steps"], "tokens": on["tokens"],
             "identical_text": off["texts"] == on["texts"],
-            "texts_off": off["texts"], "texts_ngram": on["texts"]}
+            "texts_off": off["texts"], "texts_spec": on["texts"]}
         r = result[name]
-        print(f"{name}: {r['off_tok_s']:.1f} -> {r['ngram_tok_s']:.1f} tok/s "
+        print(f"{name}: {r['off_tok_s']:.1f} -> {r['spec_tok_s']:.1f} tok/s "
               f"(x{r['speedup']:.2f}), accept length {r['accept_length'] or 0:.2f} over "
               f"{r['verify_steps']} verify steps ({r['share_from_verify_steps']:.0%} of the "
               f"tokens), identical text: {r['identical_text']}",

@@ -178,8 +178,9 @@ class ModelRunner:
 
     def _plan_memory(self) -> MemoryPlan:
         mc, cfg = self.model_config, self.config
-        # In the storage dtype: an fp8 cache gets twice the tokens of a 16-bit one.
-        per_token = self.kv_spec.bytes_per_token(self.kv_dtype)
+        # In the storage dtype: an fp8 cache gets twice the tokens of a 16-bit one. A draft
+        # model's pool holds as many tokens, from the same budget.
+        per_token = self.kv_spec.bytes_per_token(self.kv_dtype) + cfg.draft_kv_bytes_per_token
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
         else:
@@ -194,6 +195,19 @@ class ModelRunner:
             DEFAULT_MAX_RUNNING_REQUESTS, max((num_slots - ps) // 2, 1))
         return MemoryPlan(num_slots=num_slots, page_size=ps, max_running_requests=max_running,
                           max_context_len=mc.context_len + 8)
+
+    def share_slots(self, plan: MemoryPlan) -> None:
+        """Rebuild the KV pool with `plan`'s slots (a draft model takes its target's, whose
+        slot indices it shares); before init_attention."""
+        assert self.attn_backend is None, "share_slots before init_attention"
+        self.memory_plan = plan
+        del self.kv_pool
+        self.kv_pool = self._make_kv_pool()
+        self.last_token_ids = torch.zeros(plan.req_slots, dtype=torch.int64, device=self.device)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_spec.bytes_per_token(self.kv_dtype)
 
     def _kv_budget_bytes(self, per_token: int) -> int | None:
         """--mem-fraction-static is this server's own share of the GPU (weights + KV cache):

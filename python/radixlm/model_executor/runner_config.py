@@ -37,7 +37,12 @@ class RunnerConfig:
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
     tp_rank: int = 0
     tp_size: int = 1
+    # KV bytes a token costs in a draft model's pool (speculative decoding, STANDALONE): it
+    # holds as many tokens as this runner's and shares the --mem-fraction-static budget.
+    draft_kv_bytes_per_token: int = 0
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs, tp_rank: int = 0) -> "RunnerConfig":
-        return config_from_args(args, cls, tp_rank=tp_rank)
+    def from_server_args(cls, args: ServerArgs, tp_rank: int = 0,
+                         draft_kv_bytes_per_token: int = 0) -> "RunnerConfig":
+        return config_from_args(args, cls, tp_rank=tp_rank,
+                                draft_kv_bytes_per_token=draft_kv_bytes_per_token)

@@ -25,6 +25,9 @@ class RowTokens:
     so the result processor always walks a list."""
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)   # per token, when sampled
+    # Per token (logprobs, ids) where top logprobs were asked (verify rows; a plain sampled row
+    # keeps them in SampleOutput.top_logprobs).
+    top_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
 
     @property
     def accept_length(self) -> int:
@@ -46,8 +49,11 @@ class LaunchedStep:
     kv_lens: list[int] = field(default_factory=list)
     new_tokens: int = 0                    # tokens the forward computes (rows of the batch)
     sampled: SampleOutput | None = None
-    # Verify steps: the argmax of every row (batch.verify_rows says whose), host copy queued.
+    # Verify steps: the target's token after every row and its logprob (batch.verify_rows says
+    # whose rows), host copy queued; top logprobs per row where asked (already on the host).
     _verify_host: torch.Tensor | None = None
+    _verify_logprobs_host: torch.Tensor | None = None
+    _verify_top: list[tuple[list[float], list[int]]] | None = None
     _verify_copied: torch.cuda.Event | None = None
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
@@ -62,17 +68,22 @@ class LaunchedStep:
         (self._ids_host, self._logprobs_host), self._copied = to_host_async(
             sampled.next_token_ids, sampled.next_token_logprobs)
 
-    def attach_verify(self, argmax: torch.Tensor) -> None:
-        """Queue the host copy of every row's argmax (the targets drafts are checked against)."""
-        (self._verify_host,), self._verify_copied = to_host_async(argmax)
+    def attach_verify(self, targets: SampleOutput) -> None:
+        """Queue the host copy of every row's target token and logprob (what drafts are
+        checked against, scheduler/speculation.verify_targets)."""
+        (self._verify_host, self._verify_logprobs_host), self._verify_copied = to_host_async(
+            targets.next_token_ids, targets.next_token_logprobs)
+        self._verify_top = targets.top_logprobs
 
-    def verified(self, row: int) -> list[int]:
-        """The target's token after each of request `row`'s verify rows."""
+    def verified(self, row: int) -> RowTokens:
+        """The target's token after each of request `row`'s verify rows, with logprobs."""
         if self._verify_copied is not None:
             self._verify_copied.synchronize()
             self._verify_copied = None
         first, n = self.batch.verify_rows[row]
-        return self._verify_host[first:first + n].tolist()
+        tops = self._verify_top[first:first + n] if self._verify_top is not None else []
+        return RowTokens(self._verify_host[first:first + n].tolist(),
+                         self._verify_logprobs_host[first:first + n].tolist(), tops)
 
     def wait(self) -> list[RowTokens]:
         """The tokens of each sampled row, in sample_rows order (blocks until the copy is

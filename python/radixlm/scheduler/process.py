@@ -12,6 +12,7 @@ rank runs the same schedule on its shard of the model, and only rank 0 sends out
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -97,8 +98,17 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
 
         hicache = (HiCacheConfig.from_server_args(args, tp_rank)
                    if args.enable_hierarchical_cache else None)
+        draft_model = None
+        if args.speculative_algorithm == "STANDALONE":   # first: its weights use the budget
+            from radixlm.scheduler.draft_model import DraftModel
+            with startup.phase("draft_model"):
+                draft_model = DraftModel.load(args)
+            runner_config = dataclasses.replace(
+                runner_config, draft_kv_bytes_per_token=draft_model.kv_bytes_per_token)
         runner, kv = create_runner_and_kv(runner_config, radix=not args.disable_radix_cache,
                                           hicache=hicache)
+        if draft_model is not None:
+            draft_model.attach(runner, kv)
         startup.merge(runner.startup)
         with startup.phase("tokenizer"):   # (what is left of it: it ran alongside)
             tokenizer = (tokenizer_job.result() if tokenizer_job is not None
@@ -106,7 +116,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         sys.setswitchinterval(switch_interval)
         with startup.phase("scheduler"):
             scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv,
-                                  send, tokenizer)
+                                  send, tokenizer, draft_model)
         logger.info("scheduler ready: %s", startup.summary())
         mc = runner.model_config
         send(SchedulerReady(

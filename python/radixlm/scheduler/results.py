@@ -18,8 +18,8 @@ from radixlm.scheduler.request import Req
 if TYPE_CHECKING:
     from radixlm.mem_cache.kv_cache_manager import KVCacheManager
     from radixlm.model_executor.model_runner import ForwardOutput
-    from radixlm.scheduler.launched_step import LaunchedStep
-    from radixlm.scheduler.speculation import NgramSpeculator
+    from radixlm.scheduler.launched_step import LaunchedStep, RowTokens
+    from radixlm.scheduler.speculation import Speculator
 
 
 @dataclass
@@ -38,7 +38,7 @@ class StepResult:
 class ResultProcessor:
     def __init__(self, kv: "KVCacheManager", send: Callable[[Any], None], tokenizer,
                  context_len: int, eos_token_ids: Sequence[int], jump_forward: bool = True,
-                 speculator: "NgramSpeculator | None" = None):
+                 speculator: "Speculator | None" = None):
         self.kv = kv
         self.prefix_cache = kv.prefix_cache
         self.send = send
@@ -114,30 +114,49 @@ class ResultProcessor:
             self.send(BatchReqOutput(outputs))
         return result
 
-    def _accept_verified(self, req: Req, targets: list[int], result: StepResult,
+    def _accept_verified(self, req: Req, verified: "RowTokens", result: StepResult,
                          outputs: list[ReqOutput],
                          released_tails: list[tuple[int, int, int]]) -> None:
         """A verify step's outcome for one request: append the accepted tokens (up to a stop
-        condition), keep the KV of the rows whose inputs stay in the text, release the rest."""
+        condition, or a grammar's jump-forward, tried after each token as one token a step
+        would) with their logprobs, keep the KV of the rows whose inputs stay in the text,
+        release the rest."""
         if req.finished:    # ended while the step ran (its KV went to the cache then)
             return
+        targets = verified.token_ids
         last_position = req.kv_allocated_len - len(targets)   # row 0's input
-        reason, appended = None, 0
-        for token in self.speculator.accept(req, targets):
+        reason, appended, jumped = None, 0, False
+        for k, token in enumerate(self.speculator.accept(req, targets)):
+            # The accepted tokens are the targets of rows 0..k: row k's logprobs are theirs.
             req.output_ids.append(token)
             appended += 1
             result.generated_tokens += 1
+            if req.return_logprob:
+                req.output_token_logprobs.append((verified.logprobs[k], token))
+                if req.top_logprobs_num > 0:
+                    req.output_top_logprobs.append(list(zip(*verified.top_logprobs[k])))
             reason = self._check_finished(req, token)
+            if reason is None and req.grammar is not None:
+                reason = self._advance_grammar(req, token)
             if reason is not None:
                 break
-        # Rows 0..appended-1 computed the KV of tokens that stay (the last sampled token and
-        # the accepted drafts); the newest token is the next step's input, without KV yet.
-        keep = last_position + appended
-        released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
-        req.kv_allocated_len = keep
+            # Rows 0..appended-1 computed the KV of tokens that stay (the last sampled token
+            # and the accepted drafts); the newest token has none yet.
+            if req.grammar is not None and self._jump_forward(
+                    req, released_tails, kv_len=last_position + appended):
+                jumped = True    # the drafts accepted after this token are dropped
+                break
+        if not jumped:
+            keep = last_position + appended
+            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+            req.kv_allocated_len = keep
         if reason is not None:
             self.finish(req, reason, send=False)
             outputs.append(self._output(req))
+            return
+        if jumped:      # its next step feeds the forced tokens
+            if req.stream or req.finished:
+                outputs.append(self._output(req))
             return
         result.next_inputs.append((req.req_pool_idx, req.output_ids[-1]))
         if req.stream or len(req.output_ids) == appended:
@@ -192,11 +211,14 @@ class ResultProcessor:
             return FinishReason("stop", matched=token)
         return None
 
-    def _jump_forward(self, req: Req, released_tails: list[tuple[int, int, int]]) -> bool:
+    def _jump_forward(self, req: Req, released_tails: list[tuple[int, int, int]],
+                      kv_len: int | None = None) -> bool:
         """Append the grammar's forced continuation. The request keeps its KV up to the first
         replaced token and stays in the running batch: its next decode step computes the forced
         tokens (one row each) and samples after the last, instead of one step per token. The
-        KV after that token goes into `released_tails`, freed once for the whole step."""
+        KV after that token goes into `released_tails`, freed once for the whole step.
+        `kv_len`: the request's tokens whose KV stays valid (a verify step: fewer than it
+        allocated); by default all it allocated."""
         if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
         unsent = len(req.output_ids) - req.num_sent_outputs
@@ -206,7 +228,8 @@ class ResultProcessor:
         jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, replaceable, room)
         if jump is None:
             return False
-        keep = min(req.kv_allocated_len, req.seq_len - jump.num_replaced)
+        kv_len = req.kv_allocated_len if kv_len is None else kv_len
+        keep = min(kv_len, req.seq_len - jump.num_replaced)
         released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
         req.jump_to(jump.num_replaced, jump.new_tokens, keep)
         if len(req.output_ids) >= req.max_new_tokens:

@@ -30,6 +30,7 @@ from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixlm.scheduler.config import SchedulerConfig
+from radixlm.scheduler.draft_model import DraftModel
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
 from radixlm.scheduler.policy import SchedulePolicy
@@ -39,7 +40,7 @@ from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
-from radixlm.scheduler.speculation import NgramSpeculator
+from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
 
@@ -52,7 +53,7 @@ GPU_DEFAULT_CHUNK = 8192
 class Scheduler:
     def __init__(self, config: SchedulerConfig, runner: ModelRunner, kv: KVCacheManager,
                  recv: Callable[[float | None], list[Any]], send: Callable[[Any], None],
-                 tokenizer=None):
+                 tokenizer=None, draft_model: DraftModel | None = None):
         self.config = config
         self.runner = runner
         self.recv = recv
@@ -69,11 +70,17 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
+        # STANDALONE: the draft model runs every forward the target runs (draft_model.py).
+        self.draft_model = draft_model
         self.speculator = None
-        if config.speculative_algorithm is not None:
-            self.speculator = NgramSpeculator(config.speculative_num_draft_tokens,
-                                              config.speculative_ngram_min_match_window_size,
-                                              config.speculative_ngram_max_match_window_size)
+        if config.speculative_algorithm == "STANDALONE":
+            assert draft_model is not None, "STANDALONE needs the draft model (DraftModel.load)"
+            self.speculator = Speculator(draft_model, config.speculative_num_steps)
+        elif config.speculative_algorithm is not None:
+            self.speculator = Speculator(
+                NgramDrafter(config.speculative_ngram_min_match_window_size,
+                             config.speculative_ngram_max_match_window_size),
+                config.speculative_num_draft_tokens)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
                                        jump_forward=not config.disable_jump_forward,
@@ -401,6 +408,8 @@ class Scheduler:
             fb = batch.prepare_extend(self.kv, runner.device)
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
+            if self.draft_model is not None:
+                self.draft_model.mirror(fb)
             # The prompts' KV goes into the prefix cache now, at launch, not when the results
             # are read: the next prefill (queued behind this one on the device, so it reads
             # the KV once written) can share it and be built while this step runs.
@@ -409,8 +418,12 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
+            if self.draft_model is not None:
+                self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices
-        verify = out.next_token_logits.argmax(-1) if batch.verify_rows else None
+        verify = (verify_targets(batch, out.next_token_logits, runner.sampler,
+                                 runner.model_config.eos_token_ids, self._grammar_backend)
+                  if batch.verify_rows else None)
         if batch.last_rows is not None:  # jump-forward rows: each request samples its last
             out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
             pool_rows = pool_rows[batch.last_rows]

@@ -8,8 +8,24 @@ would have produced d1..da (the longest run where row j-1's argmax equals d_j) f
 a's argmax: those a + 1 tokens are accepted, the KV of the rows after d_a is released, and the
 last token becomes the next step's input. The output is the one decoding without drafts gives.
 
-Which requests draft (`eligible`): greedy, with no logit bias, penalties, min_new_tokens,
-grammar or logprobs (their sampling differs per row; they decode one token a step as before).
+Sampled requests (temperature > 0, top-k / top-p / min-p) are verified the same way, with row
+j's target being the token the sampler would draw at that output position (`verify_targets`):
+the sampler's Gumbel noise is a function of (seed, position, token) (sampling/noise.py), so the
+token a request gets at a position depends only on the logits there, and a draft is kept exactly
+when sampling without drafts would have produced it. The output is then the one decoding without
+drafts gives for the same seed, token for token, hence exactly the target's distribution, with no
+rejection-sampling correction: for a deterministic draft, the chance that a draft token d is kept,
+p(d), is what rejection sampling would accept it with. Logit bias, penalties and min_new_tokens
+are exact too: row j is sampled as if d1..dj were already in the output (its penalty counts and
+output length include them), which is what they would be had the drafts been decoded one by one.
+Logprobs of the accepted tokens are those rows' logprobs (log_softmax of the raw logits at the
+token), as decoding without drafts reports them.
+
+Grammar requests draft too: their drafts are cut before the first token the grammar rejects
+(`plan`), and row j's target is sampled under the grammar's mask after d1..dj (the matcher
+accepts the drafts while the masks are filled, then rolls back; the accepted tokens advance it
+when the step is processed). Which requests draft (`eligible`): all but one feeding
+jump-forward tokens.
 Policy: no drafts while more than `max_batch` requests run (a large batch is compute-bound, a
 verify row costs as much as a real one); a request whose drafts keep being rejected (accept-rate
 average below `MIN_ACCEPT_RATE`), or whose text offers no match `MAX_MISSES` times in a row,
@@ -20,11 +36,26 @@ the tokens the request may still produce, the context, the largest CUDA graph or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
+import torch
+
+from radixlm.constrained.base import GrammarBackend, GrammarMatcher
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.params import SamplingParams
+from radixlm.sampling.request import SamplingRequest
+from radixlm.sampling.sampler import SampleOutput, Sampler
+from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
 from radixlm.speculative.ngram import NgramIndex
+from radixlm.utils.device import to_device
+
+# A stand-in for the rows of a verify step that are no request's verify rows (their target is
+# not read): greedy, nothing to build.
+_UNREAD_ROW = SamplingRequest(SamplingParams(temperature=0.0), seed=0, prompt_ids=(),
+                              output_ids=())
 
 MIN_ACCEPT_RATE = 0.15      # below this running average of accepted / proposed, pause drafting
 COOLDOWN_STEPS = 16
@@ -58,19 +89,42 @@ class SpecTotals:
                     spec_accept_rate=self.acceptance_rate, spec_verify_steps=self.verify_steps)
 
 
-class NgramSpeculator:
-    def __init__(self, num_draft_tokens: int, min_window: int, max_window: int,
-                 max_batch: int = DEFAULT_MAX_BATCH):
-        self.k = num_draft_tokens
+class Drafter(Protocol):
+    """Proposes each request's drafts: up to ks[i] tokens to follow reqs[i]'s text."""
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]: ...
+
+
+class NgramDrafter:
+    """--speculative-algorithm NGRAM: the request's own text predicts itself (an incremental
+    index per request, speculative/ngram.py)."""
+
+    def __init__(self, min_window: int, max_window: int):
         self.min_window, self.max_window = min_window, max_window
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+        drafts = []
+        for req, k in zip(reqs, ks):
+            if req.spec_index is None:
+                req.spec_index = NgramIndex(self.min_window, self.max_window)
+            drafts.append(req.spec_index.propose(req.fill_ids, k))
+        return drafts
+
+
+class Speculator:
+    """Which requests draft and how many tokens (the policy above), and what a verify step
+    accepts; the drafts themselves come from the `drafter`."""
+
+    def __init__(self, drafter: Drafter, num_draft_tokens: int,
+                 max_batch: int = DEFAULT_MAX_BATCH):
+        self.drafter = drafter
+        self.k = num_draft_tokens
         self.max_batch = max_batch
         self.totals = SpecTotals()
 
     @staticmethod
     def eligible(req: Req) -> bool:
-        p = req.sampling_params
-        return (p.is_greedy and not p.logit_bias and not req.logit_adjustments_read_output
-                and req.grammar is None and not req.return_logprob and not req.input_on_host)
+        return not req.input_on_host
 
     def may_draft(self, reqs: list[Req]) -> bool:
         """Whether the next decode step may carry drafts (the scheduler then processes the
@@ -92,13 +146,15 @@ class NgramSpeculator:
     def plan(self, reqs: list[Req], free_tokens: int, max_rows: int | None,
              context_len: int) -> int:
         """Set each request's spec_drafts for the next decode step; returns how many draft
-        tokens in all. `free_tokens`: KV slots left after every request's own next token."""
+        tokens in all. `free_tokens`: KV slots left after every request's own next token (a
+        draft model also writes its drafts' KV there while it drafts)."""
         for r in reqs:
             r.spec_drafts = []
         if len(reqs) > self.max_batch:
             return 0
         rows_left = (max_rows - len(reqs)) if max_rows is not None else 1 << 30
-        budget, total = min(free_tokens, rows_left), 0
+        budget = min(free_tokens, rows_left)
+        drafting, ks = [], []
         for req in reqs:
             # (A token still in flight: the drafter would not see it; the scheduler processes
             # pending steps first whenever `may_draft`.)
@@ -111,21 +167,26 @@ class NgramSpeculator:
                     budget)
             if k <= 0:
                 continue
-            if req.spec_index is None:
-                req.spec_index = NgramIndex(self.min_window, self.max_window)
-            req.spec_drafts = req.spec_index.propose(req.fill_ids, k)
+            drafting.append(req)
+            ks.append(k)
+            budget -= k
+        total = 0
+        for req, drafts in zip(drafting, self.drafter.propose(drafting, ks) if drafting else []):
+            if req.grammar is not None:
+                drafts = _grammar_prefix(req.grammar, drafts)
+            req.spec_drafts = drafts
             # Text that does not repeat itself gets no drafts, yet each step it might costs
             # the overlap of host and GPU work: after a few misses in a row, pause as well.
-            req.spec_misses = 0 if req.spec_drafts else req.spec_misses + 1
+            req.spec_misses = 0 if drafts else req.spec_misses + 1
             if req.spec_misses >= MAX_MISSES:
                 req.spec_misses, req.spec_cooldown = 0, COOLDOWN_STEPS
-            budget -= len(req.spec_drafts)
-            total += len(req.spec_drafts)
+            total += len(drafts)
         return total
 
     def accept(self, req: Req, targets: list[int]) -> list[int]:
         """The tokens a verify step gives `req`: its drafts up to the first that differs from
-        the target's choice, then the target's token there. `targets[j]`: row j's argmax."""
+        the target's choice, then the target's token there. `targets[j]`: the target's token after
+        row j (`verify_targets`)."""
         drafts, req.spec_drafts = req.spec_drafts, []
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
         a = 0
@@ -143,3 +204,74 @@ class NgramSpeculator:
         t.accepted += a
         t.emitted += a + 1
         return drafts[:a] + [targets[a]]
+
+
+def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
+                   eos_token_ids: Sequence[int],
+                   grammar_backend: GrammarBackend | None = None) -> SampleOutput:
+    """The target's token after each row of a verify step, with its logprob: the argmax for
+    plain greedy requests, otherwise the token the sampler draws for that row's request at that
+    row's output position, with the request's drafts before the row counted as output (and
+    accepted by its grammar; see the module docstring). Rows of requests without drafts are not
+    read (greedy stand-ins)."""
+    owners = [batch.reqs[i] for i in batch.verify_rows]
+    if all(plain_greedy(r) for r in owners):
+        ids = logits.argmax(-1)
+        return SampleOutput(ids, torch.zeros(ids.shape, dtype=torch.float32,
+                                             device=ids.device))
+    rows = [_UNREAD_ROW] * logits.shape[0]
+    tops = [0] * logits.shape[0]
+    for i, (first, n) in batch.verify_rows.items():
+        r = batch.reqs[i]
+        for j in range(n):
+            rows[first + j] = sampling_after(r, r.spec_drafts[:j], eos_token_ids)
+            tops[first + j] = r.top_logprobs_num if r.return_logprob else 0
+    info = SamplingBatchInfo.build(rows, logits.shape[1], logits.device)
+    info.vocab_mask = _grammar_masks(batch, logits.shape[0], grammar_backend, logits.device)
+    return sampler(logits, info, tops if any(tops) else None)
+
+
+def sampling_after(req: Req, drafts: list[int], eos_token_ids: Sequence[int]) -> SamplingRequest:
+    """How `req` samples the token after its output followed by `drafts`: as if they had been
+    decoded one by one (penalty counts, min_new_tokens and the noise position include them)."""
+    return SamplingRequest(req.sampling_params, req.seed, req.origin_input_ids,
+                           req.output_ids + drafts, eos_token_ids, req.num_pending)
+
+
+def plain_greedy(req: Req) -> bool:
+    """Greedy with nothing that changes the logits or asks for logprobs: argmax alone."""
+    p = req.sampling_params
+    return (p.is_greedy and not p.logit_bias and not req.return_logprob and req.grammar is None
+            and not req.logit_adjustments_read_output)
+
+
+def _grammar_prefix(matcher: GrammarMatcher, drafts: list[int]) -> list[int]:
+    """The drafts up to the first one the grammar would reject (the matcher is left as found)."""
+    n = 0
+    while n < len(drafts) and matcher.accept_token(drafts[n]):
+        n += 1
+    matcher.rollback(n)
+    return drafts[:n]
+
+
+def _grammar_masks(batch: ScheduleBatch, num_rows: int, backend: GrammarBackend | None,
+                   device: torch.device) -> Callable[[torch.Tensor], None] | None:
+    """The verify rows' grammar masks: row j of a grammar request is filled in the state after
+    its drafts d1..dj (accepted, then rolled back); other rows allow everything."""
+    owners = [(i, batch.reqs[i].grammar) for i in batch.verify_rows
+              if batch.reqs[i].grammar is not None]
+    if not owners:
+        return None
+    assert backend is not None, "a grammar request without the grammar backend"
+    mask = backend.allocate_mask(num_rows)
+    for i, matcher in owners:
+        first, n = batch.verify_rows[i]
+        drafts = batch.reqs[i].spec_drafts
+        for j in range(n):
+            matcher.fill_vocab_mask(mask, first + j)
+            if j < n - 1:
+                accepted = matcher.accept_token(drafts[j])
+                assert accepted, "drafts are cut before the grammar's first rejection"
+        matcher.rollback(n - 1)
+    mask = to_device(mask, torch.int32, device)
+    return lambda logits: backend.apply_mask(logits, mask)
