@@ -416,3 +416,34 @@ def test_bench_spec_reports_a_draft_model_run(smollm_dir, tmp_path, monkeypatch)
         r = res[name]
         assert r["identical_text"] and r["tokens"] > 0 and r["verify_steps"] > 0, r
         assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["off_tok_s"])
+
+
+def test_decode_log_reports_the_accept_length(smollm_dir, tmp_path, caplog):
+    """Every 40 decode steps the scheduler logs SGLang's "decode batch" line, with the accept
+    length while speculation is on (the scheduler driven in-process on a tiny model)."""
+    import logging
+
+    from helpers import tiny_checkpoint
+    from radixlm.config import ServerArgs
+    from radixlm.managers.messages import TokenizedGenerateReq
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.scheduler.config import SchedulerConfig
+    from radixlm.scheduler.scheduler import DECODE_LOG_INTERVAL, Scheduler
+
+    args = ServerArgs(model_path=tiny_checkpoint(tmp_path, "llama"), device="cpu",
+                      max_total_tokens=2048, speculative_algorithm="NGRAM")
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
+    sched = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, lambda t: [],
+                      lambda m: None)
+    sched.handle_message(TokenizedGenerateReq(
+        rid="r", input_ids=[5, 6, 7, 8] * 8,
+        sampling_params=SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True)))
+    with caplog.at_level(logging.INFO, logger="radixlm.scheduler.scheduler"):
+        while sched.has_work:
+            sched.step()
+    lines = [r.getMessage() for r in caplog.records if "decode batch" in r.getMessage()]
+    assert len(lines) == sched.decode_steps // DECODE_LOG_INTERVAL >= 1, lines
+    assert "#running-req: 1" in lines[0] and "gen throughput (token/s)" in lines[0]
+    assert sched.speculator.totals.verify_steps > 0      # the random model repeats itself
+    assert "accept len:" in lines[-1], lines

@@ -11,10 +11,12 @@ import importlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from radixlm.sampling.params import SamplingParams
+from radixlm.utils.device import to_device
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,14 @@ class GrammarBackend(ABC):
     @abstractmethod
     def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place (mask already on the device)."""
+
+    def on_device(self, mask: torch.Tensor,
+                  device: torch.device) -> Callable[[torch.Tensor], None]:
+        """A filled host mask as the sampler's `vocab_mask`. Staged through pinned memory: a
+        copy from pageable memory would wait for the forward pass running on the GPU, and the
+        host would stop queueing work until it ends."""
+        mask = to_device(mask, torch.int32, device)
+        return lambda logits: self.apply_mask(logits, mask)
 
     def shutdown(self) -> None:
         pass

@@ -21,8 +21,6 @@ import torch
 import radixlm.envs as envs
 from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
-from radixlm.sampling.batch_info import SamplingBatchInfo
-from radixlm.sampling.request import SamplingRequest
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
                                        SchedulerStats, ShutdownReq, TokenizedGenerateReq)
@@ -41,6 +39,7 @@ from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
+from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
 
@@ -48,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_CHUNK = 4096
 GPU_DEFAULT_CHUNK = 8192
+DECODE_LOG_INTERVAL = 40    # decode steps between two "decode batch" log lines (SGLang's)
 
 
 class Scheduler:
@@ -104,9 +104,10 @@ class Scheduler:
         # hides the host's work for the next); a smaller one is processed first.
         self.overlap_prefill_min_tokens = envs.overlap_prefill_min_tokens()
         self.overlapped_steps = 0
+        self.decode_steps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
-        self._greedy_infos: dict[int, SamplingBatchInfo] = {}
+        self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
         self.profiler = StepProfiler(runner.device, runner.tp.rank)
 
     # ------------------------------------------------------------------ loop
@@ -154,6 +155,10 @@ class Scheduler:
             self.check_memory_invariant()
         if launched is not None:
             self.profiler.on_step()
+            if launched.batch.forward_mode.is_decode:
+                self.decode_steps += 1
+                if self.decode_steps % DECODE_LOG_INTERVAL == 0:
+                    self._log_decode()
         return launched is not None
 
     @property
@@ -446,8 +451,7 @@ class Scheduler:
         reqs = [batch.reqs[i] for i in step.sample_rows]
         live = [not r.finished and not step.is_stale(i)
                 for i, r in zip(step.sample_rows, reqs)]
-        info = self._sampling_info(reqs)
-        info.vocab_mask = self._grammar_mask(reqs, live)
+        info = self.step_sampling.build(reqs, live, self._grammar_backend)
         logits, pool_rows = step.out.next_token_logits, step.pool_rows
         if len(step.sample_rows) < batch.batch_size:
             rows = to_device(step.sample_rows, torch.int64, runner.device)
@@ -459,36 +463,6 @@ class Scheduler:
                 r.num_pending += 1
         if batch.forward_mode.is_extend:
             self.running.extend(reqs)  # they decode from the next step on
-
-    def _sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
-        """The batch's sampling tensors. Those of an all-greedy batch with no logit bias and
-        nothing that reads the outputs depend on its size alone, so they are built once per size
-        (building them is a per-request Python loop the host would otherwise pay every step).
-        Greedy grammar requests share them too: their mask is set per step (`vocab_mask`)."""
-        mc = self.runner.model_config
-        plain_greedy = all(r.sampling_params.is_greedy and not r.sampling_params.logit_bias
-                           and not r.logit_adjustments_read_output for r in reqs)
-        if plain_greedy and len(reqs) in self._greedy_infos:
-            return self._greedy_infos[len(reqs)]
-        info = SamplingBatchInfo.build(
-            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
-                             mc.eos_token_ids, r.num_pending) for r in reqs],
-            mc.vocab_size, self.runner.device)
-        if plain_greedy and info.adjustments.is_noop:
-            self._greedy_infos[len(reqs)] = info
-        return info
-
-    def _grammar_mask(self, reqs: list[Req], live: list[bool]):
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and live[i]]
-        if not rows:
-            return None
-        backend = self.grammar_backend
-        mask = backend.allocate_mask(len(reqs))
-        backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
-        # Staged through pinned memory: a copy from pageable memory would wait for the forward
-        # pass running on the GPU, and the host would stop queueing work until it ends.
-        mask = to_device(mask, torch.int32, self.runner.device)
-        return lambda logits: backend.apply_mask(logits, mask)
 
     # ------------------------------------------------------------------ figures
 
@@ -511,6 +485,13 @@ class Scheduler:
             last_gen_throughput=self.gen_throughput.read(),
             weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes,
             **(self.speculator.totals.as_stats() if self.speculator else {}))
+
+    def _log_decode(self) -> None:
+        st = self.stats()   # (the throughput window closes here: a rate over the interval)
+        accept = f"accept len: {st.spec_accept_length:.2f}, " if st.spec_verify_steps else ""
+        logger.info("decode batch: #running-req: %d, token usage: %.2f, %sgen throughput "
+                    "(token/s): %.2f, #queue-req: %d", st.num_running_reqs, st.token_usage,
+                    accept, st.last_gen_throughput, st.num_waiting_reqs)
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""

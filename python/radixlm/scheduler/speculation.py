@@ -50,7 +50,6 @@ from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
 from radixlm.speculative.ngram import NgramIndex
-from radixlm.utils.device import to_device
 
 # A stand-in for the rows of a verify step that are no request's verify rows (their target is
 # not read): greedy, nothing to build.
@@ -273,5 +272,4 @@ def _grammar_masks(batch: ScheduleBatch, num_rows: int, backend: GrammarBackend 
                 accepted = matcher.accept_token(drafts[j])
                 assert accepted, "drafts are cut before the grammar's first rejection"
         matcher.rollback(n - 1)
-    mask = to_device(mask, torch.int32, device)
-    return lambda logits: backend.apply_mask(logits, mask)
+    return backend.on_device(mask, device)

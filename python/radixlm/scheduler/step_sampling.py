@@ -1,0 +1,56 @@
+"""How a step's sampled rows sample: their SamplingBatchInfo (device tensors built from the
+requests as they are now) and the grammar masks of the constrained ones."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from radixlm.constrained.base import GrammarBackend
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.request import SamplingRequest
+from radixlm.scheduler.request import Req
+
+
+class StepSampling:
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        self._greedy_infos: dict[int, SamplingBatchInfo] = {}
+
+    def build(self, reqs: list[Req], live: list[bool],
+              grammar_backend: GrammarBackend | None) -> SamplingBatchInfo:
+        """The rows' sampling tensors, with the grammar masks of the live constrained rows
+        (`live`: not ended or jumped since the forward was launched)."""
+        info = self._info(reqs)
+        info.vocab_mask = self._grammar_mask(reqs, live, grammar_backend)
+        return info
+
+    def _info(self, reqs: list[Req]) -> SamplingBatchInfo:
+        """Those of an all-greedy batch with no logit bias and nothing that reads the outputs
+        depend on its size alone, so they are built once per size (building them is a
+        per-request Python loop the host would otherwise pay every step). Greedy grammar
+        requests share them too: their mask is set per step (`vocab_mask`)."""
+        plain_greedy = all(r.sampling_params.is_greedy and not r.sampling_params.logit_bias
+                           and not r.logit_adjustments_read_output for r in reqs)
+        if plain_greedy and len(reqs) in self._greedy_infos:
+            return self._greedy_infos[len(reqs)]
+        info = SamplingBatchInfo.build(
+            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
+                             self.eos_token_ids, r.num_pending) for r in reqs],
+            self.vocab_size, self.device)
+        if plain_greedy and info.adjustments.is_noop:
+            self._greedy_infos[len(reqs)] = info
+        return info
+
+    def _grammar_mask(self, reqs: list[Req], live: list[bool],
+                      backend: GrammarBackend | None) -> Callable[[torch.Tensor], None] | None:
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and live[i]]
+        if not rows:
+            return None
+        assert backend is not None, "a grammar request without the grammar backend"
+        mask = backend.allocate_mask(len(reqs))
+        backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
+        return backend.on_device(mask, self.device)
