@@ -349,22 +349,33 @@ def test_identical_draft_model_accepts_everything(make_engine, smollm_dir, monke
     in one batch with prefix sharing, equal the engine without speculation."""
     if overlap:
         monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    import json
+    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string"},
+                                                          "age": {"type": "integer"}},
+                         "required": ["name", "age"]})
     prompts = [COPY, CODE, "The capital of France is", COPY]
     params = [{"max_new_tokens": 24, "temperature": 0},
               {"max_new_tokens": 24, "temperature": 0, "stop": ["mul"]},
               {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 5},
-              {"max_new_tokens": 20, "temperature": 0, "frequency_penalty": 0.3}]
+              {"max_new_tokens": 20, "temperature": 0, "frequency_penalty": 0.3},
+              # The draft model drafts the grammar's stop token (EOS) at the end of the JSON.
+              {"max_new_tokens": 40, "temperature": 0.8, "sampling_seed": 3,
+               "json_schema": schema}]
     outs = {}
     for spec in (False, True):
         extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=smollm_dir,
                       speculative_num_steps=3) if spec else {})
         engine = make_engine(max_total_tokens=4096, **extra)
-        outs[spec] = engine.generate(prompts, params)
+        chat = engine.apply_chat_template([{"role": "user", "content":
+                                            "Give a JSON object with name and age."}])
+        outs[spec] = engine.generate(prompts + [chat], params)
         stats = engine.get_stats()
         engine.shutdown()
     for a, b in zip(outs[False], outs[True]):
         assert b["output_ids"] == a["output_ids"]
         assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+    assert outs[True][4]["meta_info"]["finish_reason"]["type"] == "stop"
+    json.loads(outs[True][4]["text"])
     # The draft model drafts as each request samples (its seeded noise, its penalties).
     assert stats.spec_verify_steps > 0 and stats.spec_accept_rate > 0.95, stats
     greedy = outs[True][0]["meta_info"]

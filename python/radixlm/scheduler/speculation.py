@@ -245,12 +245,19 @@ def plain_greedy(req: Req) -> bool:
 
 
 def _grammar_prefix(matcher: GrammarMatcher, drafts: list[int]) -> list[int]:
-    """The drafts up to the first one the grammar would reject (the matcher is left as found)."""
-    n = 0
-    while n < len(drafts) and matcher.accept_token(drafts[n]):
-        n += 1
-    matcher.rollback(n)
-    return drafts[:n]
+    """The drafts up to the first one the grammar would reject, or that ends it (the stop
+    token: no mask follows it, so it is not drafted; the target's row before it may still pick
+    it). The matcher is left as found."""
+    accepted = kept = 0
+    for token in drafts:
+        if not matcher.accept_token(token):
+            break
+        accepted += 1
+        if matcher.is_terminated():
+            break
+        kept += 1
+    matcher.rollback(accepted)
+    return drafts[:kept]
 
 
 def _grammar_masks(batch: ScheduleBatch, num_rows: int, backend: GrammarBackend | None,
