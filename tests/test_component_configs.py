@@ -15,12 +15,13 @@ def test_every_field_comes_from_the_server_args():
     args = ServerArgs(page_size=16, max_total_tokens=999, cuda_graph_max_bs=8,
                       attention_backend="torch_native", schedule_policy="lpm",
                       chunked_prefill_size=64, disable_jump_forward=True, random_seed=7)
-    runner = RunnerConfig.from_server_args(args, tp_rank=1)
+    runner = RunnerConfig.from_server_args(args, tp_rank=1, draft_kv_bytes_per_token=64)
     sched = SchedulerConfig.from_server_args(args)
-    assert runner.tp_rank == 1
+    # The two fields a process fills in itself: its rank, and a draft model's KV cost.
+    assert runner.tp_rank == 1 and runner.draft_kv_bytes_per_token == 64
     for cfg in (runner, sched):
         for f in dataclasses.fields(cfg):
-            if f.name != "tp_rank":
+            if f.name not in ("tp_rank", "draft_kv_bytes_per_token"):
                 assert getattr(cfg, f.name) == getattr(args, f.name), f.name
 
 
