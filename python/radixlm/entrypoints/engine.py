@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 _STREAM_END = object()
 _START_TIMEOUT_S = 600
+_RANK0_ERROR_GRACE_S = 15   # after another child died at start-up, for rank 0's own error
 
 
 class _Children:
@@ -72,10 +73,14 @@ class _Children:
                 if isinstance(msg, SchedulerReady):
                     return msg
             if (reason := self.dead_child()) is not None:
-                # Rank 0's own error, if it is on its way, says more than "rank 1 exited".
-                for msg in ipc.recv_all(self.inbox, 2.0):
-                    if isinstance(msg, SchedulerReady) and msg.error is not None:
-                        return msg
+                # Rank 0's own error, if it is on its way, says more than "rank 1 exited". It
+                # comes through the detokenizer, which may still be importing its tokenizer
+                # (seconds on a loaded machine): wait for it while the detokenizer lives.
+                grace = time.monotonic() + _RANK0_ERROR_GRACE_S
+                while time.monotonic() < grace and self.processes[-1][1].poll() is None:
+                    for msg in ipc.recv_all(self.inbox, 0.2):
+                        if isinstance(msg, SchedulerReady) and msg.error is not None:
+                            return msg
                 return _failed(f"{reason} during start-up (see its log above)")
         return _failed(f"start-up took longer than {_START_TIMEOUT_S} s")
 
