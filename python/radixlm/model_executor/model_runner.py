@@ -180,7 +180,7 @@ class ModelRunner:
         mc, cfg = self.model_config, self.config
         # In the storage dtype: an fp8 cache gets twice the tokens of a 16-bit one. A draft
         # model's pool holds as many tokens, from the same budget.
-        per_token = self.kv_spec.bytes_per_token(self.kv_dtype) + cfg.draft_kv_bytes_per_token
+        per_token = self.kv_bytes_per_token + cfg.draft_kv_bytes_per_token
         if cfg.max_total_tokens is not None:
             total = cfg.max_total_tokens
         else:

@@ -413,8 +413,6 @@ class Scheduler:
             fb = batch.prepare_extend(self.kv, runner.device)
             targets, top_k = batch.input_logprob_targets(fb)
             out = runner.forward(fb, targets, top_k)
-            if self.draft_model is not None:
-                self.draft_model.mirror(fb)
             # The prompts' KV goes into the prefix cache now, at launch, not when the results
             # are read: the next prefill (queued behind this one on the device, so it reads
             # the KV once written) can share it and be built while this step runs.
@@ -423,8 +421,8 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
-            if self.draft_model is not None:
-                self.draft_model.mirror(fb)
+        if self.draft_model is not None:   # its KV wherever the target's is (draft_model.py)
+            self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices
         verify = (verify_targets(batch, out.next_token_logits, runner.sampler,
                                  runner.model_config.eos_token_ids, self._grammar_backend)
