@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -20,19 +22,25 @@ BODY = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
 
 @pytest.fixture
 def trivial_workers():
-    procs = []
+    """start(fail) -> url of a new trivial worker; start.kill(url) SIGKILLs it."""
+    procs: dict[str, subprocess.Popen] = {}
 
     def start(fail: str = "none") -> str:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([sys.executable, "-m", "radixlm.bench.trivial_worker",
                                  "--port", str(port), "--fail", fail], start_new_session=True)
-        procs.append(proc)
+        procs[url] = proc
         wait_healthy(proc, url, 60, poll_s=0.1)
         return url
 
+    def kill(url: str) -> None:
+        os.killpg(procs[url].pid, signal.SIGKILL)
+        procs[url].wait()
+
+    start.kill = kill
     yield start
-    for p in procs:
+    for p in procs.values():
         stop_server(p)
 
 
@@ -58,6 +66,30 @@ def test_a_failed_request_is_retried_on_another_worker(trivial_workers, mode):
         state = workers_state(url)
         assert not state[bad]["healthy"] and state[bad]["failures_total"] == 1
         assert state[good]["healthy"]
+        assert "radixlm_router_retries_total 1.0" in httpx.get(url + "/metrics").text
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_killed_worker_is_taken_out_and_its_requests_go_elsewhere(trivial_workers, stream):
+    # A killed engine (bench router --part failover): its port refuses connections, and the
+    # router's kept-alive connections to it are dead.
+    dead, good = trivial_workers(), trivial_workers()
+    proc, url = routed(dead, good)
+    try:
+        for _ in range(2):   # a kept-alive connection to each
+            assert httpx.post(url + "/generate", json=BODY, timeout=30).status_code == 200
+        trivial_workers.kill(dead)
+        for _ in range(4):
+            if stream:
+                assert json.loads(stream_lines(url)[0][6:])["text"] == "ok"
+            else:
+                r = httpx.post(url + "/generate", json=BODY, timeout=30)
+                assert r.status_code == 200 and r.json()["text"] == "ok"
+        state = workers_state(url)
+        assert not state[dead]["healthy"] and state[dead]["failures_total"] == 1
+        assert state[good]["healthy"] and state[good]["requests_total"] == 5
         assert "radixlm_router_retries_total 1.0" in httpx.get(url + "/metrics").text
     finally:
         stop_server(proc)

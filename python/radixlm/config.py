@@ -89,6 +89,7 @@ class ServerArgs:
     nnodes: int = 1                        # machines the --tp-size ranks are spread over
     node_rank: int = 0                     # this machine's index; node 0 serves HTTP
     dist_timeout: int | None = None        # seconds for the ranks to join (default 600)
+    disable_custom_all_reduce: bool = False   # TP on GPUs: NCCL for every all-reduce
     dp_size: int = 1                       # > 1: that many engines behind the cache-aware router
     base_gpu_id: int = 0                   # the first GPU used (engine i of --dp-size: base + i)
     log_level: str = "info"

@@ -66,3 +66,44 @@ def dp_parent_pid() -> int | None:
     when that process does (even if it was SIGKILLed)."""
     value = os.environ.get("RADIXLM_DIE_WITH_PARENT")
     return int(value) if value else None
+
+
+LOCAL_GPU = "RADIXLM_LOCAL_GPU"
+
+
+def local_gpu() -> int | None:
+    """RADIXLM_LOCAL_GPU=<index>: set by the engine on each tensor-parallel rank of a GPU node,
+    which sees all of the node's ranks' GPUs (NCCL and symmetric memory map peers' memory only
+    between GPUs a process can see: with one GPU visible per process they fall back to copies
+    through host memory) and uses this one."""
+    value = os.environ.get(LOCAL_GPU)
+    return int(value) if value else None
+
+
+# NVLink multicast stays off in every process we start: on shared GPU hosts a program using it
+# can put the host's GPUs out of service (../shared/device/README.md); radixlm never needs it.
+MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def keep_multicast_off(env: dict[str, str] | None = None) -> None:
+    """Set the multicast-off variables in `env` (default: this process) unless already set."""
+    target = os.environ if env is None else env
+    for key, value in MULTICAST_OFF.items():
+        target.setdefault(key, value)
+
+
+def one_shot_max_bytes() -> int | None:
+    """RADIXLM_ONE_SHOT_MAX_BYTES: tensor-parallel all-reduces up to this size take the
+    symmetric-memory one-shot path, larger ones NCCL (default: per world size, see
+    distributed/custom_all_reduce.py; 0 turns one-shot off). Must be equal on all ranks."""
+    value = os.environ.get("RADIXLM_ONE_SHOT_MAX_BYTES")
+    return int(value) if value else None
+
+
+def two_shot_max_bytes() -> int | None:
+    """RADIXLM_TWO_SHOT_MAX_BYTES: all-reduces above the one-shot limit and up to this size take
+    the symmetric-memory two-shot path, larger ones NCCL (default 8 MiB; 0 turns two-shot off).
+    Must be equal on all ranks."""
+    value = os.environ.get("RADIXLM_TWO_SHOT_MAX_BYTES")
+    return int(value) if value else None

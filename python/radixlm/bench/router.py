@@ -1,4 +1,5 @@
-"""`radixlm bench router`: the cache-aware router against round-robin and SGLang's router.
+"""`radixlm bench router`: the cache-aware router against round-robin and SGLang's router, and
+what losing an engine mid-run costs.
 
 --part cache (default): N radixlm engines (`radixlm serve` children with --engine-args, one per
   GPU, or all on one GPU with --share-gpu), and a shared-prefix workload (--num-groups groups,
@@ -12,145 +13,52 @@
 --part overhead: two trivial workers (bench/trivial_worker.py) that answer at once; sequential
   requests straight to a worker and through each router (the added median latency), then
   --concurrency clients for --duration seconds (requests/s through each router).
+--part failover: the engines of --part cache behind one radixlm cache_aware router, and the same
+  workload sent through it paced by --max-concurrency (default 16 per engine) or
+  --request-rate; --kill-after seconds after the first request, one engine (--kill-engine, or
+  the one with the most requests in flight) is SIGKILLed with its whole process group. Each
+  request's send and end time and success or error are recorded (the router does not say
+  which worker served a request; its /list_workers counts say how many went to each). Reported:
+  requests failed, split into those sent before the kill (in flight then) and after it (not
+  yet started: the target is 0); how long the router took to take the engine out and until
+  the last failure (the time to recover); output throughput before and after the kill; the
+  router's retries and per-worker failures from its /metrics.
 
     python -m radixlm.bench.router --engine-args "--model-path M --load-format dummy ..." \\
         --num-engines 2 --share-gpu
     python -m radixlm.bench.router --part overhead
+    python -m radixlm.bench.router --part failover --engine-args "..." --num-engines 4 \\
+        --max-concurrency 64 --kill-after 15
 """
-
 from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
-import random
-import shlex
-import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 import httpx
 
 from radixlm.bench import common
-from radixlm.utils.sequences import common_prefix_len
-from radixlm.utils.server_process import free_port, stop_server, wait_healthy
-
-WORDS = ("time year people way day man thing woman life child world school state family "
-         "student group country problem hand part place case week company system program "
-         "question work government number night point home water room mother area money "
-         "story fact month lot right study book eye job word business issue side kind head "
-         "house service friend father power hour game line end member law car city community "
-         "name president team minute idea kid body information back parent face others level "
-         "office door health person art war history party result change morning reason "
-         "research girl guy moment air teacher force education").split()
-
-
-# ---------------------------------------------------------------------- processes
-
-def start_process(cmd: list[str], url: str, timeout_s: float) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    wait_healthy(proc, url, timeout_s, poll_s=0.3)
-    return proc
-
-
-def start_router(kind: str, policy: str, workers: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    if kind == "radixlm":
-        cmd = [sys.executable, "-m", "radixlm.cli", "router", "--log-level", "warning",
-               "--policy", policy]
-    else:
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--log-level", "warn",
-               "--policy", policy, "--prometheus-port", str(free_port())]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
-    url = f"http://127.0.0.1:{port}"
-    return start_process(cmd, url, 120), url
-
-
-def routers_to_compare(ns: argparse.Namespace) -> list[tuple[str, str]]:
-    out = [("radixlm", "cache_aware"), ("radixlm", "round_robin")]
-    try:
-        import sglang_router  # noqa: F401
-        out.append(("sglang-router", "cache_aware"))
-    except ImportError:
-        print("sglang-router is not installed: compared with round-robin only", file=sys.stderr)
-    return out
-
-
-# ---------------------------------------------------------------------- the cache workload
-
-def build_workload(ns: argparse.Namespace) -> list[str]:
-    """The prompts, group by group, then shuffled."""
-    rng = random.Random(ns.seed)
-    prompts = []
-    for g in range(ns.num_groups):
-        system = f"[Group {g}] " + " ".join(rng.choice(WORDS) for _ in range(ns.system_prompt_len))
-        for q in range(ns.prompts_per_group):
-            question = " ".join(rng.choice(WORDS) for _ in range(ns.question_len))
-            prompts.append(f"{system}\nQuestion {q}: {question}\nAnswer:")
-    rng.shuffle(prompts)
-    return prompts
-
-
-def ceiling_hit_rate(token_ids: list[list[int]]) -> float:
-    """Cached tokens if each request found the longest prefix it shares with any earlier
-    request (arrival order; one engine with an unbounded cache), over all prompt tokens. The
-    longest common prefix with a set of sequences is with a neighbour in sorted order."""
-    earlier: list[tuple[int, ...]] = []
-    hits = 0
-    for ids in map(tuple, token_ids):
-        i = bisect.bisect_left(earlier, ids)
-        neighbours = [earlier[j] for j in (i - 1, i) if 0 <= j < len(earlier)]
-        best = max((common_prefix_len(ids, e) for e in neighbours), default=0)
-        hits += min(best, len(ids) - 1)    # at least one token is always computed
-        earlier.insert(i, ids)
-    return hits / sum(len(t) for t in token_ids)
-
-
-async def send_all(url: str, prompts: list[str], output_len: int,
-                   max_concurrency: int | None) -> tuple[list[dict], float]:
-    gate = asyncio.Semaphore(max_concurrency or len(prompts))
-    params = {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0}
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=timeout) as session:
-        async def one(prompt: str) -> dict:
-            async with gate:
-                async with session.post(url + "/generate", json={
-                        "text": prompt, "sampling_params": params}) as r:
-                    body = await r.json(content_type=None)
-                    if r.status != 200:
-                        raise RuntimeError(f"HTTP {r.status}: {body}")
-                    return body
-
-        start = time.perf_counter()
-        outs = await asyncio.gather(*(one(p) for p in prompts))
-        return list(outs), time.perf_counter() - start
+from radixlm.bench.router_common import (build_workload, ceiling_hit_rate, engine_capacity,
+                                        engines_running, list_workers, routers_to_compare, send_all,
+                                        start_process, start_router, warm_up, workload_record)
+from radixlm.bench.router_failover import failover_line, run_failover
+from radixlm.utils.server_process import free_port, stop_server
 
 
 def run_cache(ns: argparse.Namespace) -> dict[str, Any]:
-    engines: list[tuple[subprocess.Popen, str]] = []
-    try:
-        for i in range(ns.num_engines):
-            port = free_port()
-            gpu = [] if ns.share_gpu else ["--base-gpu-id", str(i)]
-            cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(port),
-                   "--log-level", "warning", *gpu, *shlex.split(ns.engine_args)]
-            engines.append((subprocess.Popen(cmd, start_new_session=True),
-                            f"http://127.0.0.1:{port}"))
-        for proc, url in engines:
-            wait_healthy(proc, url, 900)
+    with engines_running(ns) as engines:
         workers = [url for _, url in engines]
-        capacity = [httpx.get(u + "/get_server_info").json()["max_total_num_tokens"]
-                    for u in workers]
+        capacity = engine_capacity(workers)
         prompts = build_workload(ns)
         ids = httpx.post(workers[0] + "/tokenize", json={"prompt": prompts},
                          timeout=600).json()["tokens"]
         ceiling = ceiling_hit_rate(ids)
-        # Warm-up (kernels, graphs, allocator) on every engine, outside the timed runs.
-        for u in workers:
-            asyncio.run(send_all(u, [f"warm-up {i} " + prompts[i] for i in range(8)], 8, None))
+        warm_up(workers, prompts)
         runs = []
         for kind, policy in routers_to_compare(ns):
             for u in workers:
@@ -159,8 +67,8 @@ def run_cache(ns: argparse.Namespace) -> dict[str, Any]:
             try:
                 outs, wall = asyncio.run(send_all(url, prompts, ns.output_len,
                                                   ns.max_concurrency))
-                spread = ([w["requests_total"] for w in httpx.get(
-                    url + "/list_workers").json()["workers"]] if kind == "radixlm" else None)
+                spread = ([w["requests_total"] for w in list_workers(url)]
+                          if kind == "radixlm" else None)
             finally:
                 stop_server(proc)
             prompt_tokens = sum(o["meta_info"]["prompt_tokens"] for o in outs)
@@ -174,25 +82,20 @@ def run_cache(ns: argparse.Namespace) -> dict[str, Any]:
             print(f"{kind} {policy}: {run['output_throughput']:.0f} output tok/s, hit rate "
                   f"{common.pct(run['cache_hit_rate'])} ({wall:.1f} s)", file=sys.stderr,
                   flush=True)
-        by = {(r["router"], r["policy"]): r for r in runs}
-        aware, rr = by[("radixlm", "cache_aware")], by[("radixlm", "round_robin")]
-        sg = by.get(("sglang-router", "cache_aware"))
-        return {
-            "workload": {k: getattr(ns, k) for k in (
-                "num_groups", "prompts_per_group", "system_prompt_len", "question_len",
-                "output_len", "max_concurrency", "seed")},
-            "engines": {"count": ns.num_engines, "share_gpu": ns.share_gpu,
-                        "engine_args": ns.engine_args, "kv_capacity_tokens": capacity},
-            "ceiling_hit_rate": ceiling, "runs": runs,
-            "throughput_vs_round_robin": aware["output_throughput"] / rr["output_throughput"],
-            "throughput_vs_sglang_router": (aware["output_throughput"] / sg["output_throughput"]
-                                            if sg else None),
-            "hit_rate_vs_sglang_router": (aware["cache_hit_rate"] - sg["cache_hit_rate"]
-                                          if sg else None),
-        }
-    finally:
-        for proc, _ in engines:
-            stop_server(proc)
+    by = {(r["router"], r["policy"]): r for r in runs}
+    aware, rr = by[("radixlm", "cache_aware")], by[("radixlm", "round_robin")]
+    sg = by.get(("sglang-router", "cache_aware"))
+    return {
+        "workload": workload_record(ns),
+        "engines": {"count": ns.num_engines, "share_gpu": ns.share_gpu,
+                    "engine_args": ns.engine_args, "kv_capacity_tokens": capacity},
+        "ceiling_hit_rate": ceiling, "runs": runs,
+        "throughput_vs_round_robin": aware["output_throughput"] / rr["output_throughput"],
+        "throughput_vs_sglang_router": (aware["output_throughput"] / sg["output_throughput"]
+                                        if sg else None),
+        "hit_rate_vs_sglang_router": (aware["cache_hit_rate"] - sg["cache_hit_rate"]
+                                      if sg else None),
+    }
 
 
 # ---------------------------------------------------------------------- router overhead
@@ -272,7 +175,7 @@ def run_overhead(ns: argparse.Namespace) -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radixlm bench router", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("cache", "overhead"), default="cache")
+    p.add_argument("--part", choices=("cache", "overhead", "failover"), default="cache")
     p.add_argument("--engine-args", default="", help="flags for each `radixlm serve` engine")
     p.add_argument("--num-engines", type=int, default=2)
     p.add_argument("--share-gpu", action="store_true",
@@ -282,7 +185,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--system-prompt-len", type=int, default=2048, help="words (~tokens)")
     p.add_argument("--question-len", type=int, default=128, help="words (~tokens)")
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--max-concurrency", type=int, default=None, help="default: all at once")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="default: all at once (failover: 16 per engine unless --request-rate)")
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="failover: requests per second, Poisson arrivals (default: all queued "
+                        "at once, paced by --max-concurrency)")
+    p.add_argument("--kill-after", type=float, default=3.0,
+                   help="failover: seconds from the first request to the SIGKILL")
+    p.add_argument("--kill-engine", type=int, default=None,
+                   help="failover: the engine (0-based) to kill (default: the one with the "
+                        "most requests in flight at the router then)")
+    p.add_argument("--stream", action="store_true",
+                   help="failover: streamed requests (one cut after its first chunk reaches "
+                        "the client cannot be retried: it ends with an error event)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-requests", type=int, default=1000, help="overhead: sequential")
     p.add_argument("--concurrency", type=int, default=64, help="overhead: clients")
@@ -297,7 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "question_len", "output_len", "num_requests", "concurrency"):
         if getattr(ns, flag) < 1:
             _parser().error(f"--{flag.replace('_', '-')}: must be >= 1")
-    result = run_cache(ns) if ns.part == "cache" else run_overhead(ns)
+    if ns.max_concurrency is not None and ns.max_concurrency < 1:
+        _parser().error("--max-concurrency: must be >= 1")
+    if ns.request_rate is not None and not ns.request_rate > 0:
+        _parser().error("--request-rate: must be > 0")
+    if ns.part == "failover":
+        if ns.num_engines < 2:
+            _parser().error("--part failover: --num-engines must be >= 2 (one is killed)")
+        if not ns.kill_after > 0:
+            _parser().error("--kill-after: must be > 0")
+        if ns.kill_engine is not None and not 0 <= ns.kill_engine < ns.num_engines:
+            _parser().error(f"--kill-engine: must be in 0..{ns.num_engines - 1}")
+        if ns.max_concurrency is None and ns.request_rate is None:
+            ns.max_concurrency = 16 * ns.num_engines
+    run = {"cache": run_cache, "overhead": run_overhead, "failover": run_failover}[ns.part]
+    result = run(ns)
     result["environment"] = common.environment(None)
     result["argv"] = list(argv) if argv is not None else sys.argv[1:]
     path = common.write_json(ns.output or common.default_output_path(f"router_{ns.part}"), result)
@@ -309,12 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + f" (ceiling {common.pct(result['ceiling_hit_rate'])})")
         if result["throughput_vs_sglang_router"] is not None:
             line += f"; vs sglang-router {result['throughput_vs_sglang_router']:.2f}x"
+    elif ns.part == "failover":
+        line = failover_line(result)
     else:
         line = "router overhead: " + ", ".join(
             f"{k} +{v['added_median_ms']:.2f} ms median, {v['requests_per_s']:.0f} req/s"
             for k, v in result.items() if isinstance(v, dict) and "added_median_ms" in v)
     common.print_summary(f"{line} -> {path}")
-    return 0
+    return 1 if ns.part == "failover" and result["kill"] is None else 0
 
 
 if __name__ == "__main__":

@@ -27,10 +27,16 @@ class TPGroup:
     size: int = 1
     group: Any = field(default=None, compare=False, repr=False)       # device collectives
     cpu_group: Any = field(default=None, compare=False, repr=False)   # host-side objects
+    # Small messages on GPUs: one-shot over symmetric memory (distributed/custom_all_reduce.py).
+    fast: Any = field(default=None, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks; use the return value (it may be a new tensor, or `x` summed in
+        place)."""
         if self.size == 1:
             return x
+        if self.fast is not None and self.fast.handles(x):
+            return self.fast.all_reduce(x)
         dist.all_reduce(x, group=self.group)
         return x
 
@@ -77,8 +83,11 @@ _current: TPGroup = SINGLE
 
 
 def init_tensor_parallel(rank: int, size: int, init_addr: str, device_type: str,
-                         timeout_s: int | None = None) -> TPGroup:
-    """Join the ranks (all call this) at `init_addr` (HOST:PORT, rank 0 listens there)."""
+                         timeout_s: int | None = None, custom_all_reduce: bool = True
+                         ) -> TPGroup:
+    """Join the ranks (all call this) at `init_addr` (HOST:PORT, rank 0 listens there).
+    `custom_all_reduce` (GPUs): small all-reduces over symmetric memory where it works
+    (--disable-custom-all-reduce turns it off)."""
     global _current
     if size == 1:
         _current = SINGLE
@@ -100,7 +109,18 @@ def init_tensor_parallel(rank: int, size: int, init_addr: str, device_type: str,
             f"the same --tp-size, --nnodes and --dist-init-addr and its own --node-rank? "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     _current = TPGroup(rank, size, group, cpu_group)
+    if backend == "nccl" and custom_all_reduce:
+        _current = TPGroup(rank, size, group, cpu_group, _agreed_fast_path(_current))
     return _current
+
+
+def _agreed_fast_path(tp: TPGroup) -> Any:
+    """The symmetric-memory all-reduce if it works on every rank, else None on every rank (a
+    rank taking NCCL while another waits in the one-shot kernel would hang)."""
+    from radixlm.distributed.custom_all_reduce import try_symm_mem_all_reduce
+    fast = try_symm_mem_all_reduce(tp.group, tp.size,
+                                   torch.device("cuda", torch.cuda.current_device()))
+    return fast if tp.min_over_ranks(int(fast is not None)) == 1 else None
 
 
 def tp_group() -> TPGroup:

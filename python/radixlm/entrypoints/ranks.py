@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 
+from radixlm import envs
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
-from radixlm.utils.gpus import pinned_env, visible_gpus
+from radixlm.utils.gpus import node_env, pinned_env, visible_gpus
 from radixlm.utils.phases import SPAWN_TIME_ENV
 
 
@@ -40,8 +41,14 @@ def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
     for local in range(per_node):
         rank = args.node_rank * per_node + local
         gpu = args.base_gpu_id + local
-        # Each rank (the one process that uses a GPU) sees only its own GPU.
-        env = pinned_env(gpu) if gpu and gpus else dict(os.environ)
+        if args.tp_size > 1 and gpus:
+            # The ranks see all of this node's ranks' GPUs (peer-to-peer NVLink needs the peer
+            # visible) and each picks its own (envs.local_gpu).
+            env = node_env(args.base_gpu_id, per_node)
+            env[envs.LOCAL_GPU] = str(local)
+        else:   # one rank: it sees only its GPU, which is then simply `cuda`
+            env = pinned_env(gpu) if gpu and gpus else dict(os.environ)
+        envs.keep_multicast_off(env)
         env[SPAWN_TIME_ENV] = repr(time.time())   # the child reports its interpreter start-up
         name = "scheduler" if args.tp_size == 1 else f"scheduler (TP rank {rank})"
         procs.append((name, subprocess.Popen(

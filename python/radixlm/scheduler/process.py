@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 
+from radixlm import envs
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
@@ -88,9 +89,13 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         with startup.phase("device_and_ranks"):
             if on_gpu:   # the CUDA context, here rather than inside whichever phase comes first
                 import torch
+                local_gpu = envs.local_gpu()
+                if local_gpu is not None:   # a TP rank: its node's GPUs are all visible
+                    torch.cuda.set_device(local_gpu)
                 torch.zeros(1, device="cuda")
             tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
-                                      "cuda" if on_gpu else "cpu", args.dist_timeout)
+                                      "cuda" if on_gpu else "cpu", args.dist_timeout,
+                                      custom_all_reduce=not args.disable_custom_all_reduce)
 
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
             return tp.broadcast_from_first(

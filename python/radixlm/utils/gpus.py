@@ -16,6 +16,16 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def node_env(first: int, count: int) -> dict[str, str]:
+    """This process's environment with visible GPUs `first` .. `first + count - 1` left visible
+    (a node's tensor-parallel ranks)."""
+    gpus = visible_gpus()
+    if first + count > len(gpus):
+        raise ValueError(f"--base-gpu-id: GPUs {first}..{first + count - 1} do not all exist "
+                         f"(this machine has {len(gpus)} visible)")
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus[first:first + count])}
+
+
 def pinned_env(gpu_index: int) -> dict[str, str]:
     """This process's environment with only visible GPU `gpu_index` left visible."""
     gpus = visible_gpus()
