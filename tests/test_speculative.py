@@ -41,14 +41,17 @@ def _req(max_new: int = 64) -> Req:
 def test_accept_keeps_drafts_up_to_the_first_mismatch_then_the_targets_token():
     spec, req = Speculator(NgramDrafter(1, 4), 4), _req()
     req.spec_drafts = [5, 6, 7, 8]
-    assert spec.accept(req, [5, 6, 9, 1, 2]) == [5, 6, 9]
+    assert (got := spec.accept(req, [5, 6, 9, 1, 2])) == [5, 6, 9]
+    spec.record_used(got, 3)
     req.spec_drafts = [5, 6]
-    assert spec.accept(req, [5, 6, 4]) == [5, 6, 4]            # all accepted + the bonus token
+    assert (got := spec.accept(req, [5, 6, 4])) == [5, 6, 4]    # all accepted + the bonus token
+    spec.record_used(got, 1)       # a stop condition after the first: the others are dropped
     req.spec_drafts = [5]
-    assert spec.accept(req, [3, 4]) == [3]
+    assert (got := spec.accept(req, [3, 4])) == [3]
+    spec.record_used(got, 1)
     assert req.spec_verify_ct == 3 and req.spec_drafts == []
     t = spec.totals
-    assert (t.verify_steps, t.proposed, t.accepted, t.emitted) == (3, 7, 4, 7)
+    assert (t.verify_steps, t.proposed, t.accepted, t.emitted) == (3, 7, 3, 5)
 
 
 def test_rejected_drafts_pause_drafting():

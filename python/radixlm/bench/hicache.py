@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import aiohttp
 
 from radixlm.bench import common
-from radixlm.bench.router import WORDS, start_process
+from radixlm.bench.router_common import WORDS, start_process
 from radixlm.utils.server_process import free_port, stop_server
 
 

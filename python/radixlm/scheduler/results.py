@@ -126,7 +126,8 @@ class ResultProcessor:
         targets = verified.token_ids
         last_position = req.kv_allocated_len - len(targets)   # row 0's input
         reason, appended, jumped = None, 0, False
-        for k, token in enumerate(self.speculator.accept(req, targets)):
+        tokens = self.speculator.accept(req, targets)
+        for k, token in enumerate(tokens):
             # The accepted tokens are the targets of rows 0..k: row k's logprobs are theirs.
             req.output_ids.append(token)
             appended += 1
@@ -146,6 +147,7 @@ class ResultProcessor:
                     req, released_tails, kv_len=last_position + appended):
                 jumped = True    # the drafts accepted after this token are dropped
                 break
+        self.speculator.record_used(tokens, appended)
         if not jumped:
             keep = last_position + appended
             released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))

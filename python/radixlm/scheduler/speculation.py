@@ -185,7 +185,7 @@ class Speculator:
     def accept(self, req: Req, targets: list[int]) -> list[int]:
         """The tokens a verify step gives `req`: its drafts up to the first that differs from
         the target's choice, then the target's token there. `targets[j]`: the target's token after
-        row j (`verify_targets`)."""
+        row j (`verify_targets`). The caller says how many it used (`record_used`)."""
         drafts, req.spec_drafts = req.spec_drafts, []
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
         a = 0
@@ -197,12 +197,15 @@ class Speculator:
         if req.spec_accept_avg < MIN_ACCEPT_RATE:
             req.spec_cooldown = COOLDOWN_STEPS
             req.spec_accept_avg = 0.5       # a fresh chance after the pause
-        t = self.totals
-        t.verify_steps += 1
-        t.proposed += len(drafts)
-        t.accepted += a
-        t.emitted += a + 1
+        self.totals.verify_steps += 1
+        self.totals.proposed += len(drafts)
         return drafts[:a] + [targets[a]]
+
+    def record_used(self, tokens: list[int], used: int) -> None:
+        """Count the first `used` of the `tokens` accept() gave (a stop condition, a grammar's
+        end or its jump-forward can drop the rest): the accepted drafts among them, and all."""
+        self.totals.accepted += min(used, len(tokens) - 1)
+        self.totals.emitted += used
 
 
 def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
