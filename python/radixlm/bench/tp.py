@@ -53,6 +53,11 @@ def decode_bytes_per_rank(config: dict[str, Any], tp: int, batch: int, context: 
     return (weights + kv) * dtype_bytes
 
 
+def torch_gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
 def copy_bandwidth_gpu0() -> float:
     """GPU 0's copy bandwidth (bytes/s, read + write), measured before any engine starts."""
     import torch
@@ -207,7 +212,12 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
         config = json.load(f)
     bandwidth = copy_bandwidth_gpu0() if ns.roofline else None
     runs = []
+    skipped = []
     for tp in ns.tp_sizes:
+        if 0 < torch_gpu_count() < tp:   # (on the CPU every rank shares it)
+            print(f"TP{tp}: skipped, {torch_gpu_count()} GPUs visible", flush=True)
+            skipped.append(tp)
+            continue
         variants = [True, False] if ns.compare_custom_all_reduce and tp > 1 else [True]
         for custom in variants:
             runs.append(run_one(ns, tp, custom, bandwidth, config))
@@ -218,7 +228,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
                 row["speedup_vs_first"] = base[row["batch"]] / row["decode_ms_per_step"]
     return {"benchmark": "tp", "environment": environment("cuda"),
             "args": {k: v for k, v in vars(ns).items() if k != "output"},
-            "copy_bandwidth_gb_s": bandwidth / 1e9 if bandwidth else None, "runs": runs}
+            "copy_bandwidth_gb_s": bandwidth / 1e9 if bandwidth else None, "runs": runs,
+            "skipped_tp_sizes": skipped}
 
 
 def _table(res: dict[str, Any]) -> str:
