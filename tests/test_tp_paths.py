@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from radixlm.bench.tp import _tokens_at, decode_bytes_per_rank
-from radixlm.distributed.custom_all_reduce import SymmMemAllReduce, one_shot_limit
+from radixlm.distributed.custom_all_reduce import (SymmMemAllReduce, agreed_symm_mem_all_reduce,
+                                                   one_shot_limit)
 
 
 class _FakeCuda(torch.Tensor):
@@ -40,6 +41,7 @@ def test_all_reduce_path_by_size():
     assert ar.path(_msg(8 * 1024 + 8)) == "nccl"             # not whole 16-byte vectors
     assert ar.path(_msg(256 * 1024 + 32)) == "nccl"          # slices not whole vectors
     assert ar.path(_msg(8 * 1024, torch.float32)) == "one_shot"
+    assert ar.path(_msg(8 * 1024, torch.float16)) == "nccl"     # PyTorch's kernels: bf16, fp32
     assert ar.path(_msg(8 * 1024, torch.int32)) == "nccl"
     assert ar.path(torch.empty(4096, dtype=torch.bfloat16)) == "nccl"   # a CPU tensor
     assert _paths(4, 0, 0).path(_msg(8 * 1024)) == "nccl"    # both turned off
@@ -74,3 +76,30 @@ def test_tp_ranks_see_their_nodes_gpus(monkeypatch):
     assert node_env(1, 2)["CUDA_VISIBLE_DEVICES"] == "5,6"
     with pytest.raises(ValueError, match="--base-gpu-id"):
         node_env(2, 4)
+
+
+class _Group:
+    group_name = "fake"
+
+
+def test_a_rank_that_cannot_allocate_makes_every_rank_agree_on_nccl(monkeypatch):
+    """Each step that can fail on some ranks only is followed by the agreement collective, and
+    nothing collective (the rendezvous, the probes) runs after a failed one."""
+    asked = []
+
+    def agree(ok: bool) -> bool:
+        asked.append(ok)
+        return ok
+
+    def no_rendezvous(self):
+        raise AssertionError("the rendezvous is collective: not after a failed allocation")
+
+    monkeypatch.setattr(SymmMemAllReduce, "rendezvous", no_rendezvous)
+    # On the CPU the allocation fails, as it would on a rank without symmetric memory.
+    assert agreed_symm_mem_all_reduce(_Group(), 2, torch.device("cpu"), agree) is None
+    assert asked == [True, False]
+    asked.clear()
+    monkeypatch.setenv("RADIXLM_ONE_SHOT_MAX_BYTES", "0")
+    monkeypatch.setenv("RADIXLM_TWO_SHOT_MAX_BYTES", "0")
+    assert agreed_symm_mem_all_reduce(_Group(), 2, torch.device("cpu"), agree) is None
+    assert asked == [False]                     # both paths off: nothing to allocate

@@ -86,9 +86,11 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
     max_bytes = max(ns.sizes_kb) * 1024
     try:
         # The engine's paths (for `engine_path`), and each forced alone for its timings.
-        engine = SymmMemAllReduce(group, world, device)
-        fast: SymmMemAllReduce | None = SymmMemAllReduce(group, world, device, max_bytes, 0)
-        two: SymmMemAllReduce | None = SymmMemAllReduce(group, world, device, 0, max_bytes)
+        engine = SymmMemAllReduce.create(group, world, device)
+        fast: SymmMemAllReduce | None = SymmMemAllReduce.create(group, world, device, max_bytes,
+                                                                0)
+        two: SymmMemAllReduce | None = SymmMemAllReduce.create(group, world, device, 0,
+                                                               max_bytes)
         fast_error = None
     except Exception as e:   # reported, and the NCCL figures still come
         engine = fast = two = None

@@ -68,6 +68,12 @@ def copy_bandwidth_gpu0() -> float:
     return bw
 
 
+def _dtype_bytes(dtype: str) -> int:
+    """Bytes a weight and a KV element take in --dtype (an fp8 KV cache or quantized weights
+    given through --engine-args are not counted smaller: the roofline is then generous)."""
+    return 4 if dtype in ("float32", "float", "fp32") else 2
+
+
 def _prompts(rng: random.Random, batch: int, length: int, vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(batch)]
 
@@ -190,7 +196,8 @@ def run_one(ns: argparse.Namespace, tp: int, custom_all_reduce: bool, bandwidth:
             row.update(tok_s_per_request=1 / step_s, tok_s_total=batch / step_s)
             if bandwidth:
                 context = ns.input_len + ns.output_len // 2
-                roof_s = decode_bytes_per_rank(config, tp, batch, context) / bandwidth
+                roof_s = decode_bytes_per_rank(config, tp, batch, context,
+                                               _dtype_bytes(ns.dtype)) / bandwidth
                 row.update(roofline_ms=roof_s * 1000, fraction_of_roofline=roof_s / step_s)
             if ns.profile and batch == 1:
                 row.update(kernel_profile(engine, rng, ns.input_len, vocab,

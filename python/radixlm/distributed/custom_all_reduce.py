@@ -20,7 +20,7 @@ world size, which all ranks share.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -54,25 +54,46 @@ class SymmMemAllReduce:
     """One symmetric buffer per rank, rendezvoused once. A small tensor is summed one-shot:
     copied into this rank's buffer, then every rank reads all buffers over NVLink. A mid-sized
     one two-shot: each rank sums its 1/world_size slice of everyone's buffer and writes it back
-    to all of them."""
+    to all of them.
 
-    DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+    Building one is two steps, `allocate` (local) then `rendezvous` (collective), so that the
+    ranks can agree in between that every one of them has its buffer."""
+
+    # (PyTorch's symmetric-memory kernels take bf16 and fp32; fp16 messages go to NCCL.)
+    DTYPES = (torch.bfloat16, torch.float32)
 
     def __init__(self, group: Any, world_size: int, device: torch.device,
                  one_shot_bytes: int | None = None, two_shot_bytes: int | None = None):
-        import torch.distributed._symmetric_memory as symm_mem
-
-        envs.keep_multicast_off()
         self.world_size = world_size
         self.one_shot_bytes = (one_shot_limit(world_size) if one_shot_bytes is None
                                else one_shot_bytes)
         self.two_shot_bytes = (two_shot_limit(world_size) if two_shot_bytes is None
                                else two_shot_bytes)
         self.group_name = group.group_name
-        # uint8, viewed as each message's dtype: one buffer serves bf16, fp16 and fp32 alike.
+        self.device = device
+        self.buffer: torch.Tensor | None = None
+        self.handle: Any = None
+
+    def allocate(self) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+        envs.keep_multicast_off()
+        # uint8, viewed as each message's dtype: one buffer serves bf16 and fp32 alike.
         size = max(self.one_shot_bytes, self.two_shot_bytes, 16)
-        self.buffer = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        self.buffer = symm_mem.empty(size, dtype=torch.uint8, device=self.device)
+
+    def rendezvous(self) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
         self.handle = symm_mem.rendezvous(self.buffer, self.group_name)
+
+    @classmethod
+    def create(cls, group: Any, world_size: int, device: torch.device,
+               one_shot_bytes: int | None = None, two_shot_bytes: int | None = None
+               ) -> "SymmMemAllReduce":
+        """Allocate and rendezvous at once (every rank must call it; benchmarks)."""
+        fast = cls(group, world_size, device, one_shot_bytes, two_shot_bytes)
+        fast.allocate()
+        fast.rendezvous()
+        return fast
 
     def path(self, x: torch.Tensor) -> str:
         """"one_shot", "two_shot" or "nccl" for `x` (the same answer on every rank for the same
@@ -91,46 +112,70 @@ class SymmMemAllReduce:
         return self.path(x) != "nccl"
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of `x`: a new tensor (one-shot) or `x` summed in place."""
+        """The sum over ranks of `x` (which `handles`): a new tensor (one-shot) or `x` summed
+        in place (two-shot)."""
         x = x.contiguous()
         staging = self.buffer[: x.numel() * x.element_size()].view(x.dtype).view(x.shape)
         if self.path(x) == "one_shot":
-            return torch.ops.symm_mem.one_shot_all_reduce_copy(staging, x, "sum",
+            # (the kernel reads `x` with the buffer's alignment: a view into the middle of a
+            # storage is first copied)
+            src = x if x.data_ptr() % 16 == 0 else x.clone()
+            return torch.ops.symm_mem.one_shot_all_reduce_copy(staging, src, "sum",
                                                                self.group_name)
         staging.copy_(x)
         torch.ops.symm_mem.two_shot_all_reduce_(staging, "sum", self.group_name)
         return x.copy_(staging)
 
 
-def _checked(fast: SymmMemAllReduce, group: Any, device: torch.device) -> None:
-    """Raises unless both paths give NCCL's sum on integer-valued data (exact in bf16)."""
+def _matches_nccl(fast: SymmMemAllReduce, group: Any) -> bool:
+    """Whether each symmetric path gives NCCL's sum on integer-valued data (exact in bf16).
+    Every rank runs every probe, whatever its results, so that all take part in the same
+    collectives."""
     rank = torch.distributed.get_rank(group)
     sizes = [8 * 1024]   # bytes
     if fast.two_shot_bytes > fast.one_shot_bytes:   # a message just past the one-shot limit
         unit = 16 * fast.world_size
         sizes.append(min(fast.two_shot_bytes, max(2 * fast.one_shot_bytes, 64 * 1024))
                      // unit * unit)
+    ok = True
     for nbytes in sizes:
-        n = nbytes // 2
-        probe = (torch.arange(n, device=device) % 7 + rank).to(torch.bfloat16)
+        probe = (torch.arange(nbytes // 2, device=fast.device) % 7 + rank).to(torch.bfloat16)
+        if fast.path(probe) == "nccl":   # (a limit below the probe's size)
+            continue
         want = probe.clone()
         torch.distributed.all_reduce(want, group=group)
-        kind = fast.path(probe)
         if not torch.equal(fast.all_reduce(probe.clone()), want):
-            raise RuntimeError(f"its {kind} sum of {nbytes} bytes differs from NCCL's")
+            logger.warning("symmetric-memory %s all-reduce of %d bytes differs from NCCL's",
+                           fast.path(probe), nbytes)
+            ok = False
+    return ok
 
 
-def try_symm_mem_all_reduce(group: Any, world_size: int, device: torch.device
-                            ) -> SymmMemAllReduce | None:
-    """The symmetric-memory paths, checked once against NCCL, or None (logged) where this
-    torch or machine cannot do them. The caller makes every rank agree on the answer."""
-    if one_shot_limit(world_size) <= 0 and two_shot_limit(world_size) <= 0:
+def agreed_symm_mem_all_reduce(group: Any, world_size: int, device: torch.device,
+                               agree: Callable[[bool], bool]) -> SymmMemAllReduce | None:
+    """The symmetric-memory paths if every rank can use them, else None on every rank.
+
+    Every rank calls this. `agree(ok)` is a collective over the ranks' host group that returns
+    whether `ok` holds on all of them; it is reached after each step that could fail on some
+    ranks only (allocation, the rendezvous, the check against NCCL), so that no rank waits in a
+    collective the others have given up on."""
+    fast = SymmMemAllReduce(group, world_size, device)
+    if not agree(fast.one_shot_bytes > 0 or fast.two_shot_bytes > 0):
         return None
+    for step in (fast.allocate, fast.rendezvous):
+        try:
+            step()
+            ok = True
+        except Exception as e:   # old torch, no NVLink P2P, out of memory
+            logger.warning("symmetric-memory all-reduce unavailable on this rank, NCCL only "
+                           "(%s: %s)", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            ok = False
+        if not agree(ok):
+            return None
     try:
-        fast = SymmMemAllReduce(group, world_size, device)
-        _checked(fast, group, device)
-        return fast
-    except Exception as e:   # old torch, no NVLink P2P, not CUDA: NCCL does everything
-        logger.warning("symmetric-memory all-reduce unavailable, NCCL only (%s: %s)",
+        ok = _matches_nccl(fast, group)
+    except Exception as e:
+        logger.warning("symmetric-memory all-reduce failed its check, NCCL only (%s: %s)",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return None
+        ok = False
+    return fast if agree(ok) else None

@@ -9,12 +9,15 @@ scheduler received, the agreed KV capacity). Size 1 makes every collective a no-
 from __future__ import annotations
 
 import datetime
+import logging
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 # A rank that never joins, or a peer that died, must end in an error, not a hang
 # (--dist-timeout).
@@ -109,18 +112,25 @@ def init_tensor_parallel(rank: int, size: int, init_addr: str, device_type: str,
             f"the same --tp-size, --nnodes and --dist-init-addr and its own --node-rank? "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     _current = TPGroup(rank, size, group, cpu_group)
-    if backend == "nccl" and custom_all_reduce:
+    # Every rank asks, even one started with the fast path off: a node whose flags differ must
+    # not leave the others in a rendezvous it never joins.
+    if backend == "nccl" and _current.min_over_ranks(int(custom_all_reduce)) == 1:
         _current = TPGroup(rank, size, group, cpu_group, _agreed_fast_path(_current))
     return _current
 
 
 def _agreed_fast_path(tp: TPGroup) -> Any:
-    """The symmetric-memory all-reduce if it works on every rank, else None on every rank (a
-    rank taking NCCL while another waits in the one-shot kernel would hang)."""
-    from radixlm.distributed.custom_all_reduce import try_symm_mem_all_reduce
-    fast = try_symm_mem_all_reduce(tp.group, tp.size,
-                                   torch.device("cuda", torch.cuda.current_device()))
-    return fast if tp.min_over_ranks(int(fast is not None)) == 1 else None
+    """The symmetric-memory all-reduce if every rank can use it with the same limits, else None
+    on every rank (a rank taking NCCL while another waits in a symmetric kernel would hang)."""
+    from radixlm.distributed.custom_all_reduce import (agreed_symm_mem_all_reduce,
+                                                       one_shot_limit, two_shot_limit)
+    limits = (one_shot_limit(tp.size), two_shot_limit(tp.size))
+    if not tp.same_on_all_ranks(limits):   # (RADIXLM_*_SHOT_MAX_BYTES differ between nodes)
+        logger.warning("the ranks' all-reduce size limits differ: NCCL only")
+        return None
+    return agreed_symm_mem_all_reduce(
+        tp.group, tp.size, torch.device("cuda", torch.cuda.current_device()),
+        lambda ok: tp.min_over_ranks(int(ok)) == 1)
 
 
 def tp_group() -> TPGroup:

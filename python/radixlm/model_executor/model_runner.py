@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm import envs
+
 from radixlm.core.forward_batch import ForwardBatch
 from radixlm.core.kv_quant import is_fp8, kv_storage_dtype
 from radixlm.core.kv_spec import KVCacheSpec
@@ -69,6 +71,10 @@ class ModelRunner:
         weights load)."""
         self.config = config
         self.device = torch.device(config.device) if config.device else default_device()
+        if self.device.type == "cuda" and envs.local_gpu() is not None:
+            # A TP rank sees its node's GPUs and has made its own current: `--device cuda:0`
+            # would put every rank on the first.
+            self.device = torch.device("cuda")
         # Where start-up time goes (the scheduler process adds its own phases and reports all).
         self.startup = PhaseTimer(self.device)
         with self.startup.phase("model_config"):

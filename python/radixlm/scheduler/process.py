@@ -95,7 +95,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
                 torch.zeros(1, device="cuda")
             tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
                                       "cuda" if on_gpu else "cpu", args.dist_timeout,
-                                      custom_all_reduce=not args.disable_custom_all_reduce)
+                                      custom_all_reduce=(not args.disable_custom_all_reduce
+                                                         and args.nnodes == 1))
 
         def recv(timeout_s):   # rank 0 reads the socket; every rank gets the same messages
             return tp.broadcast_from_first(
