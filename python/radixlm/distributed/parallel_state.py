@@ -30,7 +30,7 @@ class TPGroup:
     size: int = 1
     group: Any = field(default=None, compare=False, repr=False)       # device collectives
     cpu_group: Any = field(default=None, compare=False, repr=False)   # host-side objects
-    # Small messages on GPUs: one-shot over symmetric memory (distributed/custom_all_reduce.py).
+    # GPUs: small and mid-sized messages over symmetric memory (distributed/custom_all_reduce.py).
     fast: Any = field(default=None, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from radixlm import envs
-
 from radixlm.core.forward_batch import ForwardBatch
 from radixlm.core.kv_quant import is_fp8, kv_storage_dtype
 from radixlm.core.kv_spec import KVCacheSpec

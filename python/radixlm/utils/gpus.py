@@ -1,6 +1,7 @@
 """Which GPUs a process sees: `--base-gpu-id` and `--dp-size` pick GPUs by index among the
-visible ones (CUDA_VISIBLE_DEVICES, else all), and a child is pinned to one through its
-environment, so that inside it the GPU is simply `cuda` (device 0)."""
+visible ones (CUDA_VISIBLE_DEVICES, else all). A single-GPU child is pinned to one through its
+environment, so that inside it the GPU is simply `cuda` (device 0); the tensor-parallel ranks of
+a node see all of the node's ranks' GPUs (`node_env`) and each makes its own current."""
 
 from __future__ import annotations
 
