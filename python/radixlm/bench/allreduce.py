@@ -15,21 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from typing import Any, Callable, Sequence
 
 import torch
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.utils.server_process import free_port
 
 DEFAULT_SIZES_KB = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _graph_us(fn: Callable[[], Any], ops: int, repeats: int) -> float:
@@ -150,7 +144,7 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             continue
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_rank_main, args=(r, world, port, ns, queue))
                  for r in range(world)]
         for p in procs:

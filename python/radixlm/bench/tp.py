@@ -1,7 +1,7 @@
 """`radixlm bench tp`: tensor-parallel decode speed, TP1 vs TP2/4/8 in the same run.
 
 For each --tp-sizes entry (and, with --compare-custom-all-reduce, each TP > 1 twice: the
-symmetric-memory one-shot all-reduce on and off), an in-process `Engine` with `--tp-size N`
+symmetric-memory all-reduce paths on and off), an in-process `Engine` with `--tp-size N`
 (random weights by default) and, for each --batch-sizes entry, `batch` random prompts of
 --input-len tokens on an empty cache, sent at once and streamed (ignore_eos, --output-len tokens
 each). The decode step time is taken while the whole batch runs: from the last request's first

@@ -5,11 +5,13 @@ batch 1 of an 8B model). NCCL's ring/tree setup costs ~15 us each even inside a 
 symmetric memory every rank maps the others' buffer over NVLink, so a one-shot all-reduce is a
 single kernel: copy the local input into this rank's buffer, signal, and sum all ranks' buffers
 straight from their memory. It reads world_size x the message, so it wins only for small
-messages; larger ones go to NCCL.
+messages; mid-sized ones go two-shot (each rank reduces a slice, then writes it to all), the
+largest (prefill) to NCCL.
 
-Only peer-to-peer mappings are used (torch.ops.symm_mem.one_shot_all_reduce_copy), never NVLink
-multicast (the "multimem" ops): the GPU machines keep multicast off on purpose
-(TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0), and this module sets those defaults
+Only peer-to-peer mappings are used (torch.ops.symm_mem.one_shot_all_reduce_copy and
+two_shot_all_reduce_), never NVLink multicast (the "multimem" ops): the GPU machines keep
+multicast off on purpose (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0), and this
+module sets those defaults
 too before touching symmetric memory.
 
 Every rank must take the same path for the same message (a rank in NCCL while another waits in
