@@ -11,8 +11,7 @@ largest (prefill) to NCCL.
 Only peer-to-peer mappings are used (torch.ops.symm_mem.one_shot_all_reduce_copy and
 two_shot_all_reduce_), never NVLink multicast (the "multimem" ops): the GPU machines keep
 multicast off on purpose (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0), and this
-module sets those defaults
-too before touching symmetric memory.
+module sets those defaults too before touching symmetric memory.
 
 Every rank must take the same path for the same message (a rank in NCCL while another waits in
 the symmetric-memory kernel would hang), so the choice depends only on the message size and the
