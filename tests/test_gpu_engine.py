@@ -130,3 +130,31 @@ def test_gpu_torch_compile_matches_plain_paths(make_engine, model_path, monkeypa
                       disable_overlap_schedule=True)
     assert _generate(make_engine, model_path, enable_torch_compile=True,
                      torch_compile_max_bs=4) == plain
+
+
+def test_gpu_optimistic_grammar_matches_masked_plain_loop(make_engine, smollm_dir, monkeypatch):
+    """Unmasked constrained rows, rejected ones drawn again from saved logits on a side stream,
+    through CUDA graphs and the overlap scheduler: masked sampling's tokens and logprobs."""
+    from test_grammar_sampling import CASES
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    prompts = [p for p, _ in CASES]
+    params = [{"max_new_tokens": 28, **c} for _, c in CASES]
+
+    def run(**flags):
+        engine = make_engine(model_path=smollm_dir, device="cuda", dtype="float32",
+                             max_total_tokens=8192, cuda_graph_max_bs=16, **flags)
+        outs = engine.generate(prompts, params, return_logprob=True)
+        rejections = engine.get_stats().grammar_rejections
+        assert_pool_empty(engine)
+        engine.shutdown()
+        return outs, rejections
+
+    want, none = run(disable_cuda_graph=True, disable_overlap_schedule=True,
+                     disable_optimistic_grammar=True)
+    got, rejections = run()
+    assert none == 0 and rejections > 0
+    for w, g in zip(want, got):
+        assert g["output_ids"] == w["output_ids"]
+        assert ([lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]
+                == pytest.approx([lp for lp, _, _ in w["meta_info"]["output_token_logprobs"]],
+                                 abs=1e-3))

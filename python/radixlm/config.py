@@ -69,6 +69,9 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     grammar_backend: str = "xgrammar"
     disable_jump_forward: bool = False
+    # Constrained decode rows sample without the grammar mask; a token the grammar rejects is
+    # sampled again under it (same tokens, fewer masks: scheduler/grammar_sampling.py)
+    disable_optimistic_grammar: bool = False
 
     # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text,
     # STANDALONE drafts from a smaller model (--speculative-draft-model-path)

@@ -270,13 +270,16 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
                 "mixed": [constrained_params if i % 2 else base for i in range(batch_size)]}
     step_s: dict[str, list[float]] = {name: [] for name in variants}
     last: dict[str, list[dict]] = {}
+    rejections = {name: 0 for name in variants}
     rounds = tqdm(range(repeats + 1), desc="mask overhead rounds", file=sys.stderr)
     for rep in rounds:  # the first round warms up (grammar compile, kernels)
         for name, params in variants.items():
             _flush(engine)
+            before = engine.get_stats().grammar_rejections
             outs, wall = common.timed(lambda: engine.generate(prompts, params))
             if rep > 0:
                 step_s[name].append(wall / tokens)
+                rejections[name] += engine.get_stats().grammar_rejections - before
             last[name] = outs
     med = {name: common.median(v) for name, v in step_s.items()}
     constrained = last["constrained"]
@@ -289,6 +292,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
         "mixed_step_ms": 1e3 * med["mixed"],
         "mixed_overhead": med["mixed"] / med["unconstrained"] - 1,
         "samples_step_ms": {k: [1e3 * x for x in v] for k, v in step_s.items()},
+        # Unmasked tokens the grammar rejected (sampled again under the mask), per timed round.
+        "grammar_rejections_per_round": {k: v / repeats for k, v in rejections.items()},
         # Every request must have decoded the full length, or the per-step times are not equal work.
         "all_full_length": all(o["meta_info"]["completion_tokens"] == tokens
                                for outs in last.values() for o in outs),
@@ -302,7 +307,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
 def _engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
     return {"model_path": ns.model_path, "load_format": ns.load_format, "device": ns.device,
             "max_total_tokens": ns.max_total_tokens, "attention_backend": ns.attention_backend,
-            "log_level": ns.log_level}
+            "log_level": ns.log_level,
+            "disable_optimistic_grammar": ns.disable_optimistic_grammar}
 
 
 def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
@@ -325,7 +331,8 @@ def _phase(ns: argparse.Namespace, jump_forward: bool) -> dict[str, Any]:
             mask["other_batch_sizes"] = [
                 measure_mask_overhead(engine, bs, ns.mask_tokens, ns.repeats)
                 for bs in ns.mask_batch_sizes if bs != ns.batch_size]
-        info = {"server_args": dataclasses.asdict(engine.server_args),
+        info = {"grammar_rejections": engine.get_stats().grammar_rejections,
+                "server_args": dataclasses.asdict(engine.server_args),
                 "resolved_model_path": engine.ready.model_path, "device": engine.ready.device,
                 "dtype": engine.ready.dtype}
     finally:
@@ -355,6 +362,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--attention-backend", default=None)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--disable-optimistic-grammar", action="store_true",
+                   help="every constrained row samples under its grammar mask")
     p.add_argument("--num-requests", type=int, default=32,
                    help="requests of each workload, sent as one batch")
     p.add_argument("--workloads", default=",".join(WORKLOADS),

@@ -19,6 +19,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = 16384
     disable_overlap_schedule: bool = False
     disable_jump_forward: bool = False
+    disable_optimistic_grammar: bool = False
     grammar_backend: str = "xgrammar"
     random_seed: int = 0
     # Speculative decoding (scheduler/speculation.py); None: off

@@ -49,6 +49,14 @@ class LaunchedStep:
     kv_lens: list[int] = field(default_factory=list)
     new_tokens: int = 0                    # tokens the forward computes (rows of the batch)
     sampled: SampleOutput | None = None
+    # Per sampled row (sample_rows order): sampled without its grammar mask, so the grammar
+    # checks the token when it is processed (scheduler/grammar_sampling.py).
+    unmasked: list[bool] = field(default_factory=list)
+    # Their logits, kept for sampling a rejected row again (grammar_sampling.py): rows of
+    # saved_logits by sampled row, and the event that marks the copy done (CUDA).
+    saved_logits: torch.Tensor | None = None
+    saved_row: dict[int, int] | None = None
+    saved_ready: torch.cuda.Event | None = None
     # Verify steps: the target's token after every row and its logprob (batch.verify_rows says
     # whose rows), host copy queued; top logprobs per row where asked (already on the host).
     _verify_host: torch.Tensor | None = None

@@ -75,6 +75,13 @@ class Req:
     # Structured outputs
     grammar_future: "Future | None" = None  # compiling; the request waits, others go on
     grammar: "GrammarMatcher | None" = None
+    # Optimistic grammar sampling (scheduler/grammar_sampling.py): decode rows sample without
+    # the mask while grammar_masked_steps is 0; a token the grammar rejects is sampled again
+    # under the mask, and the request then samples masked for a while (longer after each
+    # rejection).
+    grammar_optimistic: bool = False
+    grammar_masked_steps: int = 0
+    grammar_rejections: int = 0
 
     # Logprobs
     input_token_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -149,11 +156,18 @@ class Req:
                 and self.effective_logprob_start < self.prompt_len)
 
     @property
+    def samples_unmasked(self) -> bool:
+        """A constrained request whose next decode row samples without the grammar mask (the
+        grammar checks the token afterwards)."""
+        return self.grammar_optimistic and self.grammar_masked_steps == 0
+
+    @property
     def sampling_reads_output(self) -> bool:
         """Whether sampling the next token depends on the exact output so far (penalties,
-        min_new_tokens, a grammar): such requests sample only after their last results are
-        processed (the scheduler's deferred sampling)."""
-        return self.grammar is not None or self.logit_adjustments_read_output
+        min_new_tokens, a grammar mask): such requests sample only after their last results
+        are processed (the scheduler's deferred sampling)."""
+        return ((self.grammar is not None and not self.samples_unmasked)
+                or self.logit_adjustments_read_output)
 
     @property
     def logit_adjustments_read_output(self) -> bool:

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from radixlm.constrained.jump_forward import plan_jump
 from radixlm.managers.detokenizer import StopStringChecker
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
+from radixlm.scheduler.grammar_sampling import on_rejection
+from radixlm.scheduler.launched_step import RowTokens
 from radixlm.scheduler.request import Req
 
 if TYPE_CHECKING:
     from radixlm.mem_cache.kv_cache_manager import KVCacheManager
     from radixlm.model_executor.model_runner import ForwardOutput
-    from radixlm.scheduler.launched_step import LaunchedStep, RowTokens
+    from radixlm.scheduler.grammar_sampling import MaskedResampler
+    from radixlm.scheduler.launched_step import LaunchedStep
     from radixlm.scheduler.speculation import Speculator
 
 
@@ -33,12 +36,14 @@ class StepResult:
     # Verify steps: (request slot, its next input token) for ModelRunner.last_token_ids, which
     # the sampler did not write (the accepted run's last token is known on the host only).
     next_inputs: list[tuple[int, int]] = field(default_factory=list)
+    grammar_rejections: int = 0  # unmasked tokens the grammar rejected (sampled again)
 
 
 class ResultProcessor:
     def __init__(self, kv: "KVCacheManager", send: Callable[[Any], None], tokenizer,
                  context_len: int, eos_token_ids: Sequence[int], jump_forward: bool = True,
-                 speculator: "Speculator | None" = None):
+                 speculator: "Speculator | None" = None,
+                 resampler: "MaskedResampler | None" = None):
         self.kv = kv
         self.prefix_cache = kv.prefix_cache
         self.send = send
@@ -47,6 +52,7 @@ class ResultProcessor:
         self.eos_token_ids = set(eos_token_ids)
         self.jump_forward = jump_forward
         self.speculator = speculator
+        self.resampler = resampler
 
     def process(self, step: "LaunchedStep") -> StepResult:
         batch, out, sampled = step.batch, step.out, step.sampled
@@ -55,6 +61,7 @@ class ResultProcessor:
         result = StepResult()
         released_tails: list[tuple[int, int, int]] = []   # KV the step's jumps gave back
         outputs: list[ReqOutput] = []
+        redrawn = self._check_unmasked(step, rows, row_of) if step.unmasked else {}
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
                 continue  # jumped (or retracted) while this step ran: the row is moot
@@ -84,18 +91,27 @@ class ResultProcessor:
                 self.finish(req, FinishReason("length", length=0), send=False)
                 outputs.append(self._output(req))
                 continue
+            checked = step.unmasked[j] if step.unmasked else False  # (and accepted)
+            tokens = rows[j]
+            if j in redrawn:              # sampled without the mask and rejected
+                result.grammar_rejections += 1
+                tokens = self._adopt_redrawn(req, redrawn[j], tokens, released_tails)
+                if tokens is None:
+                    if req.finished:
+                        outputs.append(self._output(req))
+                    continue
             reason = None
-            for k, token in enumerate(rows[j].token_ids):  # accepted tokens, in order
+            for k, token in enumerate(tokens.token_ids):  # accepted tokens, in order
                 req.output_ids.append(token)
                 result.generated_tokens += 1
                 if req.return_logprob:
-                    req.output_token_logprobs.append((rows[j].logprobs[k], token))
+                    req.output_token_logprobs.append((tokens.logprobs[k], token))
                     if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
                         vals, toks = sampled.top_logprobs[j]  # (top logprobs: one per row)
                         req.output_top_logprobs.append(list(zip(vals, toks)))
                 reason = self._check_finished(req, token)
                 if reason is None and req.grammar is not None:
-                    reason = self._advance_grammar(req, token)
+                    reason = self._advance_grammar(req, token, accepted=checked)
                 if reason is not None:
                     break  # tokens after a stop are dropped
             if reason is not None:
@@ -206,12 +222,64 @@ class ResultProcessor:
 
     # ------------------------------------------------------------------ structured outputs
 
-    def _advance_grammar(self, req: Req, token: int) -> FinishReason | None:
-        if not req.grammar.accept_token(token):
+    def _advance_grammar(self, req: Req, token: int,
+                         accepted: bool = False) -> FinishReason | None:
+        """Move the grammar past `token` (`accepted`: the caller already did) and say whether
+        that ended the request."""
+        if not accepted and not req.grammar.accept_token(token):
             return FinishReason("abort", message=f"token {token} violates the grammar")
         if req.grammar.is_terminated():
             return FinishReason("stop", matched=token)
         return None
+
+    def _check_unmasked(self, step: "LaunchedStep", rows: list["RowTokens"],
+                        row_of: dict[int, int]) -> dict[int, tuple[int, float] | None]:
+        """Let each grammar accept the token its row drew without the mask; draw the rejected
+        rows again under their masks, all in one batch (grammar_sampling.MaskedResampler).
+        Returns {sampled row: (token, logprob), or None where no logits were kept}."""
+        rejected: list[tuple[int, Req]] = []
+        for i, req in enumerate(step.batch.reqs):
+            j = row_of.get(i)
+            if (j is None or not step.unmasked[j] or step.is_stale(i) or req.finished
+                    or i in step.batch.verify_rows):
+                continue
+            if not req.grammar.accept_token(rows[j].token_ids[0]):
+                rejected.append((j, req))
+        if not rejected:
+            return {}
+        for _, req in rejected:
+            on_rejection(req)             # its next rows sample masked
+        drawn = (self.resampler.resample(step, [j for j, _ in rejected],
+                                         [r for _, r in rejected])
+                 if self.resampler else None)
+        return {j: drawn[k] if drawn else None for k, (j, _) in enumerate(rejected)}
+
+    def _adopt_redrawn(self, req: Req, drawn: tuple[int, float] | None, rejected: "RowTokens",
+                       released_tails: list[tuple[int, int, int]]) -> "RowTokens | None":
+        """Replace a rejected token by the one drawn under the mask at the same position.
+
+        The step in flight after this one (overlap) was launched with the rejected token: its
+        row is dropped and the KV it writes at that position given back (jump_to bumps the
+        request's epoch), so the request's next decode step feeds the new token from the host.
+        Without a drawn token (no logits kept) the request keeps the KV before its last token,
+        whose row its next decode step computes again, sampling under the mask; then None."""
+        if drawn is None:
+            keep = req.seq_len - 1
+            # A decoding request's last token was computed by a decode step, never shared.
+            assert keep >= req.prefix_len, (keep, req.prefix_len)
+            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+            req.jump_to(0, [], keep)
+            return None
+        token, logprob = drawn
+        keep = req.seq_len                # the KV up to the last accepted token stays
+        if keep < req.kv_allocated_len:
+            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+        req.jump_to(0, [], keep)
+        if not req.grammar.accept_token(token):   # the mask allows nothing (cannot happen)
+            self.finish(req, FinishReason("abort", message="the grammar allows no token"),
+                        send=False)
+            return None
+        return RowTokens([token], [logprob], rejected.top_logprobs)
 
     def _jump_forward(self, req: Req, released_tails: list[tuple[int, int, int]],
                       kv_len: int | None = None) -> bool:

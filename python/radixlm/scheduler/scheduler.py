@@ -39,6 +39,8 @@ from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
+from radixlm.scheduler.grammar_sampling import (MaskedResampler, may_sample_unmasked,
+                                                on_masked_decode_sample, save_unmasked_logits)
 from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
@@ -81,10 +83,14 @@ class Scheduler:
                 NgramDrafter(config.speculative_ngram_min_match_window_size,
                              config.speculative_ngram_max_match_window_size),
                 config.speculative_num_draft_tokens)
+        # Draws rejected unmasked grammar rows again (grammar_sampling.py); the grammar backend
+        # is created on the first constrained request.
+        resampler = MaskedResampler(runner.sampler, lambda: self._grammar_backend,
+                                    mc.vocab_size, tuple(mc.eos_token_ids), runner.device)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
                                        jump_forward=not config.disable_jump_forward,
-                                       speculator=self.speculator)
+                                       speculator=self.speculator, resampler=resampler)
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -104,6 +110,7 @@ class Scheduler:
         # hides the host's work for the next); a smaller one is processed first.
         self.overlap_prefill_min_tokens = envs.overlap_prefill_min_tokens()
         self.overlapped_steps = 0
+        self.grammar_rejections = 0   # unmasked constrained tokens sampled again under the mask
         self.decode_steps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
@@ -181,6 +188,7 @@ class Scheduler:
             self.runner.last_token_ids[t[:n]] = t[n:]
         self.prompt_tokens_total += result.prompt_tokens
         self.cached_tokens_total += result.cached_tokens
+        self.grammar_rejections += result.grammar_rejections
         self.gen_throughput.add(result.generated_tokens)
 
     def _must_process_before_scheduling(self) -> bool:
@@ -337,6 +345,8 @@ class Scheduler:
             fut, req.grammar_future = req.grammar_future, None
             try:
                 req.grammar = self.grammar_backend.matcher(fut.result())
+                req.grammar_optimistic = (not self.config.disable_optimistic_grammar
+                                          and may_sample_unmasked(req.sampling_params))
             except InvalidConstraintError as e:
                 self.waiting.remove(req)
                 self.results.finish(req, FinishReason("abort", message=str(e), status_code=400))
@@ -449,11 +459,24 @@ class Scheduler:
         reqs = [batch.reqs[i] for i in step.sample_rows]
         live = [not r.finished and not step.is_stale(i)
                 for i, r in zip(step.sample_rows, reqs)]
-        info = self.step_sampling.build(reqs, live, self._grammar_backend)
+        # Decode rows of optimistic constrained requests sample without the mask (the grammar
+        # checks their tokens when they are processed: scheduler/grammar_sampling.py).
+        masked = live
+        if batch.forward_mode.is_decode and self._grammar_backend is not None:
+            step.unmasked = [r.samples_unmasked for r in reqs]
+            masked = [a and not u for a, u in zip(live, step.unmasked)]
+            for r, m in zip(reqs, masked):
+                if m and r.grammar is not None:
+                    on_masked_decode_sample(r)
+        info = self.step_sampling.build(reqs, masked, self._grammar_backend)
         logits, pool_rows = step.out.next_token_logits, step.pool_rows
         if len(step.sample_rows) < batch.batch_size:
             rows = to_device(step.sample_rows, torch.int64, runner.device)
             logits, pool_rows = logits[rows], pool_rows[rows]
+        if step.unmasked:
+            keep = [j for j, (u, alive) in enumerate(zip(step.unmasked, live)) if u and alive]
+            if keep:
+                save_unmasked_logits(step, logits, keep)
         tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
         step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None))
         for r, alive in zip(reqs, live):
@@ -479,6 +502,7 @@ class Scheduler:
                             if self.prompt_tokens_total else 0.0),
             num_retractions=self.num_retractions, new_token_ratio=self.ratio.value,
             overlapped_steps=self.overlapped_steps,
+            grammar_rejections=self.grammar_rejections,
             generated_tokens_total=self.gen_throughput.total_tokens,
             last_gen_throughput=self.gen_throughput.read(),
             weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes,

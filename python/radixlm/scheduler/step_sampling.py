@@ -20,12 +20,13 @@ class StepSampling:
         self.device = device
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
 
-    def build(self, reqs: list[Req], live: list[bool],
+    def build(self, reqs: list[Req], masked: list[bool],
               grammar_backend: GrammarBackend | None) -> SamplingBatchInfo:
-        """The rows' sampling tensors, with the grammar masks of the live constrained rows
-        (`live`: not ended or jumped since the forward was launched)."""
+        """The rows' sampling tensors, with the grammar masks of the constrained rows that
+        `masked` names (not those that ended or jumped since the forward was launched, nor
+        those sampling unmasked: scheduler/grammar_sampling.py)."""
         info = self._info(reqs)
-        info.vocab_mask = self._grammar_mask(reqs, live, grammar_backend)
+        info.vocab_mask = self._grammar_mask(reqs, masked, grammar_backend)
         return info
 
     def _info(self, reqs: list[Req]) -> SamplingBatchInfo:
@@ -45,9 +46,9 @@ class StepSampling:
             self._greedy_infos[len(reqs)] = info
         return info
 
-    def _grammar_mask(self, reqs: list[Req], live: list[bool],
+    def _grammar_mask(self, reqs: list[Req], masked: list[bool],
                       backend: GrammarBackend | None) -> Callable[[torch.Tensor], None] | None:
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and live[i]]
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and masked[i]]
         if not rows:
             return None
         assert backend is not None, "a grammar request without the grammar backend"

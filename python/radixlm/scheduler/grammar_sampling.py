@@ -1,0 +1,129 @@
+"""Optimistic grammar sampling: a constrained request's decode rows sample without the grammar
+mask, and the grammar checks the sampled token afterwards, as it must anyway to advance.
+
+Why: the mask is host work on every step of every constrained row (xgrammar walks the
+vocabulary: ~20 us a row for a simple regex, ~400 us inside a bounded JSON string), and since it
+needs the previous step's token it also makes the overlap scheduler wait for that token before
+the step can sample (deferred sampling). A model asked for JSON mostly writes valid JSON, so most
+masks change nothing.
+
+Why the output does not change: for a row without top-k / top-p / min-p, masked sampling picks
+the argmax, over the allowed tokens, of the adjusted logits (greedy) or of adjusted logits /
+temperature + noise, where the noise is a function of (seed, position, token) only
+(sampling/noise.py). When the unmasked winner is allowed it is also the winner among the allowed
+tokens: the token masked sampling picks. When it is not, the request samples that position again
+under the mask, with the same noise, and gets masked sampling's token. So the tokens are those of
+masked sampling, one for one, logprobs included (they are log_softmax of the raw logits either
+way). A filter's cut-off depends on which tokens remain after the mask, so rows with one always
+sample masked (`may_sample_unmasked`).
+
+A rejection costs the request one step. The step keeps a copy of its unmasked rows' logits
+(`save_unmasked_logits`), and the rejected row is sampled again from them under the mask
+(`MaskedResampler`), on a side stream, as the next step's forward runs on the main one. Under the
+overlap scheduler that next step was launched with the rejected token, so its row for the request
+is dropped and the step after computes the new token's row (ResultProcessor). After its r-th
+rejection a request samples masked for 2**r steps (at most MAX_MASKED_STEPS), so one that keeps
+fighting the grammar soon pays for masks instead of rejections.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.params import TOP_K_ALL, SamplingParams
+from radixlm.sampling.request import SamplingRequest
+from radixlm.scheduler.request import Req
+from radixlm.utils.device import to_device
+
+if TYPE_CHECKING:
+    from radixlm.constrained.base import GrammarBackend
+    from radixlm.sampling.sampler import Sampler
+    from radixlm.scheduler.launched_step import LaunchedStep
+
+MAX_MASKED_STEPS = 64
+
+
+def may_sample_unmasked(params: SamplingParams) -> bool:
+    """Whether unmasked sampling gives masked sampling's token for these parameters: greedy,
+    or a plain temperature draw (no top-k, top-p or min-p cut-off)."""
+    if params.is_greedy:
+        return True
+    return params.top_k == TOP_K_ALL and params.top_p >= 1.0 and params.min_p <= 0.0
+
+
+def on_masked_decode_sample(req: Req) -> None:
+    """A decode row of `req` sampled under the mask: one step less of its masked period."""
+    if req.grammar_masked_steps > 0:
+        req.grammar_masked_steps -= 1
+
+
+def on_rejection(req: Req) -> None:
+    """The grammar rejected `req`'s unmasked token: it samples masked for the next 2**r steps."""
+    req.grammar_rejections += 1
+    req.grammar_masked_steps = min(2 ** min(req.grammar_rejections, 16), MAX_MASKED_STEPS)
+
+
+def save_unmasked_logits(step: "LaunchedStep", logits: torch.Tensor, rows: list[int]) -> None:
+    """Keep a copy of the logits of the step's sampled rows `rows` (sample-row order), which
+    sampled without their mask: the next step's forward overwrites the step's own (the CUDA
+    graph's output buffer) before the host reads the sampled tokens."""
+    if len(rows) == logits.shape[0]:
+        saved = logits.clone()
+    else:
+        saved = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+    step.saved_logits = saved
+    step.saved_row = {j: k for k, j in enumerate(rows)}
+    if saved.device.type == "cuda":
+        step.saved_ready = torch.cuda.Event()
+        step.saved_ready.record()
+
+
+class MaskedResampler:
+    """Samples a rejected row again under its grammar mask, from the logits its step saved, with
+    the request's own seed and position (so the same noise): the token masked sampling would
+    have drawn there. On CUDA it runs on a side stream that waits only for the saved copy, not
+    for the forward pass queued on the main stream since."""
+
+    def __init__(self, sampler: "Sampler", backend: Callable[[], "GrammarBackend | None"],
+                 vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device):
+        self.sampler = sampler
+        self.backend = backend
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def resample(self, step: "LaunchedStep", rows: list[int],
+                 reqs: list[Req]) -> list[tuple[int, float]] | None:
+        """(token, logprob) for each sampled row rows[i] of `step`, drawn under reqs[i]'s
+        grammar in its current state (before the rejected token), in one batch; None when the
+        step saved no logits for one of them."""
+        saved = step.saved_row or {}
+        backend = self.backend()
+        if backend is None or any(j not in saved for j in rows):
+            return None
+        index = [saved[j] for j in rows]
+        if self.stream is None:
+            return self._sample(step.saved_logits, index, reqs, backend)
+        self.stream.wait_event(step.saved_ready)
+        with torch.cuda.stream(self.stream):
+            return self._sample(step.saved_logits, index, reqs, backend)
+
+    def _sample(self, saved: torch.Tensor, index: list[int], reqs: list[Req],
+                backend: "GrammarBackend") -> list[tuple[int, float]]:
+        logits = saved[index[0]:index[0] + 1] if len(index) == 1 else \
+            saved.index_select(0, to_device(index, torch.int64, saved.device))
+        # Position len(output_ids): the rejected token's own (its step counted it as pending).
+        info = SamplingBatchInfo.build(
+            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
+                             self.eos_token_ids, 0) for r in reqs], self.vocab_size, self.device)
+        mask = backend.allocate_mask(len(reqs))
+        backend.fill_vocab_masks([r.grammar for r in reqs], mask, list(range(len(reqs))))
+        info.vocab_mask = backend.on_device(mask, self.device)
+        out = self.sampler(logits, info)
+        both = torch.stack([out.next_token_ids.double(), out.next_token_logprobs.double()])
+        tokens, logprobs = both.cpu().tolist()   # waits for this stream only
+        return [(int(t), lp) for t, lp in zip(tokens, logprobs)]

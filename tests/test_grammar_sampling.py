@@ -1,0 +1,145 @@
+"""Optimistic grammar sampling (scheduler/grammar_sampling.py): constrained decode rows sample
+without the mask and a rejected token is sampled again under it. The outputs must be masked
+sampling's, token for token and logprob for logprob, under the plain loop and the overlap
+scheduler, with rejections actually happening."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers import assert_pool_empty
+from radixlm.sampling.params import SamplingParams
+from radixlm.scheduler.grammar_sampling import (MAX_MASKED_STEPS, may_sample_unmasked,
+                                                on_masked_decode_sample, on_rejection)
+from radixlm.scheduler.request import Req
+
+SCHEMA = json.dumps({"type": "object",
+                     "properties": {"name": {"type": "string", "maxLength": 10},
+                                    "colour": {"enum": ["red", "green", "blue"]},
+                                    "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+                     "required": ["name", "colour", "age"]})
+
+# Prompts whose natural continuation the constraint forbids (prose under a digits regex), so
+# unmasked tokens get rejected; greedy and seeded draws; one top-p row (always masked); logprobs.
+CASES = [
+    ("The capital of France is", {"temperature": 0, "regex": r"\d{3}-\d{4} [a-z]{2,6}"}),
+    ("Once upon a time", {"temperature": 1.0, "sampling_seed": 4, "regex": r"[0-9 ]{6,20}"}),
+    ("Describe a person as JSON:", {"temperature": 0, "json_schema": SCHEMA}),
+    ("Give me a JSON record:", {"temperature": 0.8, "sampling_seed": 11, "json_schema": SCHEMA}),
+    ("A colour:", {"temperature": 0.9, "top_p": 0.8, "sampling_seed": 2,
+                   "regex": r"(red|green|blue)!"}),
+    ("Numbers:", {"temperature": 0, "regex": r"[a-z]+ \d+", "frequency_penalty": 0.5}),
+]
+
+
+def _generate(engine):
+    prompts = [p for p, _ in CASES]
+    params = [{"max_new_tokens": 28, **c} for _, c in CASES]
+    return engine.generate(prompts, params, return_logprob=True)
+
+
+@pytest.fixture(scope="module")
+def masked_outputs():
+    from radixlm.entrypoints.engine import Engine
+    engine = Engine(device="cpu", log_level="warning", max_total_tokens=4096,
+                    disable_overlap_schedule=True, disable_optimistic_grammar=True)
+    try:
+        outs = _generate(engine)
+        assert engine.get_stats().grammar_rejections == 0
+        return outs
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain-loop", "overlap"])
+def test_optimistic_sampling_gives_masked_sampling_tokens(make_engine, monkeypatch,
+                                                           masked_outputs, overlap):
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    engine = make_engine(max_total_tokens=4096, disable_overlap_schedule=not overlap)
+    got = _generate(engine)
+    for (prompt, case), want, out in zip(CASES, masked_outputs, got):
+        assert out["output_ids"] == want["output_ids"], (prompt, case)
+        assert out["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+        assert ([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+                == pytest.approx([lp for lp, _, _ in want["meta_info"]["output_token_logprobs"]],
+                                 abs=1e-4))
+    assert re.fullmatch(r"\d{3}-\d{4} [a-z]{2,6}", got[0]["text"]), got[0]["text"]
+    stats = engine.get_stats()
+    assert stats.grammar_rejections > 0          # the redo path ran
+    if overlap:
+        assert stats.overlapped_steps > 10
+    assert_pool_empty(engine)                    # redone rows gave their KV back
+
+
+def test_only_unfiltered_draws_sample_unmasked():
+    assert may_sample_unmasked(SamplingParams(temperature=0))
+    assert may_sample_unmasked(SamplingParams(temperature=0, top_p=0.5))      # greedy
+    assert may_sample_unmasked(SamplingParams(temperature=1.3, frequency_penalty=1.0))
+    assert not may_sample_unmasked(SamplingParams(temperature=1.0, top_p=0.95))
+    assert not may_sample_unmasked(SamplingParams(temperature=1.0, top_k=40))
+    assert not may_sample_unmasked(SamplingParams(temperature=1.0, min_p=0.05))
+
+
+def test_rejections_lengthen_the_masked_period():
+    req = Req(rid="r", origin_input_ids=[1, 2], sampling_params=SamplingParams(), seed=0,
+              grammar_optimistic=True)
+    assert req.samples_unmasked
+    periods = []
+    for _ in range(8):
+        on_rejection(req)
+        periods.append(req.grammar_masked_steps)
+    assert periods == [2, 4, 8, 16, 32, 64, 64, 64] and MAX_MASKED_STEPS == 64
+    assert not req.samples_unmasked
+    for _ in range(64):
+        on_masked_decode_sample(req)
+    assert req.samples_unmasked and req.grammar_masked_steps == 0
+
+
+def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[int]], int, int]:
+    """The first three CASES through a Scheduler in this process (plain loop, CPU): outputs,
+    steps and rejections; `resample` False drops the saved-logits path (the recompute one)."""
+    import time
+
+    from radixlm.config import ServerArgs
+    from radixlm.managers.messages import TokenizedGenerateReq
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.model_executor.weight_source import load_tokenizer
+    from radixlm.scheduler.config import SchedulerConfig
+    from radixlm.scheduler.scheduler import Scheduler
+
+    args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
+                      disable_optimistic_grammar=not optimistic)
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
+    sched = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, lambda t: [],
+                      lambda m: None, tokenizer=load_tokenizer(runner.hf_dir))
+    if not resample:
+        sched.results.resampler = None
+    for i, (prompt, case) in enumerate(CASES[:3]):
+        params = SamplingParams.from_dict({"max_new_tokens": 20, **case})
+        sched.handle_message(TokenizedGenerateReq(
+            rid=f"r{i}", input_ids=sched.tokenizer.encode(prompt), sampling_params=params))
+    while any(r.grammar_future is not None and not r.grammar_future.done()
+              for r in sched.waiting):
+        time.sleep(0.01)
+    reqs = list(sched.waiting)
+    steps = 0
+    while sched.has_work:
+        sched.step()
+        steps += 1
+    return [r.output_ids for r in reqs], steps, sched.grammar_rejections
+
+
+def test_a_rejection_costs_no_step_in_the_plain_loop_with_saved_logits():
+    masked, masked_steps, _ = _run_in_process(resample=True, optimistic=False)
+    saved, saved_steps, saved_rejections = _run_in_process(resample=True)
+    recomputed, recomputed_steps, recomputed_rejections = _run_in_process(resample=False)
+    assert saved == masked and recomputed == masked
+    assert saved_rejections > 0 and recomputed_rejections > 0
+    # In the plain loop a row drawn again from the saved logits costs no step (no later step
+    # was launched with the rejected token); recomputing the last token's row costs one.
+    assert saved_steps == masked_steps < recomputed_steps
