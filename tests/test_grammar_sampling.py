@@ -134,11 +134,16 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
     return [r.output_ids for r in reqs], steps, sched.grammar_rejections
 
 
-def test_a_rejection_costs_no_step_in_the_plain_loop_with_saved_logits():
+def test_a_rejection_costs_no_step_in_the_plain_loop_with_saved_logits(monkeypatch):
     masked, masked_steps, _ = _run_in_process(resample=True, optimistic=False)
     saved, saved_steps, saved_rejections = _run_in_process(resample=True)
     recomputed, recomputed_steps, recomputed_rejections = _run_in_process(resample=False)
-    assert saved == masked and recomputed == masked
+    # Logits kept for one row a step only: the other rows' rejections recompute.
+    import radixlm.scheduler.grammar_sampling as gs
+    monkeypatch.setattr(gs, "MAX_SAVED_LOGITS_BYTES", 1)
+    capped, capped_steps, _ = _run_in_process(resample=True)
+    assert saved == masked and recomputed == masked and capped == masked
+    assert saved_steps <= capped_steps <= recomputed_steps
     assert saved_rejections > 0 and recomputed_rejections > 0
     # In the plain loop a row drawn again from the saved logits costs no step (no later step
     # was launched with the rejected token); recomputing the last token's row costs one.

@@ -372,9 +372,12 @@ def test_identical_draft_model_accepts_everything(make_engine, smollm_dir, monke
               # The draft model drafts the grammar's stop token (EOS) at the end of the JSON.
               {"max_new_tokens": 40, "temperature": 0.8, "sampling_seed": 3,
                "json_schema": schema}]
+    # The draft as an HF directory, and as the GGUF file itself (converted like a target).
+    from radixlm.model_executor.gguf_convert import bundled_gguf_path
+    draft = bundled_gguf_path() if overlap else smollm_dir
     outs = {}
     for spec in (False, True):
-        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=smollm_dir,
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                       speculative_num_steps=3) if spec else {})
         engine = make_engine(max_total_tokens=4096, **extra)
         chat = engine.apply_chat_template([{"role": "user", "content":

@@ -62,10 +62,13 @@ class FillTimer:
 
 
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, compiled: xgr.CompiledGrammar):
+    def __init__(self, compiled: xgr.CompiledGrammar, never: frozenset[int] = frozenset()):
         self._m = xgr.GrammarMatcher(compiled)
+        self._never = never
 
     def accept_token(self, token: int) -> bool:
+        if token in self._never:
+            return False   # (xgrammar would print a warning for each; unmasked rows draw them)
         return self._m.accept_token(token)
 
     def rollback(self, num_tokens: int) -> None:
@@ -87,6 +90,8 @@ class XGrammarBackend(GrammarBackend):
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(eos_token_ids))
         self.vocab_size = vocab_size
+        # Ids no grammar accepts (the vocabulary's padding; xgrammar's "special" ids).
+        self._never = frozenset(info.special_token_ids) - set(info.stop_token_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         # Compilation runs on a pool so that one slow schema never stalls the scheduler loop.
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
@@ -129,7 +134,7 @@ class XGrammarBackend(GrammarBackend):
             raise InvalidConstraintError(f"invalid {key.kind}: {e}") from None
 
     def matcher(self, compiled: object) -> GrammarMatcher:
-        return XGrammarMatcher(compiled)  # type: ignore[arg-type]
+        return XGrammarMatcher(compiled, self._never)  # type: ignore[arg-type]
 
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)

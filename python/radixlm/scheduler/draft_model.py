@@ -51,8 +51,11 @@ class DraftModel:
     @classmethod
     def load(cls, args: ServerArgs) -> "DraftModel":
         """The draft model's weights, with a placeholder KV pool of two pages."""
+        # Its own format: the engine resolved the target's path (a GGUF to a converted HF
+        # directory, hence "safetensors"), not the draft's; dummy weights stay dummy.
         draft_args = dataclasses.replace(
             args, model_path=args.speculative_draft_model_path, tokenizer_path=None,
+            load_format="dummy" if args.load_format == "dummy" else "auto",
             max_total_tokens=2 * args.page_size, max_running_requests=1, quantization=None,
             enable_torch_compile=False)
         try:

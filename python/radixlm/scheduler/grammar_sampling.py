@@ -21,9 +21,10 @@ A rejection costs the request one step. The step keeps a copy of its unmasked ro
 (`save_unmasked_logits`), and the rejected row is sampled again from them under the mask
 (`MaskedResampler`), on a side stream, as the next step's forward runs on the main one. Under the
 overlap scheduler that next step was launched with the rejected token, so its row for the request
-is dropped and the step after computes the new token's row (ResultProcessor). After its r-th
-rejection a request samples masked for 2**r steps (at most MAX_MASKED_STEPS), so one that keeps
-fighting the grammar soon pays for masks instead of rejections.
+is dropped and the step after computes the new token's row (ResultProcessor). Rows past the
+copy's size cap, when rejected, recompute their last token's row instead (two steps). After its
+r-th rejection a request samples masked for 2**r steps (at most MAX_MASKED_STEPS), so one that
+keeps fighting the grammar soon pays for masks instead of rejections.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from radixlm.scheduler.launched_step import LaunchedStep
 
 MAX_MASKED_STEPS = 64
+# The saved logits of one step are at most this large (float32 rows of the vocabulary: 64 MiB is
+# 128 rows of a 128k vocabulary); rows beyond it, if rejected, recompute their last token's row
+# instead (a step more). Under overlap two steps' copies are alive at once.
+MAX_SAVED_LOGITS_BYTES = 64 << 20
 
 
 def may_sample_unmasked(params: SamplingParams) -> bool:
@@ -69,7 +74,10 @@ def on_rejection(req: Req) -> None:
 def save_unmasked_logits(step: "LaunchedStep", logits: torch.Tensor, rows: list[int]) -> None:
     """Keep a copy of the logits of the step's sampled rows `rows` (sample-row order), which
     sampled without their mask: the next step's forward overwrites the step's own (the CUDA
-    graph's output buffer) before the host reads the sampled tokens."""
+    graph's output buffer) before the host reads the sampled tokens. At most
+    MAX_SAVED_LOGITS_BYTES: the first rows that fit."""
+    row_bytes = logits.shape[1] * logits.element_size()
+    rows = rows[:max(MAX_SAVED_LOGITS_BYTES // row_bytes, 1)]
     if len(rows) == logits.shape[0]:
         saved = logits.clone()
     else:
@@ -94,23 +102,34 @@ class MaskedResampler:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # High priority: its few small kernels should not queue behind the next step's forward
+        # on the device while the host waits for them.
+        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
     def resample(self, step: "LaunchedStep", rows: list[int],
-                 reqs: list[Req]) -> list[tuple[int, float]] | None:
+                 reqs: list[Req]) -> list[tuple[int, float] | None]:
         """(token, logprob) for each sampled row rows[i] of `step`, drawn under reqs[i]'s
-        grammar in its current state (before the rejected token), in one batch; None when the
-        step saved no logits for one of them."""
+        grammar in its current state (before the rejected token), in one batch; None for a
+        row whose logits the step did not keep."""
         saved = step.saved_row or {}
         backend = self.backend()
-        if backend is None or any(j not in saved for j in rows):
-            return None
-        index = [saved[j] for j in rows]
+        drawn: list[tuple[int, float] | None] = [None] * len(rows)
+        have = [k for k, j in enumerate(rows) if j in saved]
+        if backend is None or not have:
+            return drawn
+        index = [saved[rows[k]] for k in have]
+        which = [reqs[k] for k in have]
         if self.stream is None:
-            return self._sample(step.saved_logits, index, reqs, backend)
-        self.stream.wait_event(step.saved_ready)
-        with torch.cuda.stream(self.stream):
-            return self._sample(step.saved_logits, index, reqs, backend)
+            got = self._sample(step.saved_logits, index, which, backend)
+        else:
+            # The saved copy is read on this stream only until the blocking read in _sample
+            # returns, so it needs no record_stream (it would, were this made asynchronous).
+            self.stream.wait_event(step.saved_ready)
+            with torch.cuda.stream(self.stream):
+                got = self._sample(step.saved_logits, index, which, backend)
+        for k, g in zip(have, got):
+            drawn[k] = g
+        return drawn
 
     def _sample(self, saved: torch.Tensor, index: list[int], reqs: list[Req],
                 backend: "GrammarBackend") -> list[tuple[int, float]]:

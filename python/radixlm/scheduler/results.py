@@ -91,7 +91,8 @@ class ResultProcessor:
                 self.finish(req, FinishReason("length", length=0), send=False)
                 outputs.append(self._output(req))
                 continue
-            checked = step.unmasked[j] if step.unmasked else False  # (and accepted)
+            # Drawn without the mask and accepted above (a sampled row holds one token).
+            checked = step.unmasked[j] if step.unmasked else False
             tokens = rows[j]
             if j in redrawn:              # sampled without the mask and rejected
                 result.grammar_rejections += 1
@@ -251,8 +252,8 @@ class ResultProcessor:
             on_rejection(req)             # its next rows sample masked
         drawn = (self.resampler.resample(step, [j for j, _ in rejected],
                                          [r for _, r in rejected])
-                 if self.resampler else None)
-        return {j: drawn[k] if drawn else None for k, (j, _) in enumerate(rejected)}
+                 if self.resampler else [None] * len(rejected))
+        return {j: drawn[k] for k, (j, _) in enumerate(rejected)}
 
     def _adopt_redrawn(self, req: Req, drawn: tuple[int, float] | None, rejected: "RowTokens",
                        released_tails: list[tuple[int, int, int]]) -> "RowTokens | None":

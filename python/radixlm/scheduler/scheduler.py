@@ -463,8 +463,10 @@ class Scheduler:
         # checks their tokens when they are processed: scheduler/grammar_sampling.py).
         masked = live
         if batch.forward_mode.is_decode and self._grammar_backend is not None:
-            step.unmasked = [r.samples_unmasked for r in reqs]
-            masked = [a and not u for a, u in zip(live, step.unmasked)]
+            unmasked = [r.samples_unmasked for r in reqs]
+            if any(unmasked):
+                step.unmasked = unmasked
+                masked = [a and not u for a, u in zip(live, unmasked)]
             for r, m in zip(reqs, masked):
                 if m and r.grammar is not None:
                     on_masked_decode_sample(r)
