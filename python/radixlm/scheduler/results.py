@@ -265,22 +265,25 @@ class ResultProcessor:
         Without a drawn token (no logits kept) the request keeps the KV before its last token,
         whose row its next decode step computes again, sampling under the mask; then None."""
         if drawn is None:
-            keep = req.seq_len - 1
             # A decoding request's last token was computed by a decode step, never shared.
-            assert keep >= req.prefix_len, (keep, req.prefix_len)
-            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
-            req.jump_to(0, [], keep)
+            assert req.seq_len - 1 >= req.prefix_len, (req.seq_len, req.prefix_len)
+            self._keep_kv(req, req.seq_len - 1, released_tails)
             return None
         token, logprob = drawn
-        keep = req.seq_len                # the KV up to the last accepted token stays
-        if keep < req.kv_allocated_len:
-            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
-        req.jump_to(0, [], keep)
+        self._keep_kv(req, req.seq_len, released_tails)  # up to the last accepted token
         if not req.grammar.accept_token(token):   # the mask allows nothing (cannot happen)
             self.finish(req, FinishReason("abort", message="the grammar allows no token"),
                         send=False)
             return None
         return RowTokens([token], [logprob], rejected.top_logprobs)
+
+    @staticmethod
+    def _keep_kv(req: Req, keep: int, released_tails: list[tuple[int, int, int]]) -> None:
+        """`req` keeps the KV of its first `keep` tokens; its next decode step feeds the rest
+        from the host, and the steps in flight for it are dropped."""
+        if keep < req.kv_allocated_len:
+            released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
+        req.jump_to(0, [], keep)
 
     def _jump_forward(self, req: Req, released_tails: list[tuple[int, int, int]],
                       kv_len: int | None = None) -> bool:
