@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.params import TOP_K_ALL, SamplingParams
-from radixlm.sampling.request import SamplingRequest
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
 
@@ -43,6 +41,7 @@ if TYPE_CHECKING:
     from radixlm.constrained.base import GrammarBackend
     from radixlm.sampling.sampler import Sampler
     from radixlm.scheduler.launched_step import LaunchedStep
+    from radixlm.scheduler.step_sampling import StepSampling
 
 MAX_MASKED_STEPS = 64
 # The saved logits of one step are at most this large (float32 rows of the vocabulary: 64 MiB is
@@ -71,6 +70,20 @@ def on_rejection(req: Req) -> None:
     req.grammar_masked_steps = min(2 ** min(req.grammar_rejections, 16), MAX_MASKED_STEPS)
 
 
+def split_rows(reqs: list[Req], live: list[bool]) -> tuple[list[bool], list[bool]]:
+    """For a decode step's sampled rows: which sample without their mask (empty when none) and
+    which under it (live constrained rows among the rest; the others' masks are moot). Counts
+    down the masked periods of the masked ones."""
+    unmasked = [r.samples_unmasked for r in reqs]
+    if not any(unmasked):
+        unmasked = []
+    masked = [a and not u for a, u in zip(live, unmasked)] if unmasked else live
+    for r, m in zip(reqs, masked):
+        if m and r.grammar is not None:
+            on_masked_decode_sample(r)
+    return unmasked, masked
+
+
 def save_unmasked_logits(step: "LaunchedStep", logits: torch.Tensor, rows: list[int]) -> None:
     """Keep a copy of the logits of the step's sampled rows `rows` (sample-row order), which
     sampled without their mask: the next step's forward overwrites the step's own (the CUDA
@@ -95,13 +108,11 @@ class MaskedResampler:
     have drawn there. On CUDA it runs on a side stream that waits only for the saved copy, not
     for the forward pass queued on the main stream since."""
 
-    def __init__(self, sampler: "Sampler", backend: Callable[[], "GrammarBackend | None"],
-                 vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device):
+    def __init__(self, sampler: "Sampler", step_sampling: "StepSampling",
+                 backend: Callable[[], "GrammarBackend | None"], device: torch.device):
         self.sampler = sampler
+        self.step_sampling = step_sampling
         self.backend = backend
-        self.vocab_size = vocab_size
-        self.eos_token_ids = eos_token_ids
-        self.device = device
         # High priority: its few small kernels should not queue behind the next step's forward
         # on the device while the host waits for them.
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
@@ -135,13 +146,9 @@ class MaskedResampler:
                 backend: "GrammarBackend") -> list[tuple[int, float]]:
         logits = saved[index[0]:index[0] + 1] if len(index) == 1 else \
             saved.index_select(0, to_device(index, torch.int64, saved.device))
-        # Position len(output_ids): the rejected token's own (its step counted it as pending).
-        info = SamplingBatchInfo.build(
-            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
-                             self.eos_token_ids, 0) for r in reqs], self.vocab_size, self.device)
-        mask = backend.allocate_mask(len(reqs))
-        backend.fill_vocab_masks([r.grammar for r in reqs], mask, list(range(len(reqs))))
-        info.vocab_mask = backend.on_device(mask, self.device)
+        # Position len(output_ids), no token pending: the rejected token's own (its step
+        # counted it as pending).
+        info = self.step_sampling.build(reqs, [True] * len(reqs), backend, pending=0)
         out = self.sampler(logits, info)
         both = torch.stack([out.next_token_ids.double(), out.next_token_logprobs.double()])
         tokens, logprobs = both.cpu().tolist()   # waits for this stream only

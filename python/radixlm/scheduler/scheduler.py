@@ -40,7 +40,7 @@ from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
 from radixlm.scheduler.grammar_sampling import (MaskedResampler, may_sample_unmasked,
-                                                on_masked_decode_sample, save_unmasked_logits)
+                                                save_unmasked_logits, split_rows)
 from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
@@ -85,8 +85,9 @@ class Scheduler:
                 config.speculative_num_draft_tokens)
         # Draws rejected unmasked grammar rows again (grammar_sampling.py); the grammar backend
         # is created on the first constrained request.
-        resampler = MaskedResampler(runner.sampler, lambda: self._grammar_backend,
-                                    mc.vocab_size, tuple(mc.eos_token_ids), runner.device)
+        self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
+        resampler = MaskedResampler(runner.sampler, self.step_sampling,
+                                    lambda: self._grammar_backend, runner.device)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
                                        jump_forward=not config.disable_jump_forward,
@@ -114,7 +115,6 @@ class Scheduler:
         self.decode_steps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
-        self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
         self.profiler = StepProfiler(runner.device, runner.tp.rank)
 
     # ------------------------------------------------------------------ loop
@@ -463,13 +463,7 @@ class Scheduler:
         # checks their tokens when they are processed: scheduler/grammar_sampling.py).
         masked = live
         if batch.forward_mode.is_decode and self._grammar_backend is not None:
-            unmasked = [r.samples_unmasked for r in reqs]
-            if any(unmasked):
-                step.unmasked = unmasked
-                masked = [a and not u for a, u in zip(live, unmasked)]
-            for r, m in zip(reqs, masked):
-                if m and r.grammar is not None:
-                    on_masked_decode_sample(r)
+            step.unmasked, masked = split_rows(reqs, live)
         info = self.step_sampling.build(reqs, masked, self._grammar_backend)
         logits, pool_rows = step.out.next_token_logits, step.pool_rows
         if len(step.sample_rows) < batch.batch_size:

@@ -21,15 +21,17 @@ class StepSampling:
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
 
     def build(self, reqs: list[Req], masked: list[bool],
-              grammar_backend: GrammarBackend | None) -> SamplingBatchInfo:
+              grammar_backend: GrammarBackend | None,
+              pending: int | None = None) -> SamplingBatchInfo:
         """The rows' sampling tensors, with the grammar masks of the constrained rows that
         `masked` names (not those that ended or jumped since the forward was launched, nor
-        those sampling unmasked: scheduler/grammar_sampling.py)."""
-        info = self._info(reqs)
+        those sampling unmasked: scheduler/grammar_sampling.py). `pending`: the tokens each
+        request has in flight, for the noise position (default: its own num_pending)."""
+        info = self._info(reqs, pending)
         info.vocab_mask = self._grammar_mask(reqs, masked, grammar_backend)
         return info
 
-    def _info(self, reqs: list[Req]) -> SamplingBatchInfo:
+    def _info(self, reqs: list[Req], pending: int | None) -> SamplingBatchInfo:
         """Those of an all-greedy batch with no logit bias and nothing that reads the outputs
         depend on its size alone, so they are built once per size (building them is a
         per-request Python loop the host would otherwise pay every step). Greedy grammar
@@ -40,7 +42,8 @@ class StepSampling:
             return self._greedy_infos[len(reqs)]
         info = SamplingBatchInfo.build(
             [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
-                             self.eos_token_ids, r.num_pending) for r in reqs],
+                             self.eos_token_ids, r.num_pending if pending is None else pending)
+             for r in reqs],
             self.vocab_size, self.device)
         if plain_greedy and info.adjustments.is_noop:
             self._greedy_infos[len(reqs)] = info
