@@ -279,6 +279,9 @@ def test_startup_phases_reported(url):
         assert phases[name] >= 0, name
     assert "cuda_graphs" not in phases            # none captured on the CPU
     assert info["startup_seconds"] >= sum(phases.values()) - 1e-6
+    engine = info["engine_startup_phases"]
+    assert list(engine) == ["resolve_model", "start_processes", "tokenizer", "wait_for_scheduler"]
+    assert info["startup_seconds"] >= sum(engine.values()) - 1e-6
 
 
 def test_profiler_start_stop_writes_a_trace(url, tmp_path):

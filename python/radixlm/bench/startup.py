@@ -5,7 +5,8 @@ Starts `radixlm serve ARGS` `--runs` times in a row (the first run pays the one-
 fresh machine has: Triton compiling its kernels into its cache; later runs find them cached),
 timing each from the process launch to the first 200 from /health, then reads the scheduler's
 per-phase seconds from /get_server_info (imports, device and ranks, weights, kv_cache,
-cuda_graphs, tokenizer) and stops the server.
+cuda_graphs, tokenizer), and the serving process's own (resolving the model, starting the
+processes, its tokenizer, waiting for the scheduler), and stops the server.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def one_start(server_args: list[str], timeout_s: float) -> dict:
     finally:
         stop_server(proc, timeout_s=60)
     return {"ready_s": ready_s, "engine_s": info["startup_seconds"],
-            "scheduler_phases_s": info["startup_phases"]}
+            "scheduler_phases_s": info["startup_phases"],
+            "engine_phases_s": info.get("engine_startup_phases", {})}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,8 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = one_start(ns.server_args, ns.timeout)
         runs.append(r)
         phases = ", ".join(f"{k} {v:.2f}" for k, v in r["scheduler_phases_s"].items())
-        print(f"run {i + 1}: ready in {r['ready_s']:.2f} s (engine {r['engine_s']:.2f} s; "
-              f"scheduler: {phases})", flush=True)
+        engine = ", ".join(f"{k} {v:.2f}" for k, v in r["engine_phases_s"].items())
+        print(f"run {i + 1}: ready in {r['ready_s']:.2f} s (engine {r['engine_s']:.2f} s: "
+              f"{engine}; scheduler: {phases})", flush=True)
     result = {"runs": runs, **environment(None),
               "command": "radixlm bench startup " + " ".join(argv)}
     path = write_json(ns.output or default_output_path("startup"), result)

@@ -13,6 +13,7 @@ import torch
 import xgrammar as xgr
 
 import radixlm.envs as envs
+from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 
@@ -87,7 +88,10 @@ class XGrammarMatcher(GrammarMatcher):
 
 class XGrammarBackend(GrammarBackend):
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int]):
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+        # xgrammar reads the vocabulary through transformers' tokenizer; a scheduler that
+        # started with the light one (model_executor/light_tokenizer.py) loads it now, once.
+        info = xgr.TokenizerInfo.from_huggingface(full_tokenizer(tokenizer),
+                                                  vocab_size=vocab_size,
                                                   stop_token_ids=list(eos_token_ids))
         self.vocab_size = vocab_size
         # Ids no grammar accepts (the vocabulary's padding; xgrammar's "special" ids).

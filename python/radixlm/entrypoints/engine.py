@@ -32,6 +32,7 @@ from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, Sche
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
 from radixlm.entrypoints.ranks import start_ranks
+from radixlm.utils.phases import PhaseTimer
 from radixlm.utils.server_process import free_port
 
 logger = logging.getLogger(__name__)
@@ -137,19 +138,28 @@ class Engine:
         args = self.server_args
         # Resolve (and for a GGUF, convert) the model once here, so that the children start
         # in parallel from the same directory.
-        hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format)
+        # This process's share of the start-up, beside the scheduler's (/get_server_info):
+        # its tokenizer (transformers) loads while the children start.
+        phases = PhaseTimer()
+        with phases.phase("resolve_model"):
+            hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format)
         args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format)
         tokenizer_path = args.tokenizer_path or hf_dir
-        self._children = _Children(args, tokenizer_path)
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        ready = self._children.wait_ready()
+        with phases.phase("start_processes"):
+            self._children = _Children(args, tokenizer_path)
+        with phases.phase("tokenizer"):
+            self.tokenizer = load_tokenizer(tokenizer_path)
+        with phases.phase("wait_for_scheduler"):
+            ready = self._children.wait_ready()
+        self.startup_phases = phases.seconds
         if ready.error is not None:
             self._children.stop(timeout_s=5)
             raise RuntimeError(f"engine failed to start: {ready.error}")
         self.ready = ready
         # From here to ready, and where the scheduler's share of it went (/get_server_info).
         self.startup_seconds = time.perf_counter() - started
-        logger.info("engine ready in %.1f s; scheduler: %s", self.startup_seconds,
+        logger.info("engine ready in %.1f s (%s); scheduler: %s", self.startup_seconds,
+                    ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_phases.items()),
                     ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
         self.tokenizer_manager = TokenizerManager(self.tokenizer, ready, self._children.send)
         self.loop = asyncio.new_event_loop()

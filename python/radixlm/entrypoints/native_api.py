@@ -138,6 +138,7 @@ async def get_server_info(request: Request):
             "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
             "resolved_model_path": ready.model_path, "internal_states": [internal_state],
             "startup_seconds": engine.startup_seconds, "startup_phases": ready.startup_phases,
+            "engine_startup_phases": engine.startup_phases,
             "version": __version__}
 
 

@@ -30,7 +30,10 @@ def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
     """One scheduler process per rank of this node; raises ValueError (naming the flag) when
     the node has fewer GPUs than ranks."""
     per_node = args.tp_size // args.nnodes
-    gpus = 0 if args.device == "cpu" else len(visible_gpus())
+    # One rank on the first GPU keeps this process's environment and needs no count: counting
+    # without CUDA_VISIBLE_DEVICES imports torch here (seconds), before the scheduler starts.
+    one_on_first = args.tp_size == 1 and args.base_gpu_id == 0
+    gpus = 0 if args.device == "cpu" or one_on_first else len(visible_gpus())
     if gpus and args.base_gpu_id + per_node > gpus:
         raise ValueError(f"--tp-size {args.tp_size} over --nnodes {args.nnodes} puts {per_node} "
                          f"ranks on this node from --base-gpu-id {args.base_gpu_id}: "

@@ -50,9 +50,9 @@ def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
                             log_level: str = "info") -> None:
     ipc.die_with_parent()
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
-    from radixlm.model_executor.weight_source import load_tokenizer
+    from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
 
-    manager = DetokenizerManager(load_tokenizer(tokenizer_path))
+    manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path))  # decodes only
     ctx = zmq.Context()
     inbox = ipc.pull_socket(ctx, endpoints.detokenizer)
     outbox = ipc.push_socket(ctx, endpoints.tokenizer)

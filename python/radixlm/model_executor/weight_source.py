@@ -178,21 +178,27 @@ def read_hf_config(hf_dir: str) -> Any:
     return types.SimpleNamespace(**raw)
 
 
+def resolve_tokenizer_dir(tokenizer_path: str) -> str:
+    """The directory holding `tokenizer_path`'s tokenizer files: a GGUF file (or a directory
+    holding only one) is converted first; anything else is returned for transformers to resolve
+    (a cached Hub id, or the error to report)."""
+    path = os.path.abspath(os.path.expanduser(tokenizer_path))
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return convert_gguf_to_hf_dir(path)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "tokenizer_config.json")):
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if len(ggufs) == 1:
+            return convert_gguf_to_hf_dir(ggufs[0])
+    return path if os.path.exists(path) else tokenizer_path
+
+
 def load_tokenizer(tokenizer_path: str) -> "PreTrainedTokenizerBase":
     """AutoTokenizer for a directory; a GGUF file (or a directory holding only one) is
     converted first so its tokenizer files exist."""
     with _TRANSFORMERS_LOCK:
         from transformers import AutoTokenizer
 
-    path = os.path.abspath(os.path.expanduser(tokenizer_path))
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        path = convert_gguf_to_hf_dir(path)
-    elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "tokenizer_config.json")):
-        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
-        if len(ggufs) == 1:
-            path = convert_gguf_to_hf_dir(ggufs[0])
-    elif not os.path.exists(path):
-        path = tokenizer_path  # let transformers resolve a cached Hub id or report the error
+    path = resolve_tokenizer_dir(tokenizer_path)
     with _TRANSFORMERS_LOCK:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
@@ -203,6 +209,7 @@ __all__ = [
     "load_hf_config",
     "read_hf_config",
     "load_tokenizer",
+    "resolve_tokenizer_dir",
     "resolve_model_dir",
     "safetensors_files",
 ]

@@ -60,24 +60,30 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         with startup.phase("imports"):
             from radixlm.distributed.parallel_state import init_tensor_parallel
             from radixlm.mem_cache.hiradix_cache import HiCacheConfig
+            from radixlm.model_executor.light_tokenizer import (light_tokenizer_reason,
+                                                                load_ids_tokenizer)
             from radixlm.model_executor.model_runner import create_runner_and_kv
             from radixlm.model_executor.runner_config import RunnerConfig
             from radixlm.model_executor.weight_source import load_tokenizer
             from radixlm.scheduler.config import SchedulerConfig
             from radixlm.scheduler.scheduler import Scheduler
 
-        # The tokenizer (transformers' imports, seconds) loads on a thread meanwhile: only the
-        # Scheduler needs it, after the weights and the CUDA graphs. (Only when nothing is left
-        # to convert: a GGUF conversion imports transformers too, outside the loader's lock.)
-        # While it runs, the interpreter switches threads every 0.1 ms instead of 5: each CUDA
-        # call of the graph capture that lets the GIL go would otherwise wait up to 5 ms for the
-        # importing thread to hand it back (the capture took 8-20 s instead of 2 on an H200).
+        # The scheduler only encodes and decodes (stop strings, jump-forward): where
+        # tokenizer.json gives transformers' answers it is read directly after the graphs
+        # (~0.2 s, no transformers import; model_executor/light_tokenizer.py). Otherwise
+        # transformers' tokenizer (seconds of imports) loads on a thread meanwhile, only when
+        # nothing is left to convert (a GGUF conversion imports transformers too, outside the
+        # loader's lock). While that thread runs, the interpreter switches threads every 0.1 ms
+        # instead of 5: each CUDA call of the graph capture that lets the GIL go would otherwise
+        # wait up to 5 ms for the importing thread to hand it back (the capture took 8-20 s
+        # instead of 2 on an H200).
         tokenizer_path = args.tokenizer_path or args.model_path
         tokenizer_job, switch_interval = None, sys.getswitchinterval()
         converted = args.model_path and os.path.isfile(os.path.join(args.model_path,
                                                                     "config.json"))
-        if converted and tokenizer_path and os.path.isfile(
-                os.path.join(tokenizer_path, "tokenizer_config.json")):
+        if (converted and tokenizer_path
+                and os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json"))
+                and light_tokenizer_reason(tokenizer_path) is not None):
             sys.setswitchinterval(1e-4)
             tokenizer_job = ThreadPoolExecutor(1, "tokenizer").submit(load_tokenizer,
                                                                       tokenizer_path)
@@ -116,9 +122,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         if draft_model is not None:
             draft_model.attach(runner, kv)
         startup.merge(runner.startup)
-        with startup.phase("tokenizer"):   # (what is left of it: it ran alongside)
+        with startup.phase("tokenizer"):   # (a thread's: what is left of it)
             tokenizer = (tokenizer_job.result() if tokenizer_job is not None
-                         else load_tokenizer(runner.tokenizer_path))
+                         else load_ids_tokenizer(runner.tokenizer_path))
         sys.setswitchinterval(switch_interval)
         with startup.phase("scheduler"):
             scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv,

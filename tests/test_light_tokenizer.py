@@ -1,0 +1,105 @@
+"""The light tokenizer (model_executor/light_tokenizer.py) the scheduler and the detokenizer use
+instead of transformers' must give transformers' answers, id for id and character for character,
+on the bundled model's tokenizer; and it must refuse the tokenizers where it might not."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import pytest
+
+from radixlm.model_executor.gguf_convert import bundled_gguf_path
+from radixlm.model_executor.light_tokenizer import (LightTokenizer, full_tokenizer,
+                                                    light_tokenizer_reason, load_ids_tokenizer)
+from radixlm.model_executor.weight_source import load_tokenizer, resolve_tokenizer_dir
+
+TEXTS = [
+    "", " ", "  two  spaces ", "Hello, world!", "The capital of France is Paris.\n\nNext line",
+    "naïve café – “quotes” — 東京 🚀🚀 emoji", "\t tabs\tand\r\nwindows newlines",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|>text after",
+    'def f(x):\n    return {"a": [1, 2.5e-3, null]}  # code', "don't won't I'm we're they've",
+    " .leading punctuation ,spaces ?", "1234567890 3.14159 -42", "a" * 300,
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> str:
+    return resolve_tokenizer_dir(bundled_gguf_path())
+
+
+@pytest.fixture(scope="module")
+def pair(tokenizer_dir):
+    light = load_ids_tokenizer(bundled_gguf_path())
+    assert isinstance(light, LightTokenizer), light_tokenizer_reason(tokenizer_dir)
+    return light, load_tokenizer(tokenizer_dir)
+
+
+def test_encode_matches_transformers(pair):
+    light, hf = pair
+    for text in TEXTS:
+        assert light.encode(text, add_special_tokens=False) == \
+            hf.encode(text, add_special_tokens=False), text
+
+
+def test_decode_matches_transformers(pair):
+    light, hf = pair
+    assert len(light) == len(hf)
+    rng = random.Random(0)
+    n = len(hf)
+    special = sorted(hf.all_special_ids)
+    cases = [[i] for i in range(0, n, 97)] + [[i] for i in special]
+    cases += [[rng.randrange(n) for _ in range(rng.randrange(1, 24))] for _ in range(200)]
+    cases += [rng.sample(special, 1) + [rng.randrange(n) for _ in range(5)] + special
+              for _ in range(20)]
+    # Partial UTF-8: the first token of a multi-byte character decodes as U+FFFD in both.
+    cases += [hf.encode(t, add_special_tokens=False)[:k] for t in TEXTS[5:6] for k in range(1, 12)]
+    for ids in cases:
+        for skip in (False, True):
+            assert light.decode(ids, skip_special_tokens=skip,
+                                spaces_between_special_tokens=True) == \
+                hf.decode(ids, skip_special_tokens=skip), (ids, skip)
+
+
+def test_full_gives_transformers_tokenizer_once(pair):
+    light, hf = pair
+    full = full_tokenizer(light)
+    assert type(full) is type(hf) and full_tokenizer(light) is full
+    assert full_tokenizer(hf) is hf
+
+
+def _variant(src: str, dst: str, **config_changes) -> str:
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for key, value in config_changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return dst
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"tokenizer_class": "Qwen2Tokenizer"}, "tokenizer class"),
+    ({"clean_up_tokenization_spaces": True}, "clean_up_tokenization_spaces"),
+    ({"clean_up_tokenization_spaces": None}, "clean_up_tokenization_spaces"),
+    ({"auto_map": {"AutoTokenizer": ["x.Tok", None]}}, "custom tokenizer code"),
+])
+def test_refuses_what_transformers_may_answer_differently(tokenizer_dir, tmp_path, changes,
+                                                          reason):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"), **changes)
+    assert reason in (light_tokenizer_reason(path) or "")
+    if "auto_map" not in changes:   # (transformers would look for the custom code)
+        assert not isinstance(load_ids_tokenizer(path), LightTokenizer)
+
+
+def test_refuses_without_tokenizer_json(tokenizer_dir, tmp_path):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"))
+    os.remove(os.path.join(path, "tokenizer.json"))
+    assert light_tokenizer_reason(path) == "no tokenizer.json"
