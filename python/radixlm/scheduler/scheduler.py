@@ -23,12 +23,13 @@ from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
-                                       SchedulerStats, ShutdownReq, TokenizedGenerateReq)
+                                       ShutdownReq, TokenizedGenerateReq)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.draft_model import DraftModel
+from radixlm.scheduler.figures import log_decode_batch, scheduler_stats
 from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
                                       pick_retraction_victim)
 from radixlm.scheduler.policy import SchedulePolicy
@@ -103,6 +104,7 @@ class Scheduler:
         self.gen_throughput = GenThroughput()
         self.stopped = False
         self._grammar_backend = None
+        self._grammar_error: str | None = None
         self.check_invariants = envs.check_invariants()
         self.overlap = (not config.disable_overlap_schedule
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
@@ -165,7 +167,7 @@ class Scheduler:
             if launched.batch.forward_mode.is_decode:
                 self.decode_steps += 1
                 if self.decode_steps % DECODE_LOG_INTERVAL == 0:
-                    self._log_decode()
+                    log_decode_batch(self)
         return launched is not None
 
     @property
@@ -234,7 +236,7 @@ class Scheduler:
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
         elif isinstance(msg, GetStatsReq):
-            self.send(self.stats())
+            self.send(scheduler_stats(self))
         elif isinstance(msg, ProfileReq):
             self.send(self.profiler.handle(msg))
         elif isinstance(msg, ShutdownReq):
@@ -253,10 +255,10 @@ class Scheduler:
         self.arrivals += 1
         key = ConstraintKey.of(req.sampling_params)
         if key is not None:
-            if self.grammar_backend is None:
-                self.results.finish(req, FinishReason(
-                    "abort", message="constrained decoding is off (--grammar-backend none)",
-                    status_code=400))
+            if self.grammar_backend is None:   # off, or it failed to start (logged once)
+                self.results.finish(req, FinishReason("abort", message=self._grammar_error or (
+                    "constrained decoding is off (--grammar-backend none)"),
+                    status_code=503 if self._grammar_error else 400))
                 return
             req.grammar_future = self.grammar_backend.compile(key)
         capacity = self.runner.max_total_num_tokens - self.kv.page_size
@@ -330,11 +332,16 @@ class Scheduler:
     @property
     def grammar_backend(self):
         """Created on the first constrained request (xgrammar is only imported then)."""
-        if self._grammar_backend is None and self.config.grammar_backend != "none":
+        if (self._grammar_backend is None and self.config.grammar_backend != "none"
+                and self._grammar_error is None):
             mc = self.runner.model_config
-            self._grammar_backend = create_grammar_backend(
-                self.config.grammar_backend, self.tokenizer, mc.vocab_size,
-                list(mc.eos_token_ids))
+            try:
+                self._grammar_backend = create_grammar_backend(
+                    self.config.grammar_backend, self.tokenizer, mc.vocab_size,
+                    list(mc.eos_token_ids))
+            except Exception as e:   # (its imports, or transformers' tokenizer, failed)
+                logger.exception("the grammar backend could not start")
+                self._grammar_error = f"constrained decoding is unavailable: {e}"
         return self._grammar_backend
 
     def _resolve_grammars(self) -> None:
@@ -481,35 +488,7 @@ class Scheduler:
         if batch.forward_mode.is_extend:
             self.running.extend(reqs)  # they decode from the next step on
 
-    # ------------------------------------------------------------------ figures
-
-    def stats(self) -> SchedulerStats:
-        alloc = self.kv.allocator
-        total = alloc.total_size
-        in_use = total - self.kv.available_size()
-        return SchedulerStats(
-            num_running_reqs=len(self.running) + (1 if self.chunked_req else 0),
-            num_waiting_reqs=len(self.waiting), max_total_num_tokens=total,
-            available_kv_tokens=alloc.available_size(),
-            evictable_kv_tokens=self.prefix_cache.evictable_size(),
-            protected_kv_tokens=self.prefix_cache.protected_size(),
-            token_usage=in_use / total if total else 0.0,
-            cache_hit_rate=(self.cached_tokens_total / self.prompt_tokens_total
-                            if self.prompt_tokens_total else 0.0),
-            num_retractions=self.num_retractions, new_token_ratio=self.ratio.value,
-            overlapped_steps=self.overlapped_steps,
-            grammar_rejections=self.grammar_rejections,
-            generated_tokens_total=self.gen_throughput.total_tokens,
-            last_gen_throughput=self.gen_throughput.read(),
-            weight_bytes=self.runner.weight_bytes, kv_cache_bytes=self.runner.kv_pool.nbytes,
-            **(self.speculator.totals.as_stats() if self.speculator else {}))
-
-    def _log_decode(self) -> None:
-        st = self.stats()   # (the throughput window closes here: a rate over the interval)
-        accept = f"accept len: {st.spec_accept_length:.2f}, " if st.spec_verify_steps else ""
-        logger.info("decode batch: #running-req: %d, token usage: %.2f, %sgen throughput "
-                    "(token/s): %.2f, #queue-req: %d", st.num_running_reqs, st.token_usage,
-                    accept, st.last_gen_throughput, st.num_waiting_reqs)
+    # ------------------------------------------------------------------ checks
 
     def check_memory_invariant(self) -> None:
         """free + evictable + protected + owned by requests == total (tests call this)."""
