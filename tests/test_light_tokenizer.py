@@ -70,18 +70,21 @@ def test_full_gives_transformers_tokenizer_once(pair):
     assert full_tokenizer(hf) is hf
 
 
+def _edit_json(path: str, changes: dict) -> None:
+    with open(path) as f:
+        data = json.load(f)
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
 def _variant(src: str, dst: str, **config_changes) -> str:
     shutil.copytree(src, dst)
-    path = os.path.join(dst, "tokenizer_config.json")
-    with open(path) as f:
-        config = json.load(f)
-    for key, value in config_changes.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    with open(path, "w") as f:
-        json.dump(config, f)
+    _edit_json(os.path.join(dst, "tokenizer_config.json"), config_changes)
     return dst
 
 
@@ -90,6 +93,7 @@ def _variant(src: str, dst: str, **config_changes) -> str:
     ({"clean_up_tokenization_spaces": True}, "clean_up_tokenization_spaces"),
     ({"clean_up_tokenization_spaces": None}, "clean_up_tokenization_spaces"),
     ({"auto_map": {"AutoTokenizer": ["x.Tok", None]}}, "custom tokenizer code"),
+    ({"split_special_tokens": True}, "split_special_tokens"),
 ])
 def test_refuses_what_transformers_may_answer_differently(tokenizer_dir, tmp_path, changes,
                                                           reason):
@@ -103,3 +107,64 @@ def test_refuses_without_tokenizer_json(tokenizer_dir, tmp_path):
     path = _variant(tokenizer_dir, str(tmp_path / "tok"))
     os.remove(os.path.join(path, "tokenizer.json"))
     assert light_tokenizer_reason(path) == "no tokenizer.json"
+
+
+def _assert_refused_or_equal(path: str) -> None:
+    """Where the light tokenizer is offered it must give transformers' answers."""
+    light = load_ids_tokenizer(path)
+    if not isinstance(light, LightTokenizer):
+        return
+    hf = load_tokenizer(path)
+    assert len(light) == len(hf)
+    for text in TEXTS:
+        ids = hf.encode(text, add_special_tokens=False)
+        assert light.encode(text, add_special_tokens=False) == ids, text
+        for skip in (False, True):
+            assert light.decode(ids, skip_special_tokens=skip) == \
+                hf.decode(ids, skip_special_tokens=skip), text
+
+
+def test_truncation_and_padding_in_tokenizer_json_are_not_applied(tokenizer_dir, tmp_path):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"))
+    _edit_json(os.path.join(path, "tokenizer.json"), {
+        "truncation": {"direction": "Right", "max_length": 4, "strategy": "LongestFirst",
+                       "stride": 0},
+        "padding": {"strategy": {"Fixed": 32}, "direction": "Right", "pad_to_multiple_of": None,
+                    "pad_id": 2, "pad_type_id": 0, "pad_token": "<|im_end|>"}})
+    assert isinstance(load_ids_tokenizer(path), LightTokenizer)
+    _assert_refused_or_equal(path)
+
+
+@pytest.mark.parametrize("changes", [
+    {"extra_special_tokens": ["<tok_x>"]},
+    {"additional_special_tokens": ["<tok_y>"]},
+    {"eos_token": "<tok_z>"},
+])
+def test_special_tokens_the_files_lack_are_refused(tokenizer_dir, tmp_path, changes):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"), **changes)
+    assert not isinstance(load_ids_tokenizer(path), LightTokenizer)
+
+
+def test_a_named_token_not_special_in_tokenizer_json_is_refused(tokenizer_dir, tmp_path):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"))
+    tj = os.path.join(path, "tokenizer.json")
+    with open(tj) as f:
+        data = json.load(f)
+    for token in data["added_tokens"]:
+        if token["content"] == "<|im_end|>":
+            token["special"] = False
+    with open(tj, "w") as f:
+        json.dump(data, f)
+    assert not isinstance(load_ids_tokenizer(path), LightTokenizer)
+    _assert_refused_or_equal(path)
+
+
+@pytest.mark.parametrize("model_type, light", [("qwen2", False), ("phi3", False),
+                                               ("llama", True)])
+def test_model_types_transformers_rebuilds_are_refused(tokenizer_dir, tmp_path, model_type,
+                                                       light):
+    path = _variant(tokenizer_dir, str(tmp_path / "tok"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"model_type": model_type}, f)
+    assert isinstance(load_ids_tokenizer(path), LightTokenizer) == light
+    assert (f"model type {model_type!r}" == light_tokenizer_reason(path)) != light

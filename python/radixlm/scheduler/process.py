@@ -60,8 +60,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         with startup.phase("imports"):
             from radixlm.distributed.parallel_state import init_tensor_parallel
             from radixlm.mem_cache.hiradix_cache import HiCacheConfig
-            from radixlm.model_executor.light_tokenizer import (light_tokenizer_reason,
-                                                                load_ids_tokenizer)
+            from radixlm.model_executor.light_tokenizer import (load_ids_tokenizer,
+                                                                load_light_tokenizer)
             from radixlm.model_executor.model_runner import create_runner_and_kv
             from radixlm.model_executor.runner_config import RunnerConfig
             from radixlm.model_executor.weight_source import load_tokenizer
@@ -69,8 +69,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             from radixlm.scheduler.scheduler import Scheduler
 
         # The scheduler only encodes and decodes (stop strings, jump-forward): where
-        # tokenizer.json gives transformers' answers it is read directly after the graphs
-        # (~0.2 s, no transformers import; model_executor/light_tokenizer.py). Otherwise
+        # tokenizer.json gives transformers' answers it is read directly (~0.15 s, no
+        # transformers import; model_executor/light_tokenizer.py). Otherwise
         # transformers' tokenizer (seconds of imports) loads on a thread meanwhile, only when
         # nothing is left to convert (a GGUF conversion imports transformers too, outside the
         # loader's lock). While that thread runs, the interpreter switches threads every 0.1 ms
@@ -81,9 +81,11 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         tokenizer_job, switch_interval = None, sys.getswitchinterval()
         converted = args.model_path and os.path.isfile(os.path.join(args.model_path,
                                                                     "config.json"))
-        if (converted and tokenizer_path
-                and os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json"))
-                and light_tokenizer_reason(tokenizer_path) is not None):
+        with startup.phase("tokenizer"):
+            light_tokenizer = (load_light_tokenizer(tokenizer_path)
+                               if converted and tokenizer_path else None)
+        if (light_tokenizer is None and converted and tokenizer_path
+                and os.path.isfile(os.path.join(tokenizer_path, "tokenizer_config.json"))):
             sys.setswitchinterval(1e-4)
             tokenizer_job = ThreadPoolExecutor(1, "tokenizer").submit(load_tokenizer,
                                                                       tokenizer_path)
@@ -123,8 +125,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             draft_model.attach(runner, kv)
         startup.merge(runner.startup)
         with startup.phase("tokenizer"):   # (a thread's: what is left of it)
-            tokenizer = (tokenizer_job.result() if tokenizer_job is not None
-                         else load_ids_tokenizer(runner.tokenizer_path))
+            tokenizer = light_tokenizer or (tokenizer_job.result() if tokenizer_job is not None
+                                            else load_ids_tokenizer(runner.tokenizer_path))
         sys.setswitchinterval(switch_interval)
         with startup.phase("scheduler"):
             scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv,

@@ -340,6 +340,8 @@ class Scheduler:
                     self.config.grammar_backend, self.tokenizer, mc.vocab_size,
                     list(mc.eos_token_ids))
             except Exception as e:   # (its imports, or transformers' tokenizer, failed)
+                if self.config.tp_size > 1:
+                    raise   # (every rank must decide alike: they stop, as they did before)
                 logger.exception("the grammar backend could not start")
                 self._grammar_error = f"constrained decoding is unavailable: {e}"
         return self._grammar_backend
