@@ -63,6 +63,12 @@ def test_decode_matches_transformers(pair):
                 hf.decode(ids, skip_special_tokens=skip), (ids, skip)
 
 
+def test_encode_with_special_tokens_is_transformers_own(pair):
+    light, hf = pair
+    for text in TEXTS[:4]:
+        assert light.encode(text) == hf.encode(text)
+
+
 def test_full_gives_transformers_tokenizer_once(pair):
     light, hf = pair
     full = full_tokenizer(light)

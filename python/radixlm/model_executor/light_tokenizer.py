@@ -52,7 +52,9 @@ class LightTokenizer:
         self._full_lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens:   # (transformers may rebuild the post-processor from its config)
+            return self.full().encode(text, add_special_tokens=True)
+        return self.backend_tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: int | Sequence[int], skip_special_tokens: bool = False,
                **_slow_only: Any) -> str:
