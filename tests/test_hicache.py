@@ -272,3 +272,35 @@ def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     third = make_engine(**kwargs).generate(prompt, params)
     assert third["output_ids"] == plain["output_ids"]
     assert third["meta_info"]["cached_tokens"] == 0
+
+
+def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():
+    """Matching copies a host-tier prefix into device slots, evicting others for room: the
+    scheduler must not match (load) for a request it then turns away, as it would every step."""
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.prefill import AddResult, PrefillAdder
+    from radixlm.scheduler.request import Req
+
+    cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
+    a, b = list(range(100, 130)), list(range(200, 230))
+    assert cache_tokens(cache, pool, alloc, a) and cache_tokens(cache, pool, alloc, b)
+    assert cache.tokens_to_load(a + [1]) == 30 and cache.tokens_to_load(b) == 0
+    held = alloc.alloc(alloc.available_size())     # a running request holds the free slots
+
+    def admit() -> AddResult:
+        req = Req(rid="q", origin_input_ids=a + list(range(300, 310)),
+                  sampling_params=SamplingParams(max_new_tokens=4), seed=0, arrival=0)
+        adder = PrefillAdder(cache, alloc, [], 0.0, 1 << 20, None, 4)
+        result = adder.add(req)
+        for r in adder.added:
+            cache.dec_lock_ref(r.last_node)
+        return result
+
+    # 30 tokens to load + 10 new do not fit the 30 evictable ones: nothing is loaded.
+    assert admit() == AddResult.NO_ROOM
+    assert cache.loaded_tokens == 0 and cache.peek_prefix(b)[0] == 30
+    assert alloc.available_size() == 0 and cache.evictable_size() == 30   # b still on device
+    alloc.free(held)
+    assert admit() == AddResult.ADDED
+    assert cache.loaded_tokens == 30
+    check_accounting(cache, alloc)

@@ -37,6 +37,23 @@ def timed(fn: Callable[[], T]) -> tuple[T, float]:
     return result, t.seconds
 
 
+def cuda_median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
+    """Median GPU time of `call()` in seconds, by CUDA events around each call (after one call
+    to warm up)."""
+    import torch
+
+    call()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def median(values: Iterable[float]) -> float:
     xs = sorted(values)
     if not xs:

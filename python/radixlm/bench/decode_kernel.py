@@ -15,21 +15,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.common import (cuda_median_seconds, default_output_path, environment,
+                                  print_summary, write_json)
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-
-
-def _median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append({"block_n": block_n, "warps": warps, "stages": stages,
                              "splits": splits, "error": str(e)[:100]})
                 continue
-            t = _median_seconds(call)
+            t = cuda_median_seconds(call)
             rows.append({"block_n": block_n, "warps": warps, "stages": stages, "splits": splits,
                          "seconds": t, "fraction_of_copy_bw": kv_bytes / t / bw})
         ok = sorted((r for r in rows if "seconds" in r), key=lambda r: r["seconds"])
@@ -113,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # decode_attention's warps and stages for the pool's dtype (None: its own choice).
         splits = choose_max_kv_splits(bs, hk, ctx, num_sms(dev))
         backend = dict(block_n=decode_block_n(d, dt), warps=None, stages=None, splits=splits)
-        t16 = _median_seconds(run(k_buf, v_buf, **backend))
-        t8 = _median_seconds(run(k8, v8, **backend))
+        t16 = cuda_median_seconds(run(k_buf, v_buf, **backend))
+        t8 = cuda_median_seconds(run(k8, v8, **backend))
         result[ns.kv_cache_dtype] = {
             "kv_bytes": kv_bytes8, "best": ok8[0], "all": rows8,
             "backend_default": {**backend, "bf16_seconds": t16, "fp8_seconds": t8,

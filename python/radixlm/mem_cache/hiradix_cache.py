@@ -15,8 +15,9 @@ device slots, so a node is only ever device-resident if its parent is.
 - Host eviction (to make room for a backup) takes host-only leaves, least recently used first.
 - A match that runs into host-only nodes loads them back into fresh device slots (evicting
   other device nodes if needed, never the path being loaded), so the request starts from the
-  whole prefix. Copies between the tiers are asynchronous (kv_transfer.py): one gathered block
-  through pinned staging memory per node, queued on the compute stream.
+  whole prefix. A copy between the tiers is one kernel on the compute stream that reads or
+  writes the page-locked host pool directly (kv_transfer.py, kv_copy_kernel.py): ordered with
+  the forward passes, nothing for the host to wait for.
 - Inserting over host-only nodes adopts the request's own device slots for them.
 
 Accounting: the device counts of RadixCache (free + evictable + protected + owned == total)
@@ -40,8 +41,7 @@ from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
-from radixlm.mem_cache.kv_transfer import (HostWriter, gather_rows, load_to_device,
-                                           rows_shape, scatter_rows)
+from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows, rows_shape, scatter_rows
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
@@ -141,9 +141,12 @@ class HiRadixCache(RadixCache):
         # (an fp8 device pool gets an fp8 host pool, twice the tokens per host byte too).
         self.host_pool = KVPool(host_slots, device_pool.num_layers, device_pool.num_kv_heads,
                                 device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned,
-                                k_scale=device_pool.k_scale, v_scale=device_pool.v_scale)
-        self.host_allocator = KVAllocator(host_slots, ps, "cpu")
-        self.host_writer = HostWriter(device_pool, self.host_pool)
+                                k_scale=device_pool.k_scale, v_scale=device_pool.v_scale,
+                                single_allocation=True)
+        # The host pool's slot numbers live where the copies are made: on a GPU machine only the
+        # copy kernel reads them, and a host tensor would cost a synchronising copy per use.
+        self.host_allocator = KVAllocator(host_slots, ps, device_pool.device)
+        self.copier = TierCopier(device_pool, self.host_pool)
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
         self.backed_up_tokens = 0    # device -> host
         self.storage_hit_tokens = 0  # L3 -> device
@@ -178,7 +181,7 @@ class HiRadixCache(RadixCache):
             slots = self.host_allocator.alloc(n)
             if slots is None:
                 return False
-        self.host_writer.write(node.value, slots)
+        self.copier.to_host(node.value, slots)
         node.host_value = slots
         self.backed_up_tokens += n
         return True
@@ -224,7 +227,6 @@ class HiRadixCache(RadixCache):
         """Bring host-only `nodes` (a path, top-down, below `protect`) back to the device.
         Returns how many of them were loaded (a prefix of the list: fewer if the device is
         full even after evicting everything else that may go)."""
-        self.host_writer.drain(wait=True)    # backups still in flight must land first
         need = sum(len(n.key) for n in nodes)
         short = need - self.allocator.available_size()
         if short > 0:
@@ -242,7 +244,7 @@ class HiRadixCache(RadixCache):
             slots = self.allocator.alloc(len(node.key))
             if slots is None:
                 break
-            load_to_device(self.host_pool, node.host_value, self.device_pool, slots)
+            self.copier.to_device(node.host_value, slots)
             node.value = slots
             self.evictable_size_ += len(node.key)
             self.loaded_tokens += len(node.key)
@@ -251,8 +253,10 @@ class HiRadixCache(RadixCache):
 
     # ---------------------------------------------------------------- RadixCache overrides
 
+    def tokens_to_load(self, key: Sequence[int]) -> int:
+        return sum(n for node, n in self._peek_path(key) if node.value is None)
+
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        self.host_writer.drain()
         match = self._match(key)
         if self.storage is not None and self._fetch_from_storage(key, match):
             match = self._match(key)
@@ -372,7 +376,6 @@ class HiRadixCache(RadixCache):
         """Free at least num_tokens device slots: device leaves (no device-resident child),
         unlocked, least recently used first; each stays on the host if it has (or, under
         write_back / selective, can get) a host copy."""
-        self.host_writer.drain()   # decode-only phases evict too: keep the pending copies few
         heap = [n for n in self._leaves(counts=lambda c: c.value is not None)
                 if n.lock_ref == 0]
         heapq.heapify(heap)
@@ -394,10 +397,10 @@ class HiRadixCache(RadixCache):
         return freed
 
     def all_host_values(self) -> torch.Tensor:
-        return self._collect("host_value", torch.device("cpu"))
+        return self._collect("host_value", self.host_allocator.device)
 
     def close(self) -> None:
-        self.host_writer.drain(wait=True)
+        self.copier.synchronize()
         if self.storage is not None:
             self.writer.flush()
 

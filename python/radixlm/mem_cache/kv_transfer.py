@@ -1,17 +1,9 @@
-"""Moving KV between the device pool and the hierarchical cache's host pool without making the
-host wait for the GPU.
+"""Moving KV between the device pool and the hierarchical cache's host pool
+(`TierCopier`), and the row gathers / scatters the file tier uses (`gather_rows`,
+`scatter_rows`: a block [layers, 2 (K, V), n, heads, dim]).
 
-- Device -> host (`HostWriter`): the rows are gathered on the device into one block
-  [layers, 2 (K, V), n, heads, dim] and copied into pinned staging memory by one asynchronous
-  copy queued on the current stream, after the kernels that wrote them, so the device slots can
-  be reused at once (later writes to them are queued after the copy). The rows are scattered
-  into the host pool on the host once the copy is done: `drain()` does it for finished copies,
-  `drain(wait=True)` for all (before anything reads the host pool).
-- Host -> device (`load_to_device`): the host rows are gathered into pinned staging memory, copied
-  to the device asynchronously, and scattered into the device pool by kernels on the same
-  stream, so the prefill that follows sees them.
-
-On the CPU both pools are host memory and the copies are plain.
+On a GPU machine the copies between the tiers are one kernel each that reads or writes the
+page-locked host pool directly (kv_copy_kernel.py); on the CPU they are plain gathers/scatters.
 
 The host pool has the device pool's storage dtype (and scales), so the copies move raw bytes: an
 fp8 pool's rows stay fp8 in every tier and in the file tier. PyTorch lacks index_copy_ for fp8
@@ -19,8 +11,6 @@ on the CPU, so fp8 rows are moved as uint8 views of the same bytes.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 import torch
 
@@ -60,46 +50,67 @@ def scatter_rows(pool: KVPool, slots: torch.Tensor, rows: torch.Tensor) -> None:
         _raw(pool.v_buffers[layer]).index_copy_(0, slots, raw_rows[layer, 1])
 
 
-class HostWriter:
+class TierCopier:
+    """Copies KV rows between the device pool and the host pool.
+
+    On a GPU machine each copy is one kernel launch on the current stream (kv_copy_kernel.py:
+    it reads or writes the page-locked host pool directly), so the copies are ordered with the
+    forward passes like any kernel: a backup reads a node's rows after the forwards that wrote
+    them and before a later step reuses its slots, a load lands before the prefill that reads
+    it, and a host slot freed and handed out again is written after the copies that read it.
+    The host never touches the host pool, so nothing needs draining or waiting for. On the CPU
+    both pools are host memory and the copies are plain PyTorch gathers/scatters.
+
+    Tried and dropped: the copies on a stream of their own, issued layer by layer before each
+    forward, with each attention layer waiting for its own layer's event (so a prefill starts
+    while later layers still load). On the H200 multi-turn benchmark it was slower (1.99x and
+    2.13x HiCache on/off against 2.31x for this; probably the copies competing with the forward
+    for the SMs, while a mostly-cached prefill is mostly loading and waits for them anyway).
+    """
+
     def __init__(self, device_pool: KVPool, host_pool: KVPool):
+        if (host_pool.num_layers, host_pool.num_kv_heads, host_pool.head_dim, host_pool.dtype) \
+                != (device_pool.num_layers, device_pool.num_kv_heads, device_pool.head_dim,
+                    device_pool.dtype):
+            raise ValueError("the host KV pool must have the device pool's layout and dtype")
         self.device_pool = device_pool
         self.host_pool = host_pool
-        self.pending: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = deque()
+        self.on_gpu = device_pool.device.type == "cuda"
+        if self.on_gpu:
+            from radixlm.mem_cache import kv_copy_kernel as kernel
+            self._kernel = kernel
+            self.row_bytes = device_pool.num_kv_heads * device_pool.head_dim * \
+                device_pool.dtype.itemsize
+            self.word = kernel.word_size(self.row_bytes)
+            self._device = kernel.PoolAddressing(device_pool.buffers(), self.word,
+                                                 device_pool.device)
+            self._host = kernel.PoolAddressing(host_pool.buffers(), self.word,
+                                               device_pool.device)
 
-    def write(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
-        """host_pool[host_slots] = device_pool[device_slots], finished later by drain()."""
-        host_slots = host_slots.to("cpu")
-        if self.device_pool.device.type != "cuda":
+    def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """host_pool[host_slots] = device_pool[device_slots]."""
+        if not self.on_gpu:
             scatter_rows(self.host_pool, host_slots, gather_rows(self.device_pool, device_slots))
             return
-        rows = gather_rows(self.device_pool, device_slots.to(self.device_pool.device))
-        staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-        staging.copy_(rows, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self.pending.append((done, staging, host_slots))
+        self._kernel.copy_rows(self._device, self._on_device(device_slots), self._host,
+                               self._on_device(host_slots), self.row_bytes, self.word)
 
-    def drain(self, wait: bool = False) -> None:
-        """Scatter finished copies into the host pool, in order (all of them with wait)."""
-        while self.pending:
-            done, staging, host_slots = self.pending[0]
-            if not wait and not done.query():
-                return
-            done.synchronize()
-            scatter_rows(self.host_pool, host_slots, staging)
-            self.pending.popleft()
+    def to_device(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """device_pool[device_slots] = host_pool[host_slots]."""
+        if not self.on_gpu:
+            scatter_rows(self.device_pool, device_slots, gather_rows(self.host_pool, host_slots))
+            return
+        self._kernel.copy_rows(self._host, self._on_device(host_slots), self._device,
+                               self._on_device(device_slots), self.row_bytes, self.word)
 
+    def synchronize(self) -> None:
+        """Wait on the host until every copy is done (before the host reads a pool)."""
+        if self.on_gpu:
+            torch.cuda.current_stream(self.device_pool.device).synchronize()
 
-def load_to_device(host_pool: KVPool, host_slots: torch.Tensor, device_pool: KVPool,
-                   device_slots: torch.Tensor) -> None:
-    """device_pool[device_slots] = host_pool[host_slots], queued on the current stream."""
-    host_slots = host_slots.to("cpu")
-    if device_pool.device.type != "cuda":
-        scatter_rows(device_pool, device_slots, gather_rows(host_pool, host_slots))
-        return
-    staging = torch.empty(rows_shape(host_pool, len(host_slots)), dtype=host_pool.dtype,
-                          pin_memory=True)
-    gather_rows(host_pool, host_slots, out=staging)
-    # The caching host allocator keeps `staging` alive until the copy has run.
-    rows = staging.to(device_pool.device, non_blocking=True)
-    scatter_rows(device_pool, device_slots.to(device_pool.device), rows)
+    def _on_device(self, slots: torch.Tensor) -> torch.Tensor:
+        if slots.device != self.device_pool.device:
+            # A copy from pageable host memory makes the host wait for the GPU; the hierarchical
+            # cache keeps its slot numbers on the GPU for that reason.
+            slots = slots.to(self.device_pool.device)
+        return slots

@@ -6,6 +6,8 @@ lives where is the radix cache's job (radix_cache.py).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from radixlm.core.kv_quant import is_fp8, quantize
@@ -38,6 +40,31 @@ class ReqToTokenPool:
         self._free = list(range(self.size))
 
 
+class PinnedHostMemory:
+    """Page-locks an existing CPU tensor's memory and maps it for the GPU (cudaHostRegister),
+    for as long as this object lives.
+
+    Not `Tensor.pin_memory()`: that copies into memory from PyTorch's pinned allocator, which
+    rounds every block up to a power of two (a 40 GiB host pool would lock 64 GiB)."""
+
+    _PORTABLE_AND_MAPPED = 1 | 2    # cudaHostRegisterPortable | cudaHostRegisterMapped
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self._ptr = tensor.data_ptr()
+        nbytes = tensor.numel() * tensor.element_size()
+        err = int(torch.cuda.cudart().cudaHostRegister(self._ptr, nbytes,
+                                                       self._PORTABLE_AND_MAPPED))
+        if err != 0:
+            raise RuntimeError(f"could not page-lock {nbytes / 2 ** 30:.1f} GiB of host memory "
+                               f"for the KV cache (CUDA error {err})")
+        self._finalizer = weakref.finalize(self, _unregister, self._ptr)
+
+
+def _unregister(ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
 class KVPool:
     """Per-layer K and V tensors of shape [num_slots, num_kv_heads, head_dim].
 
@@ -57,9 +84,11 @@ class KVPool:
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False,
-                 k_scale: float = 1.0, v_scale: float = 1.0):
-        """`pin_memory`: page-locked host buffers (the hierarchical cache's host tier on a GPU
-        machine, so copies to and from the device run at full speed)."""
+                 k_scale: float = 1.0, v_scale: float = 1.0, single_allocation: bool = False):
+        """`single_allocation`: all buffers are views of one tensor [2 * layers, slots, heads,
+        dim] (K0, V0, K1, ...), so one mapping covers them (the hierarchical cache's host tier,
+        which the GPU addresses directly: mem_cache/kv_copy_kernel.py). `pin_memory` (with
+        it): that tensor is page-locked and mapped into the GPU's address space."""
         if not (k_scale > 0 and v_scale > 0):
             raise ValueError(f"KV scales must be positive, got k {k_scale}, v {v_scale}")
         if not is_fp8(dtype) and (k_scale, v_scale) != (1.0, 1.0):
@@ -75,13 +104,25 @@ class KVPool:
         self.k_scale = float(k_scale)
         self.v_scale = float(v_scale)
         shape = (num_slots, num_kv_heads, head_dim)
-        def buffer() -> torch.Tensor:
-            t = torch.zeros(shape, dtype=dtype, device=device)
-            return t.pin_memory() if pin_memory else t
-
-        self.k_buffers = [buffer() for _ in range(num_layers)]
-        self.v_buffers = [buffer() for _ in range(num_layers)]
+        self._pinned: PinnedHostMemory | None = None
+        if single_allocation:
+            whole = torch.zeros((2 * num_layers, *shape), dtype=dtype, device=device)
+            if pin_memory:
+                self._pinned = PinnedHostMemory(whole)
+            self.k_buffers = [whole[2 * i] for i in range(num_layers)]
+            self.v_buffers = [whole[2 * i + 1] for i in range(num_layers)]
+        else:
+            if pin_memory:
+                raise ValueError("pin_memory needs single_allocation")
+            self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device)
+                              for _ in range(num_layers)]
+            self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device)
+                              for _ in range(num_layers)]
         self.v_head_dim = head_dim
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every layer's K and V buffer, in the order K0, V0, K1, V1, ..."""
+        return [b for pair in zip(self.k_buffers, self.v_buffers) for b in pair]
 
     @property
     def is_fp8(self) -> bool:

@@ -60,6 +60,12 @@ class PrefixCache(ABC):
         """Length of the cached prefix of `key` and its node, with no side effects (no node
         split, no LRU touch): for scheduling policies that only sort."""
 
+    def tokens_to_load(self, key: Sequence[int]) -> int:
+        """How many tokens of `key`'s cached prefix `match_prefix` would first copy back into
+        device slots from a lower tier (the hierarchical cache's host pool), with no side
+        effects; 0 for a cache that lives on the device only."""
+        return 0
+
     @abstractmethod
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """The cached prefix of `key`, page-aligned, for a request about to be admitted."""

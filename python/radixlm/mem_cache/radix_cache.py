@@ -129,8 +129,14 @@ class RadixCache(PrefixCache):
         side effects: no node is split and no access time changes, so a scheduling policy can
         sort the waiting queue without reshaping the tree or the LRU order. When the match ends
         inside a node, that node is returned (the request shares part of its key)."""
+        path = self._peek_path(key)
+        return sum(n for _, n in path), (path[-1][0] if path else self.root)
+
+    def _peek_path(self, key: Sequence[int]) -> list[tuple[TreeNode, int]]:
+        """The nodes `key` runs through, each with how many of its tokens match (the last one
+        possibly fewer than its key), without side effects."""
         key = key[:self._aligned(len(key))]
-        node, matched = self.root, 0
+        node, matched, path = self.root, 0, []
         while matched < len(key):
             child = node.children.get(self._child_key(key[matched:]))
             if child is None:
@@ -140,9 +146,10 @@ class RadixCache(PrefixCache):
                 break
             matched += n
             node = child
+            path.append((child, n))
             if n < len(child.key):
                 break
-        return matched, node
+        return path
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Split `child` so that its first n tokens become a new parent node; return that node.

@@ -31,7 +31,13 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         generated_tokens_total=sched.gen_throughput.total_tokens,
         last_gen_throughput=sched.gen_throughput.read(),
         weight_bytes=sched.runner.weight_bytes, kv_cache_bytes=sched.runner.kv_pool.nbytes,
-        **(sched.speculator.totals.as_stats() if sched.speculator else {}))
+        **(sched.speculator.totals.as_stats() if sched.speculator else {}),
+        **_hicache_stats(sched.prefix_cache))
+
+
+def _hicache_stats(cache: Any) -> dict[str, int]:
+    return {f"hicache_{name}": getattr(cache, name, 0)
+            for name in ("loaded_tokens", "backed_up_tokens", "storage_hit_tokens")}
 
 
 def log_decode_batch(sched: Any) -> None:

@@ -67,7 +67,11 @@ class PrefillAdder:
     def add(self, req: Req) -> AddResult:
         if self.free_req_slots <= 0:
             return AddResult.NO_ROOM
-        match = self.prefix_cache.match_prefix(req.fill_ids[:req.max_prefix_match()])
+        key = req.fill_ids[:req.max_prefix_match()]
+        to_load = self.prefix_cache.tokens_to_load(key)
+        if to_load and not self._room_to_load(req, key, to_load):
+            return AddResult.NO_ROOM
+        match = self.prefix_cache.match_prefix(key)
         head = tuple(req.fill_ids[:SHARED_PREFIX_TOKENS])
         if (self.share_prefixes and len(head) == SHARED_PREFIX_TOKENS
                 and len(match.indices) < SHARED_PREFIX_TOKENS):
@@ -106,6 +110,16 @@ class PrefillAdder:
         req.extend_input_len = extend
         self._take(req, extend)
         return AddResult.ADDED
+
+    def _room_to_load(self, req: Req, key: list[int], to_load: int) -> bool:
+        """Whether a request whose cached prefix is partly on the host tier would be admitted,
+        judged before matching: matching copies that part into device slots (evicting other
+        prefixes for room), which is wasted, and thrashes the device cache when repeated every
+        step, for a request that then does not fit."""
+        extend = req.seq_len - self.prefix_cache.peek_prefix(key)[0]
+        if self.added and extend > self.rem_input:
+            return False
+        return self._fits(req, extend + to_load)
 
     def _fits(self, req: Req, extend: int) -> bool:
         """Whether `extend` new tokens (whole pages) and the request's output reservation fit
