@@ -82,7 +82,9 @@ DOC = ("Radix trees share prefixes between requests, so a long document that man
 
 
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
-def test_gpu_engine_hicache_same_tokens(make_engine, random_llama, tokenizer_dir, policy):
+def test_gpu_engine_hicache_same_tokens(make_engine, random_llama, tokenizer_dir, policy,
+                                        monkeypatch):
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")     # float32 GEMMs in IEEE fp32
     fillers = [f"Filler text number {i}: " + "lorem ipsum dolor sit amet " * 30
                for i in range(4)]
     sequence = [DOC + "Question: what is shared?"] + fillers + [DOC + "Question: why?"]
@@ -93,12 +95,18 @@ def test_gpu_engine_hicache_same_tokens(make_engine, random_llama, tokenizer_dir
                              device="cuda", dtype="float32", max_total_tokens=600,
                              cuda_graph_max_bs=8, enable_hierarchical_cache=hicache,
                              hicache_ratio=8.0, hicache_write_policy=policy)
-        outs = [engine.generate(p, params) for p in sequence]
+        outs = [engine.generate(p, params, return_logprob=True) for p in sequence]
         # The same again as one batch: loads and backups inside a running batch.
-        outs += engine.generate(sequence, [params] * len(sequence))
+        outs += engine.generate(sequence, [params] * len(sequence), return_logprob=True)
         assert_pool_empty(engine)
         results[hicache] = outs
         engine.shutdown()
     assert [o["output_ids"] for o in results[False]] == [o["output_ids"] for o in results[True]]
+    # The logprobs too (float32, the same kernels): a loaded prefix with wrong KV would move
+    # them even where a near-random model's greedy tokens stay the same.
+    for off, on in zip(results[False], results[True]):
+        lp_off = torch.tensor([lp for lp, *_ in off["meta_info"]["output_token_logprobs"]])
+        lp_on = torch.tensor([lp for lp, *_ in on["meta_info"]["output_token_logprobs"]])
+        assert torch.allclose(lp_off, lp_on, atol=1e-3), (lp_off - lp_on).abs().max()
     assert results[False][5]["meta_info"]["cached_tokens"] < 20      # the device lost the doc
     assert results[True][5]["meta_info"]["cached_tokens"] >= 240     # the host had it

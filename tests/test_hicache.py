@@ -304,3 +304,57 @@ def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():
     assert admit() == AddResult.ADDED
     assert cache.loaded_tokens == 30
     check_accounting(cache, alloc)
+
+
+def _admit(cache, alloc, tokens: list[int], chunk: int | None = None,
+           before: list[int] | None = None):
+    """PrefillAdder.add for one request (after one that takes `before` new tokens, if given);
+    returns its result and releases the locks the adder took."""
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.prefill import PrefillAdder
+    from radixlm.scheduler.request import Req
+
+    def req(ids: list[int], rid: str) -> Req:
+        return Req(rid=rid, origin_input_ids=ids, sampling_params=SamplingParams(max_new_tokens=4),
+                   seed=0, arrival=0)
+
+    adder = PrefillAdder(cache, alloc, [], 0.0, 1 << 20, chunk, 4)
+    if before is not None:
+        adder.add(req(before, "first"))
+    result = adder.add(req(tokens, "q"))
+    for r in adder.added:
+        if r.last_node is not None:
+            cache.dec_lock_ref(r.last_node)
+    return result
+
+
+def test_admission_check_counts_the_device_part_of_the_prefix_it_would_lock():
+    """A prefix partly on the device (unlocked, so counted as evictable budget) and partly on
+    the host: locking it takes both out of the budget, so the request must not load first and
+    be refused after."""
+    from radixlm.scheduler.prefill import AddResult
+
+    cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
+    a, b = list(range(100, 130)), list(range(200, 230))
+    assert cache_tokens(cache, pool, alloc, a)
+    assert cache_tokens(cache, pool, alloc, a[:20] + b[:10])   # a[20:] goes to the host
+    assert cache.tokens_to_load(a) == 10 and cache.evictable_size() == 30
+    held = alloc.alloc(alloc.available_size() - 5)      # 5 free slots left
+    # Budget 5 + 30 = 35: 10 new tokens + 10 to load fit it, but not once the 20 device
+    # tokens of the prefix are locked too.
+    assert _admit(cache, alloc, a + list(range(300, 310))) == AddResult.NO_ROOM
+    assert cache.loaded_tokens == 0
+    alloc.free(held)
+    assert _admit(cache, alloc, a + list(range(300, 310))) == AddResult.ADDED
+    assert cache.loaded_tokens == 10
+
+
+def test_admission_with_the_chunk_budget_used_up_loads_nothing():
+    from radixlm.scheduler.prefill import AddResult
+
+    cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
+    a, b = list(range(100, 130)), list(range(200, 230))
+    assert cache_tokens(cache, pool, alloc, a) and cache_tokens(cache, pool, alloc, b)
+    assert cache.tokens_to_load(a) == 30
+    result = _admit(cache, alloc, a + [1, 2], chunk=8, before=list(range(400, 408)))
+    assert result == AddResult.NO_ROOM and cache.loaded_tokens == 0

@@ -38,7 +38,9 @@ def measure(model_path: str, num_tokens: int, seed: int = 0) -> dict[str, Any]:
     copier = TierCopier(device_pool, host_pool)
     gen = torch.Generator().manual_seed(seed)
     host_perm = torch.randperm(slots - 1, generator=gen) + 1
-    host_slots, back = host_perm[:num_tokens], host_perm[num_tokens:2 * num_tokens]
+    # On the GPU, as the server keeps them.
+    host_slots = host_perm[:num_tokens].to(device)
+    back = host_perm[num_tokens:2 * num_tokens].to(device)
     device_slots = (torch.randperm(slots - 1, generator=gen)[:num_tokens] + 1).to(device)
     for b in host_pool.buffers():
         b.normal_(generator=gen)
@@ -53,12 +55,12 @@ def measure(model_path: str, num_tokens: int, seed: int = 0) -> dict[str, Any]:
     load()
     torch.cuda.synchronize()
     for hb, db in zip(host_pool.buffers(), device_pool.buffers()):
-        if not torch.equal(db[device_slots].cpu(), hb[host_slots]):
+        if not torch.equal(db[device_slots].cpu(), hb[host_slots.cpu()]):
             raise AssertionError("host -> device copy is wrong")
     backup(back)
     torch.cuda.synchronize()
     for hb in host_pool.buffers():
-        if not torch.equal(hb[back], hb[host_slots]):
+        if not torch.equal(hb[back.cpu()], hb[host_slots.cpu()]):
             raise AssertionError("device -> host copy is wrong")
 
     nbytes = num_tokens * KVPool.bytes_per_token(layers, heads, dim, dtype)

@@ -256,6 +256,14 @@ class HiRadixCache(RadixCache):
     def tokens_to_load(self, key: Sequence[int]) -> int:
         return sum(n for node, n in self._peek_path(key) if node.value is None)
 
+    def peek_admission(self, key: Sequence[int]) -> tuple[int, int]:
+        """(length of `key`'s cached prefix, how many of its device-resident tokens are
+        unlocked), with no side effects: what admitting a request would lock, for
+        `PrefillAdder` to judge before a match loads anything."""
+        path = self._peek_path(key)
+        return (sum(n for _, n in path),
+                sum(n for node, n in path if node.value is not None and node.lock_ref == 0))
+
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         match = self._match(key)
         if self.storage is not None and self._fetch_from_storage(key, match):

@@ -33,7 +33,7 @@ _WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 _ELEMENTS_PER_PROGRAM = 4096   # words a program copies (tokens x row): ~16 KB in flight
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _copy_rows_kernel(src, src_offsets, src_slots, dst, dst_offsets, dst_slots, num_tokens,
                       ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
                       SRC_ALIGN: tl.constexpr, DST_ALIGN: tl.constexpr):
@@ -93,7 +93,9 @@ def copy_rows(src: PoolAddressing, src_slots: torch.Tensor, dst: PoolAddressing,
         return
     row = row_bytes // word
     block_r = next_pow2(row)
-    block_t = max(1, min(_ELEMENTS_PER_PROGRAM // block_r, next_pow2(num_tokens)))
+    # Shapes from the row alone, so one compiled kernel per direction serves every copy (a
+    # node of a few tokens just masks the rest of its block).
+    block_t = max(1, _ELEMENTS_PER_PROGRAM // block_r)
     grid = (triton.cdiv(num_tokens, block_t), src.offsets.numel())
     _copy_rows_kernel[grid](src.base, src.offsets, src_slots, dst.base, dst.offsets, dst_slots,
                             num_tokens, ROW=row, BLOCK_T=block_t, BLOCK_R=block_r,

@@ -86,6 +86,11 @@ class TierCopier:
                                                  device_pool.device)
             self._host = kernel.PoolAddressing(host_pool.buffers(), self.word,
                                                device_pool.device)
+            # Compile both directions now, not in the middle of serving: copy the padding
+            # slot (0, never handed out) onto itself.
+            pad = torch.zeros(1, dtype=torch.int64, device=device_pool.device)
+            self.to_host(pad, pad)
+            self.to_device(pad, pad)
 
     def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """host_pool[host_slots] = device_pool[device_slots]."""

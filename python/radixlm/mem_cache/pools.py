@@ -57,11 +57,13 @@ class PinnedHostMemory:
                                                        self._PORTABLE_AND_MAPPED))
         if err != 0:
             raise RuntimeError(f"could not page-lock {nbytes / 2 ** 30:.1f} GiB of host memory "
-                               f"for the KV cache (CUDA error {err})")
+                               f"for the hierarchical KV cache (CUDA error {err}); try a "
+                               f"smaller --hicache-size / --hicache-ratio")
         self._finalizer = weakref.finalize(self, _unregister, self._ptr)
 
 
 def _unregister(ptr: int) -> None:
+    torch.cuda.synchronize()     # no kernel may still be reading or writing it
     torch.cuda.cudart().cudaHostUnregister(ptr)
 
 

@@ -67,6 +67,9 @@ class PrefillAdder:
     def add(self, req: Req) -> AddResult:
         if self.free_req_slots <= 0:
             return AddResult.NO_ROOM
+        budget = self._budget()
+        if budget is not None and budget <= 0:    # before matching: a match may load KV
+            return AddResult.NO_ROOM
         key = req.fill_ids[:req.max_prefix_match()]
         to_load = self.prefix_cache.tokens_to_load(key)
         if to_load and not self._room_to_load(req, key, to_load):
@@ -83,9 +86,6 @@ class PrefillAdder:
             return AddResult.NO_ROOM
         first = not self.added
         if not first and extend > self.rem_input:
-            return AddResult.NO_ROOM
-        budget = self._budget()
-        if budget is not None and budget <= 0:
             return AddResult.NO_ROOM
         evictable_before = self.prefix_cache.evictable_size()
         self.prefix_cache.inc_lock_ref(match.last_node)
@@ -115,11 +115,14 @@ class PrefillAdder:
         """Whether a request whose cached prefix is partly on the host tier would be admitted,
         judged before matching: matching copies that part into device slots (evicting other
         prefixes for room), which is wasted, and thrashes the device cache when repeated every
-        step, for a request that then does not fit."""
-        extend = req.seq_len - self.prefix_cache.peek_prefix(key)[0]
+        step, for a request that then does not fit. The same test as after the match: the
+        budget loses what locking the prefix protects (its unlocked device part and the
+        loaded part, whole pages), and what is left must hold the new tokens."""
+        cached, unlocked_on_device = self.prefix_cache.peek_admission(key)
+        extend = req.seq_len - cached
         if self.added and extend > self.rem_input:
             return False
-        return self._fits(req, extend + to_load)
+        return self._fits(req, extend + unlocked_on_device + to_load)
 
     def _fits(self, req: Req, extend: int) -> bool:
         """Whether `extend` new tokens (whole pages) and the request's output reservation fit
