@@ -284,7 +284,7 @@ def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():
     cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
     a, b = list(range(100, 130)), list(range(200, 230))
     assert cache_tokens(cache, pool, alloc, a) and cache_tokens(cache, pool, alloc, b)
-    assert cache.tokens_to_load(a + [1]) == 30 and cache.tokens_to_load(b) == 0
+    assert cache.peek_load(a + [1]).to_load == 30 and cache.peek_load(b).to_load == 0
     held = alloc.alloc(alloc.available_size())     # a running request holds the free slots
 
     def admit() -> AddResult:
@@ -338,7 +338,7 @@ def test_admission_check_counts_the_device_part_of_the_prefix_it_would_lock():
     a, b = list(range(100, 130)), list(range(200, 230))
     assert cache_tokens(cache, pool, alloc, a)
     assert cache_tokens(cache, pool, alloc, a[:20] + b[:10])   # a[20:] goes to the host
-    assert cache.tokens_to_load(a) == 10 and cache.evictable_size() == 30
+    assert cache.peek_load(a).to_load == 10 and cache.evictable_size() == 30
     held = alloc.alloc(alloc.available_size() - 5)      # 5 free slots left
     # Budget 5 + 30 = 35: 10 new tokens + 10 to load fit it, but not once the 20 device
     # tokens of the prefix are locked too.
@@ -355,6 +355,6 @@ def test_admission_with_the_chunk_budget_used_up_loads_nothing():
     cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
     a, b = list(range(100, 130)), list(range(200, 230))
     assert cache_tokens(cache, pool, alloc, a) and cache_tokens(cache, pool, alloc, b)
-    assert cache.tokens_to_load(a) == 30
+    assert cache.peek_load(a).to_load == 30
     result = _admit(cache, alloc, a + [1, 2], chunk=8, before=list(range(400, 408)))
     assert result == AddResult.NO_ROOM and cache.loaded_tokens == 0

@@ -43,7 +43,7 @@ from radixlm.mem_cache.allocator import KVAllocator
 from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
 from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows, rows_shape, scatter_rows
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
-from radixlm.mem_cache.prefix_cache import MatchResult
+from radixlm.mem_cache.prefix_cache import LoadPeek, MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
 
 # Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
@@ -253,16 +253,13 @@ class HiRadixCache(RadixCache):
 
     # ---------------------------------------------------------------- RadixCache overrides
 
-    def tokens_to_load(self, key: Sequence[int]) -> int:
-        return sum(n for node, n in self._peek_path(key) if node.value is None)
-
-    def peek_admission(self, key: Sequence[int]) -> tuple[int, int]:
-        """(length of `key`'s cached prefix, how many of its device-resident tokens are
-        unlocked), with no side effects: what admitting a request would lock, for
-        `PrefillAdder` to judge before a match loads anything."""
+    def peek_load(self, key: Sequence[int]) -> LoadPeek:
         path = self._peek_path(key)
-        return (sum(n for _, n in path),
-                sum(n for node, n in path if node.value is not None and node.lock_ref == 0))
+        return LoadPeek(
+            cached=sum(n for _, n in path),
+            to_load=sum(n for node, n in path if node.value is None),
+            unlocked_on_device=sum(n for node, n in path
+                                   if node.value is not None and node.lock_ref == 0))
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         match = self._match(key)

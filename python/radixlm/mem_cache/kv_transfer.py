@@ -94,19 +94,20 @@ class TierCopier:
 
     def to_host(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """host_pool[host_slots] = device_pool[device_slots]."""
-        if not self.on_gpu:
-            scatter_rows(self.host_pool, host_slots, gather_rows(self.device_pool, device_slots))
-            return
-        self._kernel.copy_rows(self._device, self._on_device(device_slots), self._host,
-                               self._on_device(host_slots), self.row_bytes, self.word)
+        self._copy(self.device_pool, device_slots, self.host_pool, host_slots, to_host=True)
 
     def to_device(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """device_pool[device_slots] = host_pool[host_slots]."""
+        self._copy(self.host_pool, host_slots, self.device_pool, device_slots, to_host=False)
+
+    def _copy(self, src: KVPool, src_slots: torch.Tensor, dst: KVPool, dst_slots: torch.Tensor,
+              to_host: bool) -> None:
         if not self.on_gpu:
-            scatter_rows(self.device_pool, device_slots, gather_rows(self.host_pool, host_slots))
+            scatter_rows(dst, dst_slots, gather_rows(src, src_slots))
             return
-        self._kernel.copy_rows(self._host, self._on_device(host_slots), self._device,
-                               self._on_device(device_slots), self.row_bytes, self.word)
+        src_addr, dst_addr = (self._device, self._host) if to_host else (self._host, self._device)
+        self._kernel.copy_rows(src_addr, self._on_device(src_slots), dst_addr,
+                               self._on_device(dst_slots), self.row_bytes, self.word)
 
     def synchronize(self) -> None:
         """Wait on the host until every copy is done (before the host reads a pool)."""

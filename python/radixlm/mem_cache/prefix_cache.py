@@ -37,6 +37,14 @@ class MatchResult:
     last_node: Any          # the cache's handle on the match (lock it while the request runs)
 
 
+@dataclass(frozen=True)
+class LoadPeek:
+    """What matching a key would do in a cache with a lower tier, seen without doing it."""
+    cached: int              # tokens of the cached prefix, on any tier
+    to_load: int             # of those, copied back into device slots by the match
+    unlocked_on_device: int  # of those on the device, unlocked (a lock would protect them)
+
+
 class PrefixCache(ABC):
     # ---------------------------------------------------------------- sizes
 
@@ -60,11 +68,11 @@ class PrefixCache(ABC):
         """Length of the cached prefix of `key` and its node, with no side effects (no node
         split, no LRU touch): for scheduling policies that only sort."""
 
-    def tokens_to_load(self, key: Sequence[int]) -> int:
-        """How many tokens of `key`'s cached prefix `match_prefix` would first copy back into
-        device slots from a lower tier (the hierarchical cache's host pool), with no side
-        effects; 0 for a cache that lives on the device only."""
-        return 0
+    def peek_load(self, key: Sequence[int]) -> LoadPeek | None:
+        """What `match_prefix(key)` would copy back into device slots from a lower tier (the
+        hierarchical cache's host pool), with no side effects; None for a cache that lives
+        on the device only."""
+        return None
 
     @abstractmethod
     def match_prefix(self, key: Sequence[int]) -> MatchResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 
+from radixlm.mem_cache.prefix_cache import LoadPeek
 from radixlm.scheduler.request import Req
 
 # A request promising 100k new tokens should not block admission as if it will use them all.
@@ -71,8 +72,8 @@ class PrefillAdder:
         if budget is not None and budget <= 0:    # before matching: a match may load KV
             return AddResult.NO_ROOM
         key = req.fill_ids[:req.max_prefix_match()]
-        to_load = self.prefix_cache.tokens_to_load(key)
-        if to_load and not self._room_to_load(req, key, to_load):
+        peek = self.prefix_cache.peek_load(key)
+        if peek is not None and peek.to_load and not self._room_to_load(req, peek):
             return AddResult.NO_ROOM
         match = self.prefix_cache.match_prefix(key)
         head = tuple(req.fill_ids[:SHARED_PREFIX_TOKENS])
@@ -111,18 +112,17 @@ class PrefillAdder:
         self._take(req, extend)
         return AddResult.ADDED
 
-    def _room_to_load(self, req: Req, key: list[int], to_load: int) -> bool:
+    def _room_to_load(self, req: Req, peek: LoadPeek) -> bool:
         """Whether a request whose cached prefix is partly on the host tier would be admitted,
         judged before matching: matching copies that part into device slots (evicting other
         prefixes for room), which is wasted, and thrashes the device cache when repeated every
         step, for a request that then does not fit. The same test as after the match: the
         budget loses what locking the prefix protects (its unlocked device part and the
         loaded part, whole pages), and what is left must hold the new tokens."""
-        cached, unlocked_on_device = self.prefix_cache.peek_admission(key)
-        extend = req.seq_len - cached
+        extend = req.seq_len - peek.cached
         if self.added and extend > self.rem_input:
             return False
-        return self._fits(req, extend + unlocked_on_device + to_load)
+        return self._fits(req, extend + peek.unlocked_on_device + peek.to_load)
 
     def _fits(self, req: Req, extend: int) -> bool:
         """Whether `extend` new tokens (whole pages) and the request's output reservation fit
