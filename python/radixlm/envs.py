@@ -107,3 +107,9 @@ def two_shot_max_bytes() -> int | None:
     Must be equal on all ranks."""
     value = os.environ.get("RADIXLM_TWO_SHOT_MAX_BYTES")
     return int(value) if value else None
+
+
+def fused_all_reduce_norm_enabled() -> bool:
+    """RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1: tensor-parallel decoder layers all-reduce and then
+    normalise in two kernels, not in distributed/fused_all_reduce_norm.py's one (A/B runs)."""
+    return not _flag("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM")

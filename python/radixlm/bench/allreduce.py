@@ -6,7 +6,10 @@ graph (how decode runs it), and the engine's symmetric-memory one-shot path insi
 (distributed/custom_all_reduce.py), each checked against NCCL's sum on integer-valued data (exact
 in bf16). Times are per all-reduce: a graph of --ops-per-graph of them, replayed --repeats times
 after a warm-up, median over replays, the slowest rank's median reported (a collective ends when
-its last rank does). Also reports which path the engine's size limit picks and the time it saves.
+its last rank does). Also reports which path the engine's size limit picks and the time it saves,
+and, for messages of whole --hidden rows, the all-reduce with the residual add and RMSNorm after
+it: one-shot then the RMSNorm kernel (two kernels) against the fused kernel
+(distributed/fused_all_reduce_norm.py), whose results are checked against the two kernels'.
 
     python -m radixlm.bench.allreduce --tp-sizes 2 4
 """
@@ -72,6 +75,7 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
 
     from radixlm.distributed.custom_all_reduce import (SymmMemAllReduce, one_shot_limit,
                                                        two_shot_limit)
+    from radixlm.distributed.fused_all_reduce_norm import FusedAllReduceRMSNorm
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -85,9 +89,13 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
                                                                 0)
         two: SymmMemAllReduce | None = SymmMemAllReduce.create(group, world, device, 0,
                                                                max_bytes)
+        fused: FusedAllReduceRMSNorm | None = FusedAllReduceRMSNorm(
+            group.group_name, world, rank, device, min(max_bytes, ns.fused_max_kb * 1024))
+        fused.allocate()
+        fused.rendezvous()
         fast_error = None
     except Exception as e:   # reported, and the NCCL figures still come
-        engine = fast = two = None
+        engine = fast = two = fused = None
         fast_error = f"{type(e).__name__}: {e}"
     rows = []
     for kb in ns.sizes_kb:
@@ -113,6 +121,9 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
             y = data.clone()
             row["two_shot_graph_us"] = _graph_us(lambda: two.all_reduce(y), ns.ops_per_graph,
                                                  ns.repeats)
+        if fused is not None and n % ns.hidden == 0 and kb * 1024 <= fused.max_bytes:
+            row.update(_norm_figures(fast, fused, data.view(n // ns.hidden, ns.hidden),
+                                     want.view(n // ns.hidden, ns.hidden), ns))
         rows.append(row)
     # The slowest rank's time per figure.
     gathered: list[Any] = [None] * world
@@ -124,7 +135,7 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
             for key in merged:
                 if key.endswith("_us"):
                     merged[key] = max(r[key] for r in per_size)
-            for key in ("one_shot_correct", "two_shot_correct"):
+            for key in ("one_shot_correct", "two_shot_correct", "fused_norm_correct"):
                 if key in merged:
                     merged[key] = all(r.get(key, False) for r in per_size)
             worst.append(merged)
@@ -133,6 +144,27 @@ def _rank_main(rank: int, world: int, port: int, ns: argparse.Namespace, queue: 
                    "two_shot_max_bytes": two_shot_limit(world), "sizes": worst})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _norm_figures(fast: Any, fused: Any, x: torch.Tensor, summed: torch.Tensor,
+                  ns: argparse.Namespace) -> dict[str, Any]:
+    """All-reduce + residual add + RMSNorm of `x` ([rows, hidden]): one-shot then the RMSNorm
+    kernel vs the fused kernel, timed in graphs; the fused results checked against the RMSNorm
+    kernel's on the exact sum `summed` (the new residual equal, the output within 1e-2)."""
+    from radixlm.layers.kernels import norm_kernels
+    gen = torch.Generator(device=x.device).manual_seed(1)   # the same on every rank
+    residual = torch.randn(x.shape, device=x.device, generator=gen).to(x.dtype)
+    weight = torch.rand(x.shape[1], device=x.device, generator=gen).to(x.dtype)
+    want, want_res = norm_kernels.rms_norm(summed, weight, 1e-6, residual)
+    got, got_res = fused(x, residual, weight, 1e-6)
+    ok = bool(torch.equal(got_res, want_res)
+              and torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
+    return {"rows": x.shape[0], "fused_norm_correct": ok,
+            "one_shot_norm_graph_us": _graph_us(
+                lambda: norm_kernels.rms_norm(fast.all_reduce(x), weight, 1e-6, residual),
+                ns.ops_per_graph, ns.repeats),
+            "fused_norm_graph_us": _graph_us(lambda: fused(x, residual, weight, 1e-6),
+                                             ns.ops_per_graph, ns.repeats)}
 
 
 def run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -158,7 +190,8 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(res: dict[str, Any]) -> str:
-    lines = ["tp  size_kb  nccl_eager_us  nccl_graph_us  one_shot_us  two_shot_us    engine  ok"]
+    lines = ["tp  size_kb  nccl_eager_us  nccl_graph_us  one_shot_us  two_shot_us    engine  ok"
+             "  one_shot+norm_us  fused_norm_us"]
     for r in res["results"]:
         if "sizes" not in r:
             lines.append(f"{r['world_size']:>2}  skipped ({r.get('skipped')})")
@@ -167,12 +200,16 @@ def _table(res: dict[str, Any]) -> str:
             lines.append(f"{r['world_size']:>2}  one-shot unavailable: {r['one_shot_error']}")
         for s in r["sizes"]:
             one, two = s.get("one_shot_graph_us"), s.get("two_shot_graph_us")
-            ok = s.get("one_shot_correct") is not False and s.get("two_shot_correct") is not False
+            ok = all(s.get(k) is not False
+                     for k in ("one_shot_correct", "two_shot_correct", "fused_norm_correct"))
+            unfused, fused = s.get("one_shot_norm_graph_us"), s.get("fused_norm_graph_us")
             lines.append(f"{r['world_size']:>2}  {s['kb']:>7}  {s['nccl_eager_us']:>13.1f}  "
                          f"{s['nccl_graph_us']:>13.1f}  "
                          f"{(f'{one:.1f}' if one is not None else '-'):>11}  "
                          f"{(f'{two:.1f}' if two is not None else '-'):>11}  "
-                         f"{s['engine_path']:>8}  {ok}")
+                         f"{s['engine_path']:>8}  {ok!s:>5}  "
+                         f"{(f'{unfused:.1f}' if unfused is not None else '-'):>16}  "
+                         f"{(f'{fused:.1f}' if fused is not None else '-'):>13}")
     return "\n".join(lines)
 
 
@@ -182,6 +219,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-sizes", type=int, nargs="+", default=[2])
     p.add_argument("--sizes-kb", type=int, nargs="+", default=list(DEFAULT_SIZES_KB),
                    help="message sizes in KiB (bf16)")
+    p.add_argument("--hidden", type=int, default=4096,
+                   help="row size of the all-reduce + RMSNorm figures (8B: 4096, 70B: 8192)")
+    p.add_argument("--fused-max-kb", type=int, default=1024,
+                   help="largest message the fused all-reduce + RMSNorm is timed at")
     p.add_argument("--ops-per-graph", type=int, default=20)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--output", default=None)

@@ -1,10 +1,11 @@
 """`radixlm bench tp`: tensor-parallel decode speed, TP1 vs TP2/4/8 in the same run.
 
-For each --tp-sizes entry (and, with --compare-custom-all-reduce, each TP > 1 twice: the
-symmetric-memory all-reduce paths on and off), an in-process `Engine` with `--tp-size N`
-(random weights by default) and, for each --batch-sizes entry, `batch` random prompts of
---input-len tokens on an empty cache, sent at once and streamed (ignore_eos, --output-len tokens
-each). The decode step time is taken while the whole batch runs: from the last request's first
+For each --tp-sizes entry (and, with --compare-custom-all-reduce, each TP > 1 again with the
+symmetric-memory all-reduce paths off; with --compare-fused-norm, again with the fused
+all-reduce + RMSNorm kernel off, RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1), an in-process
+`Engine` with `--tp-size N` (random weights by default) and, for each --batch-sizes entry,
+`batch` random prompts of --input-len tokens on an empty cache, sent at once and streamed
+(ignore_eos, --output-len tokens each). The decode step time is taken while the whole batch runs: from the last request's first
 token to the first request's end (decode_step_ms). Reported per run: decode ms/step, tok/s per
 request and in all, the memory roofline (bytes one rank reads a step: its weight shard
 plus its KV heads of the batch's context, over the copy bandwidth of GPU 0 measured in the same
@@ -173,7 +174,20 @@ def engine_overrides(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_one(ns: argparse.Namespace, tp: int, custom_all_reduce: bool, bandwidth: float | None,
-            config: dict[str, Any]) -> dict[str, Any]:
+            config: dict[str, Any], fused_norm: bool = True) -> dict[str, Any]:
+    # (read by the ranks, which inherit the environment)
+    os.environ.pop("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", None)
+    if not fused_norm:
+        os.environ["RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM"] = "1"
+    try:
+        return _run_engine(ns, tp, custom_all_reduce, bandwidth, config, fused_norm)
+    finally:
+        os.environ.pop("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", None)
+
+
+def _run_engine(ns: argparse.Namespace, tp: int, custom_all_reduce: bool,
+                bandwidth: float | None, config: dict[str, Any], fused_norm: bool
+                ) -> dict[str, Any]:
     from radixlm.entrypoints.engine import Engine
 
     kwargs = dict(model_path=ns.model_path, load_format=ns.load_format, dtype=ns.dtype,
@@ -203,7 +217,9 @@ def run_one(ns: argparse.Namespace, tp: int, custom_all_reduce: bool, bandwidth:
                 row.update(kernel_profile(engine, rng, ns.input_len, vocab,
                                           min(64, ns.output_len), ns.kernel_table) or {})
             rows.append(row)
-            print(f"TP{tp}{'' if custom_all_reduce or tp == 1 else ' (NCCL only)'} "
+            label = ("" if tp == 1 else " (NCCL only)" if not custom_all_reduce
+                     else " (fused norm off)" if not fused_norm else "")
+            print(f"TP{tp}{label} "
                   f"bs {batch}: {row['decode_ms_per_step']:.2f} ms/step, "
                   f"{row['tok_s_total']:.0f} tok/s"
                   + (f", {row['fraction_of_roofline']:.0%} of roofline" if bandwidth else ""),
@@ -211,6 +227,7 @@ def run_one(ns: argparse.Namespace, tp: int, custom_all_reduce: bool, bandwidth:
     finally:
         engine.shutdown()
     return {"tp_size": tp, "custom_all_reduce": custom_all_reduce and tp > 1,
+            "fused_all_reduce_norm": fused_norm and custom_all_reduce and tp > 1,
             "startup_s": startup_s, "batches": rows}
 
 
@@ -225,9 +242,13 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             print(f"TP{tp}: skipped, {torch_gpu_count()} GPUs visible", flush=True)
             skipped.append(tp)
             continue
-        variants = [True, False] if ns.compare_custom_all_reduce and tp > 1 else [True]
-        for custom in variants:
-            runs.append(run_one(ns, tp, custom, bandwidth, config))
+        variants = [(True, True)]   # (custom all-reduce, fused norm)
+        if tp > 1 and ns.compare_fused_norm:
+            variants.append((True, False))
+        if tp > 1 and ns.compare_custom_all_reduce:
+            variants.append((False, False))
+        for custom, fused in variants:
+            runs.append(run_one(ns, tp, custom, bandwidth, config, fused))
     base = {r["batch"]: r["decode_ms_per_step"] for r in runs[0]["batches"]} if runs else {}
     for r in runs:
         for row in r["batches"]:
@@ -240,12 +261,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(res: dict[str, Any]) -> str:
-    lines = ["tp  custom_ar  batch  ms/step  tok/s  roofline  speedup  kernel_ms  startup_s"]
+    lines = ["tp  custom_ar  fused_norm  batch  ms/step  tok/s  roofline  speedup  kernel_ms  "
+             "startup_s"]
     for r in res["runs"]:
         for b in r["batches"]:
             frac = b.get("fraction_of_roofline")
             kern = b.get("kernel_ms_per_step")
-            lines.append(f"{r['tp_size']:>2}  {str(r['custom_all_reduce']):>9}  {b['batch']:>5}  "
+            fused = str(r.get("fused_all_reduce_norm", False))
+            lines.append(f"{r['tp_size']:>2}  {str(r['custom_all_reduce']):>9}  {fused:>10}  "
+                         f"{b['batch']:>5}  "
                          f"{b['decode_ms_per_step']:>7.2f}  {b['tok_s_total']:>5.0f}  "
                          f"{(f'{frac:.0%}' if frac else '-'):>8}  "
                          f"{b.get('speedup_vs_first', 0):>6.2f}x  "
@@ -266,6 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--compare-custom-all-reduce", action="store_true",
                    help="run each TP > 1 also with --disable-custom-all-reduce")
+    p.add_argument("--compare-fused-norm", action="store_true",
+                   help="run each TP > 1 also with the fused all-reduce + RMSNorm off")
     p.add_argument("--no-roofline", dest="roofline", action="store_false")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip rank 0's GPU kernel time a step (batch 1, engine profiler)")
@@ -284,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_json(ns.output or default_output_path("tp"), res)
     print(_table(res))
     one = [(r["tp_size"], b["tok_s_per_request"]) for r in res["runs"] for b in r["batches"]
-           if b["batch"] == 1 and (r["custom_all_reduce"] or r["tp_size"] == 1)]
+           if b["batch"] == 1 and (r["tp_size"] == 1 or r.get("fused_all_reduce_norm"))]
     print_summary("batch-1 decode: " + ", ".join(f"TP{t} {s:.0f} tok/s" for t, s in one)
                   + f" -> {path}")
     return 0

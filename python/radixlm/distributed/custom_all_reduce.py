@@ -21,7 +21,7 @@ world size, which all ranks share.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -152,31 +152,38 @@ def _matches_nccl(fast: SymmMemAllReduce, group: Any) -> bool:
     return ok
 
 
-def agreed_symm_mem_all_reduce(group: Any, world_size: int, device: torch.device,
-                               agree: Callable[[bool], bool]) -> SymmMemAllReduce | None:
-    """The symmetric-memory paths if every rank can use them, else None on every rank.
-
-    Every rank calls this. `agree(ok)` is a collective over the ranks' host group that returns
+def agreed_steps(what: str, steps: Sequence[Callable[[], None]], check: Callable[[], bool],
+                 agree: Callable[[bool], bool]) -> bool:
+    """Run `steps` (allocation, rendezvous) then `check` on every rank; whether all of them
+    succeeded on every rank. `agree(ok)` is a collective over the ranks' host group that returns
     whether `ok` holds on all of them; it is reached after each step that could fail on some
-    ranks only (allocation, the rendezvous, the check against NCCL), so that no rank waits in a
-    collective the others have given up on."""
-    fast = SymmMemAllReduce(group, world_size, device)
-    if not agree(fast.one_shot_bytes > 0 or fast.two_shot_bytes > 0):
-        return None
-    for step in (fast.allocate, fast.rendezvous):
+    ranks only, so that no rank waits in a collective the others have given up on."""
+    for step in steps:
         try:
             step()
             ok = True
         except Exception as e:   # old torch, no NVLink P2P, out of memory
-            logger.warning("symmetric-memory all-reduce unavailable on this rank, NCCL only "
-                           "(%s: %s)", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            logger.warning("%s unavailable on this rank (%s: %s)", what, type(e).__name__,
+                           str(e).splitlines()[0] if str(e) else "")
             ok = False
         if not agree(ok):
-            return None
+            return False
     try:
-        ok = _matches_nccl(fast, group)
+        ok = check()
     except Exception as e:
-        logger.warning("symmetric-memory all-reduce failed its check, NCCL only (%s: %s)",
-                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        logger.warning("%s failed its check (%s: %s)", what, type(e).__name__,
+                       str(e).splitlines()[0] if str(e) else "")
         ok = False
-    return fast if agree(ok) else None
+    return agree(ok)
+
+
+def agreed_symm_mem_all_reduce(group: Any, world_size: int, device: torch.device,
+                               agree: Callable[[bool], bool]) -> SymmMemAllReduce | None:
+    """The symmetric-memory paths if every rank can use them, else None on every rank (NCCL
+    only). Every rank calls this; `agree` as in `agreed_steps`."""
+    fast = SymmMemAllReduce(group, world_size, device)
+    if not agree(fast.one_shot_bytes > 0 or fast.two_shot_bytes > 0):
+        return None
+    ok = agreed_steps("symmetric-memory all-reduce", (fast.allocate, fast.rendezvous),
+                      lambda: _matches_nccl(fast, group), agree)
+    return fast if ok else None

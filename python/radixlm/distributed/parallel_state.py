@@ -32,6 +32,9 @@ class TPGroup:
     cpu_group: Any = field(default=None, compare=False, repr=False)   # host-side objects
     # GPUs: small and mid-sized messages over symmetric memory (distributed/custom_all_reduce.py).
     fast: Any = field(default=None, compare=False, repr=False)
+    # GPUs: the all-reduce ending a block fused with the RMSNorm after it
+    # (distributed/fused_all_reduce_norm.py), for decode-sized messages.
+    fused_norm: Any = field(default=None, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks; use the return value (it may be a new tensor, or `x` summed in
@@ -42,6 +45,16 @@ class TPGroup:
             return self.fast.all_reduce(x)
         dist.all_reduce(x, group=self.group)
         return x
+
+    def all_reduce_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                            weight: torch.Tensor, eps: float
+                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(norm(sum over ranks of x + residual), that sum + residual) in one kernel, or None
+        when the fused kernel does not take these tensors (the caller all-reduces, then
+        normalises)."""
+        if self.fused_norm is not None and self.fused_norm.handles(x, residual, weight):
+            return self.fused_norm(x, residual, weight, eps)
+        return None
 
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
@@ -115,7 +128,9 @@ def init_tensor_parallel(rank: int, size: int, init_addr: str, device_type: str,
     # Every rank asks, even one started with the fast path off: a node whose flags differ must
     # not leave the others in a rendezvous it never joins.
     if backend == "nccl" and _current.min_over_ranks(int(custom_all_reduce)) == 1:
-        _current = TPGroup(rank, size, group, cpu_group, _agreed_fast_path(_current))
+        fast = _agreed_fast_path(_current)
+        fused = None if fast is None else _agreed_fused_norm(_current, fast.one_shot_bytes)
+        _current = TPGroup(rank, size, group, cpu_group, fast, fused)
     return _current
 
 
@@ -130,6 +145,15 @@ def _agreed_fast_path(tp: TPGroup) -> Any:
         return None
     return agreed_symm_mem_all_reduce(
         tp.group, tp.size, torch.device("cuda", torch.cuda.current_device()),
+        lambda ok: tp.min_over_ranks(int(ok)) == 1)
+
+
+def _agreed_fused_norm(tp: TPGroup, max_bytes: int) -> Any:
+    """The fused all-reduce + RMSNorm kernel for messages the one-shot path would take, if
+    every rank can use it, else None on every rank."""
+    from radixlm.distributed.fused_all_reduce_norm import agreed_fused_all_reduce_norm
+    return agreed_fused_all_reduce_norm(
+        tp.group, tp.size, torch.device("cuda", torch.cuda.current_device()), max_bytes,
         lambda ok: tp.min_over_ranks(int(ok)) == 1)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixlm.distributed.parallel_state import TPGroup
 from radixlm.layers.kernels import use_fused
 
 
@@ -25,8 +26,17 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """norm(x), or with a residual: (norm(x + residual), x + residual)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                reduce: TPGroup | None = None):
+        """norm(x), or with a residual: (norm(x + residual), x + residual). `reduce`: x is this
+        rank's partial sum over that tensor-parallel group, summed here first (with the add and
+        the norm in one kernel where the group has one: distributed/fused_all_reduce_norm.py)."""
+        if reduce is not None and reduce.size > 1:
+            if residual is not None:
+                fused = reduce.all_reduce_rms_norm(x, residual, self.weight, self.eps)
+                if fused is not None:
+                    return fused
+            x = reduce.all_reduce(x)
         if use_fused(x):
             from radixlm.layers.kernels import norm_kernels
             if norm_kernels.supports(x, self.weight, residual):

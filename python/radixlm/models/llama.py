@@ -35,6 +35,8 @@ class LlamaMLP(nn.Module):
                                                        bias=bias, tp=tp)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp,
                                            reduce_results=reduce_results)
+        # The decoder layer's next RMSNorm sums the partial output (see LlamaDecoderLayer).
+        self.partial_output_group = None if reduce_results else tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -44,6 +46,11 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, tp: TPGroup, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool):
         super().__init__()
+        # Under TP the output is this rank's partial sum, which the decoder layer's next
+        # RMSNorm all-reduces (a bias would have to be added after that sum: then o_proj
+        # reduces itself).
+        defer = tp.size > 1 and not o_bias
+        self.partial_output_group = tp if defer else None
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
                                           config.num_attention_heads, config.num_kv_heads,
@@ -52,7 +59,8 @@ class LlamaAttention(nn.Module):
         self.num_heads = self.qkv_proj.q_size // self.head_dim
         self.num_kv_heads = self.qkv_proj.kv_size // self.head_dim
         self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim,
-                                        config.hidden_size, bias=o_bias, tp=tp)
+                                        config.hidden_size, bias=o_bias, tp=tp,
+                                        reduce_results=not defer)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         # The cos/sin table covers the served context (--context-length may shorten it).
@@ -79,9 +87,21 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)
 
 
+def partial_output_group(module: nn.Module) -> TPGroup | None:
+    """The TP group over which `module`'s output is still a partial sum (its row-parallel
+    projection left the all-reduce to the RMSNorm after it), or None when it is reduced."""
+    return getattr(module, "partial_output_group", None)
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP with residuals. The attention and MLP modules are built by
-    the model class (`build_attention`, `build_mlp`), so MoE and MLA models reuse the rest."""
+    the model class (`build_attention`, `build_mlp`), so MoE and MLA models reuse the rest.
+
+    Under tensor parallelism the attention's and the MLP's outputs may be partial sums over the
+    ranks (`partial_output_group`): the RMSNorm that follows each sums them, adds the residual
+    and normalises, in one kernel on GPUs. The MLP's output is summed by the next layer's input
+    norm (or the model's final norm): `input_reduce` is the previous layer's MLP group, which
+    the model sets."""
 
     def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module):
         super().__init__()
@@ -89,14 +109,16 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_reduce: TPGroup | None = None
 
     def forward(self, positions, x, residual, fb):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, reduce=self.input_reduce)
         x = self.self_attn(positions, x, fb)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(
+            x, residual, reduce=partial_output_group(self.self_attn))
         return self.mlp(x), residual
 
 
@@ -117,6 +139,13 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, self.build_attention(config, i, tp),
                               self.build_mlp(config, i, tp))
             for i in range(config.num_layers))
+        # Each layer's input norm sums the previous layer's MLP output where that is partial;
+        # the final norm the last layer's.
+        previous: TPGroup | None = None
+        for layer in self.layers:
+            layer.input_reduce = previous
+            previous = partial_output_group(layer.mlp)
+        self.final_reduce = previous
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp,
@@ -127,7 +156,9 @@ class LlamaForCausalLM(nn.Module):
         return LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, self.qk_norm)
 
     def build_mlp(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
-        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp)
+        # (no bias: the RMSNorm after it sums the partial output; see LlamaDecoderLayer)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp,
+                        reduce_results=tp.size == 1 or config.mlp_bias)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 fb: ForwardBatch) -> torch.Tensor:
@@ -135,7 +166,7 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, fb)
-        x, _ = self.norm(x, residual)
+        x, _ = self.norm(x, residual, reduce=self.final_reduce)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
