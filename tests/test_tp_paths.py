@@ -103,3 +103,26 @@ def test_a_rank_that_cannot_allocate_makes_every_rank_agree_on_nccl(monkeypatch)
     monkeypatch.setenv("RADIXLM_TWO_SHOT_MAX_BYTES", "0")
     assert agreed_symm_mem_all_reduce(_Group(), 2, torch.device("cpu"), agree) is None
     assert asked == [False]                     # both paths off: nothing to allocate
+
+
+def test_fused_norm_agreement_mirrors_the_all_reduce_paths(monkeypatch):
+    """The fused all-reduce + RMSNorm is agreed like the symmetric paths: a failed allocation
+    on any rank (here: the CPU) leaves every rank on the two-kernel path, and the off switch
+    is asked first."""
+    pytest.importorskip("triton")
+    from radixlm.distributed.fused_all_reduce_norm import agreed_fused_all_reduce_norm
+    asked = []
+
+    def agree(ok: bool) -> bool:
+        asked.append(ok)
+        return ok
+
+    assert agreed_fused_all_reduce_norm(_Group(), 0, 2, torch.device("cpu"), 1 << 16,
+                                        agree) is None
+    assert asked == [True, False]
+    asked.clear()
+    monkeypatch.setenv("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", "1")
+    assert agreed_fused_all_reduce_norm(_Group(), 0, 2, torch.device("cpu"), 1 << 16,
+                                        agree) is None
+    assert asked == [False]
+

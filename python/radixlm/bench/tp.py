@@ -5,13 +5,13 @@ symmetric-memory all-reduce paths off; with --compare-fused-norm, again with the
 all-reduce + RMSNorm kernel off, RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1), an in-process
 `Engine` with `--tp-size N` (random weights by default) and, for each --batch-sizes entry,
 `batch` random prompts of --input-len tokens on an empty cache, sent at once and streamed
-(ignore_eos, --output-len tokens each). The decode step time is taken while the whole batch runs: from the last request's first
-token to the first request's end (decode_step_ms). Reported per run: decode ms/step, tok/s per
-request and in all, the memory roofline (bytes one rank reads a step: its weight shard
-plus its KV heads of the batch's context, over the copy bandwidth of GPU 0 measured in the same
-run) and its fraction, the speed-up over TP1, start-up seconds, and (batch 1, --profile) rank
-0's GPU kernel time a step from the engine's profiler, which shows host overhead directly, and
-where it goes by kernel (--kernel-table).
+(ignore_eos, --output-len tokens each). The decode step time is taken while the whole batch
+runs: from the last request's first token to the first request's end (decode_step_ms). Reported
+per run: decode ms/step, tok/s per request and in all, the memory roofline (bytes one rank reads
+a step: its weight shard plus its KV heads of the batch's context, over the copy bandwidth of
+GPU 0 measured in the same run) and its fraction, the speed-up over TP1, start-up seconds, and
+(batch 1, --profile) rank 0's GPU kernel time a step from the engine's profiler, which shows
+host overhead directly, and where it goes by kernel (--kernel-table).
 
     python -m radixlm.bench.tp --model-path benchmarks/configs/llama-3.1-8b --load-format dummy \\
         --dtype bfloat16 --tokenizer-path TOK --tp-sizes 1 2 4

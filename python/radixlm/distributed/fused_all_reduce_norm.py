@@ -6,10 +6,12 @@ batch sizes each of those is a small kernel whose cost is its launch and its cro
 not its bytes (benchmarks/RESULTS.md, issue 19: the 66 all-reduces and 67 RMSNorms of an 8B
 decode step at TP2 take 0.65 ms of 3.6). Here one launch does all of it:
 
-1. each program copies its rows of this rank's partial sum into this rank's symmetric buffer;
+1. each program writes its rows of this rank's partial sum into this rank's slot of every
+   rank's symmetric buffer, over NVLink (pushed: stores need no round trip, where reading the
+   peers' rows would wait for one);
 2. it tells the same program on every rank, by writing its epoch into that rank's flag slot
    (a system-scope release), and waits until every rank has told it (acquire);
-3. it sums its rows from all ranks' buffers over NVLink, in rank order (the same order on every
+3. it sums its rows over the slots of its own buffer, in rank order (the same order on every
    rank, so all ranks hold bit-identical results), rounds the sum to the activation dtype as the
    unfused all-reduce would, adds the residual and normalises exactly as
    layers/kernels/norm_kernels.py does.
@@ -18,9 +20,9 @@ Why it is safe without a second handshake:
 - Every call launches the same PROGRAMS programs whatever the row count, so each program's epoch
   (a per-program counter in local memory) equals the number of calls so far on every rank, and
   the buffer a call uses (the epoch's parity) is the same for all of its programs.
-- Two buffers alternate. A rank writes a buffer again two calls after the peers read it; in the
-  call between, each of its programs waited for every peer to start that call, which on the
-  peer's stream comes after the earlier call (the reads) ended.
+- Two buffers alternate. A rank writes into a peer's buffer again two calls after that peer
+  read it; in the call between, each of its programs waited for every peer to start that call,
+  which on the peer's stream comes after the earlier call (the reads) ended.
 - A peer is at most one call ahead (a call ends only after every rank started it), so waiting
   for "flag >= epoch" is exact, and the counters never need resetting.
 
@@ -57,7 +59,7 @@ SEND, RECEIVE = 1, 2   # kernel phases; a real call runs both (tests on the CPU 
 @triton.jit
 def _all_reduce_rms_norm_kernel(
         X, R, W, Out, ResOut, Peers, Epochs,
-        rank, n_rows, n_cols, half_elems, flags_offset, n_float, eps,
+        rank, n_rows, n_cols, slot_elems, flags_offset, n_float, eps,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, PROGRAMS: tl.constexpr,
         ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PHASES: tl.constexpr):
     pid = tl.program_id(0)
@@ -79,14 +81,16 @@ def _all_reduce_rms_norm_kernel(
     bases = tl.load(Peers + ranks, mask=valid, other=0)
 
     if PHASES & 1:
-        # (addresses read from memory carry no alignment: say they are 16-byte aligned, as
-        # allocations are, so that loads and stores use 16-byte vectors)
-        dst = tl.multiple_of(mine.to(tl.pointer_type(dt)), 16) + parity * half_elems
         for i in tl.static_range(ROWS_PER_PROGRAM):
             row = (pid + i * PROGRAMS).to(tl.int64)
             m = col_mask & (row < n_rows)
             x = tl.load(X + row * n_cols + cols, mask=m)
-            tl.store(dst + row * n_cols + cols, x, mask=m)
+            for p in tl.static_range(WORLD):
+                # (addresses read from memory carry no alignment: say they are 16-byte
+                # aligned, as allocations are, so that stores use 16-byte vectors)
+                dst = (tl.multiple_of(tl.load(Peers + p).to(tl.pointer_type(dt)), 16)
+                       + (parity * WORLD + rank) * slot_elems)
+                tl.store(dst + row * n_cols + cols, x, mask=m)
         # Every thread's stores happen before the releases below.
         tl.debug_barrier()
         to_peers = (bases + flags_offset).to(tl.pointer_type(tl.int64)) + pid * WORLD + rank
@@ -102,6 +106,7 @@ def _all_reduce_rms_norm_kernel(
         tl.atomic_add(from_peers, tl.zeros([WORLD_P2], tl.int64), mask=valid, sem="acquire",
                       scope="sys")
         tl.debug_barrier()
+        mine_data = tl.multiple_of(mine.to(tl.pointer_type(dt)), 16)
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
         for i in tl.static_range(ROWS_PER_PROGRAM):
             row = (pid + i * PROGRAMS).to(tl.int64)
@@ -109,8 +114,7 @@ def _all_reduce_rms_norm_kernel(
             off = row * n_cols + cols
             acc = tl.zeros([BLOCK_N], dtype=tl.float32)
             for p in tl.static_range(WORLD):   # (rank order: the same sum on every rank)
-                src = (tl.multiple_of(tl.load(Peers + p).to(tl.pointer_type(dt)), 16)
-                       + parity * half_elems)
+                src = mine_data + (parity * WORLD + p) * slot_elems
                 acc += tl.load(src + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
             # The all-reduce's result in the activation dtype, then `x + residual` rounded to
             # it too, as the unfused path computes them.
@@ -139,7 +143,8 @@ class FusedAllReduceRMSNorm:
         self.world_size = world_size
         self.rank = rank
         self.device = device
-        self.half_bytes = (max_bytes + 255) // 256 * 256   # one of the two alternating buffers
+        # One slot per sending rank, in each of the two alternating buffers.
+        self.slot_bytes = (max_bytes + 255) // 256 * 256
         self.max_bytes = max_bytes
         self.storage: torch.Tensor | None = None
         self.peers: torch.Tensor | None = None    # int64 [world]: each rank's buffer address
@@ -147,7 +152,7 @@ class FusedAllReduceRMSNorm:
 
     @property
     def flags_offset(self) -> int:
-        return 2 * self.half_bytes
+        return 2 * self.world_size * self.slot_bytes
 
     def allocate(self) -> None:
         import torch.distributed._symmetric_memory as symm_mem
@@ -191,7 +196,7 @@ class FusedAllReduceRMSNorm:
         block_n = triton.next_power_of_2(n_cols)
         _all_reduce_rms_norm_kernel[(PROGRAMS,)](
             x, residual, weight, out, res_out, self.peers, self.epochs,
-            self.rank, n_rows, n_cols, self.half_bytes // x.element_size(), self.flags_offset,
+            self.rank, n_rows, n_cols, self.slot_bytes // x.element_size(), self.flags_offset,
             float(n_cols), eps,
             WORLD=self.world_size, WORLD_P2=triton.next_power_of_2(self.world_size),
             PROGRAMS=PROGRAMS,
@@ -204,7 +209,7 @@ def _matches_unfused(fused: FusedAllReduceRMSNorm, group: Any) -> bool:
     """Whether the kernel gives all_reduce + the RMSNorm kernel's result, over a few calls
     (both buffers), on integer-valued partial sums (their sum is exact in bf16)."""
     from radixlm.layers.kernels import norm_kernels
-    rank = torch.distributed.get_rank(group)
+    rank = fused.rank
     gen = torch.Generator(device=fused.device).manual_seed(0)   # the same on every rank
     ok = True
     for rows, cols in ((1, 4096), (3, 4096), (2, 1000)):
@@ -226,7 +231,7 @@ def _matches_unfused(fused: FusedAllReduceRMSNorm, group: Any) -> bool:
     return ok
 
 
-def agreed_fused_all_reduce_norm(group: Any, world_size: int, device: torch.device,
+def agreed_fused_all_reduce_norm(group: Any, rank: int, world_size: int, device: torch.device,
                                  max_bytes: int, agree: Callable[[bool], bool]
                                  ) -> FusedAllReduceRMSNorm | None:
     """The fused kernel if every rank can use it, else None on every rank (every rank calls
@@ -234,8 +239,7 @@ def agreed_fused_all_reduce_norm(group: Any, world_size: int, device: torch.devi
     from radixlm.distributed.custom_all_reduce import agreed_steps
     if not agree(envs.fused_all_reduce_norm_enabled() and max_bytes > 0):
         return None
-    fused = FusedAllReduceRMSNorm(group.group_name, world_size,
-                                  torch.distributed.get_rank(group), device, max_bytes)
+    fused = FusedAllReduceRMSNorm(group.group_name, world_size, rank, device, max_bytes)
     ok = agreed_steps("fused all-reduce + RMSNorm", (fused.allocate, fused.rendezvous),
                       lambda: _matches_unfused(fused, group), agree)
     return fused if ok else None

@@ -153,7 +153,8 @@ def _agreed_fused_norm(tp: TPGroup, max_bytes: int) -> Any:
     every rank can use it, else None on every rank."""
     from radixlm.distributed.fused_all_reduce_norm import agreed_fused_all_reduce_norm
     return agreed_fused_all_reduce_norm(
-        tp.group, tp.size, torch.device("cuda", torch.cuda.current_device()), max_bytes,
+        tp.group, tp.rank, tp.size, torch.device("cuda", torch.cuda.current_device()),
+        max_bytes,
         lambda ok: tp.min_over_ranks(int(ok)) == 1)
 
 
