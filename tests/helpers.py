@@ -17,13 +17,15 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return toks
 
 
-def tiny_checkpoint(path, arch: str, num_kv_heads: int = 2) -> str:
+def tiny_checkpoint(path, arch: str, num_kv_heads: int = 2, num_heads: int = 4) -> str:
     """A tiny random checkpoint of `arch` with the bundled tokenizer's vocabulary size (pass
-    tokenizer_path=<bundled> to the engine): dense Llama / Qwen2 / Qwen3, MoE and MLA."""
+    tokenizer_path=<bundled> to the engine): dense Llama / Qwen2 / Qwen3, MoE and MLA.
+    `num_heads` query heads share the 64-wide hidden state (MLA models keep their own)."""
     import transformers
 
     common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=16,
+                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                  head_dim=64 // num_heads,
                   max_position_embeddings=512, tie_word_embeddings=arch != "llama",
                   bos_token_id=1, eos_token_id=2, torch_dtype="float32")
     moe = dict(moe_intermediate_size=32, num_experts_per_tok=2)

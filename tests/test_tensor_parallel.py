@@ -1,8 +1,8 @@
 """Tensor parallelism on the CPU (gloo): `--tp-size N` gives the tokens `--tp-size 1` gives, on
 the bundled model and on tiny random Llama / Qwen2 / Qwen3 checkpoints (one with fewer KV heads
-than ranks) and MoE / MLA ones (experts split like dense MLPs, MLA heads split over a latent
-every rank computes), with prompt logprobs close; bad sizes are refused with the flag named; a rank that
-dies takes the engine down instead of leaving it hanging."""
+than ranks; TP2, TP4 and TP8) and MoE / MLA ones (experts split like dense MLPs, MLA heads split
+over a latent every rank computes), with prompt logprobs close; bad sizes are refused with the
+flag named; a rank that dies takes the engine down instead of leaving it hanging."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def test_tiny_models_tp2_equal_tp1(make_engine, tmp_path, smollm_dir, arch, kv_h
     model = tiny_checkpoint(tmp_path / arch, arch, kv_heads)
     kwargs = dict(model_path=model, tokenizer_path=smollm_dir)
     assert_same(run(make_engine, 1, **kwargs), run(make_engine, 2, **kwargs))
+
+
+def test_llama_tp4_and_tp8_equal_tp1(make_engine, tmp_path, smollm_dir):
+    """Issue 19's sizes on the CPU (4 and 8 gloo ranks sharing its cores): 8 query heads and
+    2 KV heads, so both replicate the KV heads; the vocabulary and the MLP split 8 ways."""
+    model = tiny_checkpoint(tmp_path / "llama8", "llama", num_kv_heads=2, num_heads=8)
+    kwargs = dict(model_path=model, tokenizer_path=smollm_dir)
+    base = run(make_engine, 1, **kwargs)
+    for tp in (4, 8):
+        assert_same(base, run(make_engine, tp, **kwargs))
 
 
 def test_awq_checkpoint_tp2_equals_tp1(make_engine, tmp_path, smollm_dir):

@@ -111,6 +111,8 @@ def test_fused_norm_agreement_mirrors_the_all_reduce_paths(monkeypatch):
     is asked first."""
     pytest.importorskip("triton")
     from radixlm.distributed.fused_all_reduce_norm import agreed_fused_all_reduce_norm
+    monkeypatch.delenv("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", raising=False)
+    monkeypatch.delenv("RADIXLM_DISABLE_FUSED_OPS", raising=False)
     asked = []
 
     def agree(ok: bool) -> bool:
@@ -121,8 +123,14 @@ def test_fused_norm_agreement_mirrors_the_all_reduce_paths(monkeypatch):
                                         agree) is None
     assert asked == [True, False]
     asked.clear()
-    monkeypatch.setenv("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", "1")
-    assert agreed_fused_all_reduce_norm(_Group(), 0, 2, torch.device("cpu"), 1 << 16,
+    for off in ("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", "RADIXLM_DISABLE_FUSED_OPS"):
+        asked.clear()
+        monkeypatch.setenv(off, "1")
+        assert agreed_fused_all_reduce_norm(_Group(), 0, 2, torch.device("cpu"), 1 << 16,
+                                            agree) is None
+        assert asked == [False]                 # nothing allocated, nothing collective
+        monkeypatch.delenv(off)
+    assert agreed_fused_all_reduce_norm(_Group(), 0, 32, torch.device("cpu"), 1 << 16,
                                         agree) is None
-    assert asked == [False]
+    assert asked[-1] is False                   # more ranks than flag slots
 

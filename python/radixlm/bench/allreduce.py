@@ -189,6 +189,10 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             "args": {k: v for k, v in vars(ns).items() if k != "output"}, "results": results}
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _table(res: dict[str, Any]) -> str:
     lines = ["tp  size_kb  nccl_eager_us  nccl_graph_us  one_shot_us  two_shot_us    engine  ok"
              "  one_shot+norm_us  fused_norm_us"]
@@ -205,11 +209,8 @@ def _table(res: dict[str, Any]) -> str:
             unfused, fused = s.get("one_shot_norm_graph_us"), s.get("fused_norm_graph_us")
             lines.append(f"{r['world_size']:>2}  {s['kb']:>7}  {s['nccl_eager_us']:>13.1f}  "
                          f"{s['nccl_graph_us']:>13.1f}  "
-                         f"{(f'{one:.1f}' if one is not None else '-'):>11}  "
-                         f"{(f'{two:.1f}' if two is not None else '-'):>11}  "
-                         f"{s['engine_path']:>8}  {ok!s:>5}  "
-                         f"{(f'{unfused:.1f}' if unfused is not None else '-'):>16}  "
-                         f"{(f'{fused:.1f}' if fused is not None else '-'):>13}")
+                         f"{_us(one):>11}  {_us(two):>11}  {s['engine_path']:>8}  {ok!s:>5}  "
+                         f"{_us(unfused):>16}  {_us(fused):>13}")
     return "\n".join(lines)
 
 

@@ -184,6 +184,7 @@ def agreed_symm_mem_all_reduce(group: Any, world_size: int, device: torch.device
     fast = SymmMemAllReduce(group, world_size, device)
     if not agree(fast.one_shot_bytes > 0 or fast.two_shot_bytes > 0):
         return None
-    ok = agreed_steps("symmetric-memory all-reduce", (fast.allocate, fast.rendezvous),
+    ok = agreed_steps("symmetric-memory all-reduce (NCCL only)",
+                      (fast.allocate, fast.rendezvous),
                       lambda: _matches_nccl(fast, group), agree)
     return fast if ok else None

@@ -12,9 +12,10 @@ decode step at TP2 take 0.65 ms of 3.6). Here one launch does all of it:
 2. it tells the same program on every rank, by writing its epoch into that rank's flag slot
    (a system-scope release), and waits until every rank has told it (acquire);
 3. it sums its rows over the slots of its own buffer, in rank order (the same order on every
-   rank, so all ranks hold bit-identical results), rounds the sum to the activation dtype as the
-   unfused all-reduce would, adds the residual and normalises exactly as
-   layers/kernels/norm_kernels.py does.
+   rank, so all ranks hold bit-identical results) and in fp32, rounds the sum once to the
+   activation dtype (NCCL and PyTorch's one-shot kernel round after every add: identical at
+   TP2, within about an ulp beyond), adds the residual and normalises with the arithmetic of
+   layers/kernels/norm_kernels.py.
 
 Why it is safe without a second handshake:
 - Every call launches the same PROGRAMS programs whatever the row count, so each program's epoch
@@ -25,6 +26,10 @@ Why it is safe without a second handshake:
   which on the peer's stream comes after the earlier call (the reads) ended.
 - A peer is at most one call ahead (a call ends only after every rank started it), so waiting
   for "flag >= epoch" is exact, and the counters never need resetting.
+
+What it does not survive: a rank that never starts a call (it died mid-step) leaves the others
+spinning, as in PyTorch's one-shot kernel; the engine's watchdog on its rank processes then
+takes the server down (tests/test_tensor_parallel.py, a dead rank).
 
 Only peer-to-peer mappings are used, never NVLink multicast (kept off on the GPU machines).
 Every rank must take this path for the same message or none does; `handles` depends only on the
@@ -56,12 +61,13 @@ FLAG_BYTES = PROGRAMS * MAX_WORLD * 8
 SEND, RECEIVE = 1, 2   # kernel phases; a real call runs both (tests on the CPU run them apart)
 
 
-@triton.jit
+# (not specialised on the rank or the row count: every rank and batch size runs one binary)
+@triton.jit(do_not_specialize=["rank", "n_rows"])
 def _all_reduce_rms_norm_kernel(
         X, R, W, Out, ResOut, Peers, Epochs,
         rank, n_rows, n_cols, slot_elems, flags_offset, n_float, eps,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, PROGRAMS: tl.constexpr,
-        ROWS_PER_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, PHASES: tl.constexpr):
+        BLOCK_N: tl.constexpr, PHASES: tl.constexpr):
     pid = tl.program_id(0)
     dt = X.dtype.element_ty
     cols = tl.arange(0, BLOCK_N)
@@ -81,16 +87,16 @@ def _all_reduce_rms_norm_kernel(
     bases = tl.load(Peers + ranks, mask=valid, other=0)
 
     if PHASES & 1:
-        for i in tl.static_range(ROWS_PER_PROGRAM):
-            row = (pid + i * PROGRAMS).to(tl.int64)
-            m = col_mask & (row < n_rows)
-            x = tl.load(X + row * n_cols + cols, mask=m)
+        row = pid.to(tl.int64)   # rows pid, pid + PROGRAMS, ...
+        while row < n_rows:
+            x = tl.load(X + row * n_cols + cols, mask=col_mask)
             for p in tl.static_range(WORLD):
                 # (addresses read from memory carry no alignment: say they are 16-byte
                 # aligned, as allocations are, so that stores use 16-byte vectors)
                 dst = (tl.multiple_of(tl.load(Peers + p).to(tl.pointer_type(dt)), 16)
                        + (parity * WORLD + rank) * slot_elems)
-                tl.store(dst + row * n_cols + cols, x, mask=m)
+                tl.store(dst + row * n_cols + cols, x, mask=col_mask)
+            row += PROGRAMS
         # Every thread's stores happen before the releases below.
         tl.debug_barrier()
         to_peers = (bases + flags_offset).to(tl.pointer_type(tl.int64)) + pid * WORLD + rank
@@ -108,24 +114,27 @@ def _all_reduce_rms_norm_kernel(
         tl.debug_barrier()
         mine_data = tl.multiple_of(mine.to(tl.pointer_type(dt)), 16)
         w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-        for i in tl.static_range(ROWS_PER_PROGRAM):
-            row = (pid + i * PROGRAMS).to(tl.int64)
-            m = col_mask & (row < n_rows)
+        row = pid.to(tl.int64)
+        while row < n_rows:
             off = row * n_cols + cols
             acc = tl.zeros([BLOCK_N], dtype=tl.float32)
             for p in tl.static_range(WORLD):   # (rank order: the same sum on every rank)
                 src = mine_data + (parity * WORLD + p) * slot_elems
-                acc += tl.load(src + off, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-            # The all-reduce's result in the activation dtype, then `x + residual` rounded to
-            # it too, as the unfused path computes them.
+                # (.cg: from L2, never a line an earlier call left in this SM's L1)
+                acc += tl.load(src + off, mask=col_mask, other=0.0,
+                               cache_modifier=".cg").to(tl.float32)
+            # The sum rounded once to the activation dtype (NCCL and PyTorch's one-shot kernel
+            # round after every add: the same at TP2, within an ulp or so beyond), then
+            # `x + residual` rounded as the unfused path rounds it.
             s = acc.to(dt).to(tl.float32)
-            r = tl.load(R + off, mask=m, other=0.0).to(tl.float32)
+            r = tl.load(R + off, mask=col_mask, other=0.0).to(tl.float32)
             h = (s + r).to(dt)
-            tl.store(ResOut + off, h, mask=m)
+            tl.store(ResOut + off, h, mask=col_mask)
             hf = h.to(tl.float32)
             ms = tl.math.div_rn(tl.sum(hf * hf, axis=0), n_float)
             rstd = tl.math.rsqrt(ms + eps)
-            tl.store(Out + off, (w * (hf * rstd)).to(dt), mask=m)
+            tl.store(Out + off, (w * (hf * rstd)).to(dt), mask=col_mask)
+            row += PROGRAMS
 
 
 class FusedAllReduceRMSNorm:
@@ -182,11 +191,6 @@ class FusedAllReduceRMSNorm:
                 and weight.numel() == x.shape[1] and weight.is_contiguous()
                 and not torch.compiler.is_compiling())
 
-    def rows_per_program(self, n_cols: int, elem_bytes: int) -> int:
-        """Depends on the row size only: one compiled variant serves every batch size."""
-        max_rows = max(1, self.max_bytes // (n_cols * elem_bytes))
-        return triton.cdiv(max_rows, PROGRAMS)
-
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float, phases: int = SEND | RECEIVE) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(sum over ranks of x + residual), that sum + residual)."""
@@ -199,29 +203,37 @@ class FusedAllReduceRMSNorm:
             self.rank, n_rows, n_cols, self.slot_bytes // x.element_size(), self.flags_offset,
             float(n_cols), eps,
             WORLD=self.world_size, WORLD_P2=triton.next_power_of_2(self.world_size),
-            PROGRAMS=PROGRAMS,
-            ROWS_PER_PROGRAM=self.rows_per_program(n_cols, x.element_size()),
-            BLOCK_N=block_n, PHASES=phases, num_warps=min(16, max(4, block_n // 512)))
+            PROGRAMS=PROGRAMS, BLOCK_N=block_n, PHASES=phases,
+            num_warps=min(16, max(4, block_n // 512)))
         return out, res_out
 
 
+def _reference(summed: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the unfused path computes from the all-reduced sum: (norm(h), h) with
+    h = summed + residual in the activation dtype (RMSNorm's PyTorch code)."""
+    h = summed + residual
+    hf = h.float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * normed).to(h.dtype), h
+
+
 def _matches_unfused(fused: FusedAllReduceRMSNorm, group: Any) -> bool:
-    """Whether the kernel gives all_reduce + the RMSNorm kernel's result, over a few calls
-    (both buffers), on integer-valued partial sums (their sum is exact in bf16)."""
-    from radixlm.layers.kernels import norm_kernels
-    rank = fused.rank
+    """Whether the kernel gives the all-reduce + RMSNorm result over a few calls (both
+    buffers, one and several rows a program), on integer-valued partial sums (their sum is
+    exact in bf16, so the new residual must be equal and the output within an ulp or two)."""
     gen = torch.Generator(device=fused.device).manual_seed(0)   # the same on every rank
     ok = True
-    for rows, cols in ((1, 4096), (3, 4096), (2, 1000)):
+    for rows, cols in ((1, 4096), (3, 4096), (2, 1000), (1, 4096)):
         if rows * cols * 2 > fused.max_bytes:
             continue
-        x = ((torch.arange(rows * cols, device=fused.device) % 5) + rank).to(
+        x = ((torch.arange(rows * cols, device=fused.device) % 5) + fused.rank).to(
             torch.bfloat16).view(rows, cols)
         residual = torch.randn(rows, cols, device=fused.device, generator=gen).to(torch.bfloat16)
         weight = torch.rand(cols, device=fused.device, generator=gen).to(torch.bfloat16)
         summed = x.clone()
         torch.distributed.all_reduce(summed, group=group)
-        want, want_res = norm_kernels.rms_norm(summed, weight, 1e-6, residual)
+        want, want_res = _reference(summed, residual, weight, 1e-6)
         got, got_res = fused(x, residual, weight, 1e-6)
         if not (torch.equal(got_res, want_res)
                 and torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)):
@@ -237,9 +249,12 @@ def agreed_fused_all_reduce_norm(group: Any, rank: int, world_size: int, device:
     """The fused kernel if every rank can use it, else None on every rank (every rank calls
     this; `agree` as in custom_all_reduce.agreed_steps)."""
     from radixlm.distributed.custom_all_reduce import agreed_steps
-    if not agree(envs.fused_all_reduce_norm_enabled() and max_bytes > 0):
+    wanted = (envs.fused_all_reduce_norm_enabled() and not envs.disable_fused_ops()
+              and 0 < max_bytes and world_size <= MAX_WORLD)
+    if not agree(wanted):
         return None
     fused = FusedAllReduceRMSNorm(group.group_name, world_size, rank, device, max_bytes)
-    ok = agreed_steps("fused all-reduce + RMSNorm", (fused.allocate, fused.rendezvous),
+    ok = agreed_steps("fused all-reduce + RMSNorm (all-reduce, then the norm)",
+                      (fused.allocate, fused.rendezvous),
                       lambda: _matches_unfused(fused, group), agree)
     return fused if ok else None

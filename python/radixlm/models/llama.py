@@ -35,7 +35,9 @@ class LlamaMLP(nn.Module):
                                                        bias=bias, tp=tp)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp,
                                            reduce_results=reduce_results)
-        # The decoder layer's next RMSNorm sums the partial output (see LlamaDecoderLayer).
+        # Without reduce_results the output is a partial sum that the holder must reduce: the
+        # decoder layer's next RMSNorm (see LlamaDecoderLayer), or an MoE block with its
+        # routed experts' sum.
         self.partial_output_group = None if reduce_results else tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +158,8 @@ class LlamaForCausalLM(nn.Module):
         return LlamaAttention(config, layer_id, tp, qkv_bias, o_bias, self.qk_norm)
 
     def build_mlp(self, config: ModelConfig, layer_id: int, tp: TPGroup) -> nn.Module:
-        # (no bias: the RMSNorm after it sums the partial output; see LlamaDecoderLayer)
+        # Under TP, without a bias (added after the sum), the output stays a partial sum that
+        # the RMSNorm after the MLP sums (see LlamaDecoderLayer).
         return LlamaMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, tp,
                         reduce_results=tp.size == 1 or config.mlp_bias)
 
