@@ -1,7 +1,8 @@
 """Tensor parallelism on GPUs (NCCL, and the symmetric-memory all-reduce for small messages):
 greedy tokens at TP2 / TP4 / TP8 equal TP1's on a random std-0.02 Llama in float32 with TF32
-off, through CUDA graphs and the overlap scheduler (the defaults) and with the custom all-reduce
-off, and prompt logprobs stay close. Each size runs where the machine has that many GPUs.
+off, through CUDA graphs and the overlap scheduler (the defaults: symmetric-memory all-reduces
+and the fused all-reduce + RMSNorm, asserted on) and with the custom all-reduce off, and prompt
+logprobs stay close. Each size runs where the machine has that many GPUs.
 
 The tokenizer comes from RADIXLM_TEST_TOKENIZER (a directory of tokenizer files) where set, so
 this file runs on a GPU machine without the bundled GGUF; else from the bundled model."""
@@ -46,6 +47,11 @@ def _run(make_engine, model: str, tokenizer: str, tp: int, **flags):
     engine = make_engine(model_path=model, tokenizer_path=tokenizer, device="cuda",
                          dtype="float32", tp_size=tp, max_total_tokens=8192,
                          cuda_graph_max_bs=8, **flags)
+    # The paths under test are on (a failed start-up check would fall back silently).
+    if tp > 1:
+        want = (["nccl"] if flags.get("disable_custom_all_reduce")
+                else ["nccl", "one_shot", "two_shot", "fused_rms_norm"])
+        assert engine.ready.all_reduce_paths == want
     params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in LENGTHS]
     outs = engine.generate(PROMPTS, params, return_logprob=True, logprob_start_len=0)
     assert_pool_empty(engine)

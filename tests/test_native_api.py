@@ -282,6 +282,7 @@ def test_startup_phases_reported(url):
     engine = info["engine_startup_phases"]
     assert list(engine) == ["resolve_model", "start_processes", "tokenizer", "wait_for_scheduler"]
     assert info["startup_seconds"] >= sum(engine.values()) - 1e-6
+    assert info["tp_all_reduce_paths"] == []      # one rank: no all-reduce at all
 
 
 def test_profiler_start_stop_writes_a_trace(url, tmp_path):

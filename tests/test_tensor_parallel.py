@@ -24,6 +24,7 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0}
 
 def run(make_engine, tp: int, **kwargs) -> tuple[list[list[int]], list[list[float]]]:
     engine = make_engine(tp_size=tp, max_total_tokens=2048, **kwargs)
+    assert engine.ready.all_reduce_paths == ([] if tp == 1 else ["gloo"])
     outs = engine.generate(PROMPTS, GREEDY, return_logprob=True, logprob_start_len=0)
     ids = [o["output_ids"] for o in outs]
     lps = [[lp for lp, *_ in o["meta_info"]["input_token_logprobs"][1:]] +

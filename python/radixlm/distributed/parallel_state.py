@@ -56,6 +56,21 @@ class TPGroup:
             return self.fused_norm(x, residual, weight, eps)
         return None
 
+    def all_reduce_paths(self) -> list[str]:
+        """What this group's all-reduces can take, as agreed by its ranks (none at size 1):
+        "gloo" (CPU) or "nccl", plus "one_shot" / "two_shot" (symmetric memory) and
+        "fused_rms_norm" (the all-reduce + residual + RMSNorm kernel) where they are on."""
+        if self.size == 1:
+            return []
+        paths = ["nccl" if self.group is not None and dist.get_backend(self.group) == "nccl"
+                 else "gloo"]
+        if self.fast is not None:
+            paths += [p for p, limit in (("one_shot", self.fast.one_shot_bytes),
+                                         ("two_shot", self.fast.two_shot_bytes)) if limit > 0]
+        if self.fused_norm is not None:
+            paths.append("fused_rms_norm")
+        return paths
+
     def all_gather_last_dim(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x

@@ -139,6 +139,7 @@ async def get_server_info(request: Request):
             "resolved_model_path": ready.model_path, "internal_states": [internal_state],
             "startup_seconds": engine.startup_seconds, "startup_phases": ready.startup_phases,
             "engine_startup_phases": engine.startup_phases,
+            "tp_all_reduce_paths": ready.all_reduce_paths,
             "version": __version__}
 
 

@@ -85,6 +85,8 @@ class SchedulerReady:
     # Seconds per start-up phase in the scheduler process (rank 0), in order: imports,
     # weights, kv_cache, cuda_graphs, ...
     startup_phases: dict[str, float] = field(default_factory=dict)
+    # Tensor parallelism: the all-reduce paths the ranks agreed on (TPGroup.all_reduce_paths).
+    all_reduce_paths: list[str] = field(default_factory=list)
 
 
 @dataclass

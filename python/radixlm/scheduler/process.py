@@ -139,7 +139,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             vocab_size=mc.vocab_size, eos_token_ids=list(mc.eos_token_ids),
             device=str(runner.device), dtype=str(runner.dtype).removeprefix("torch."),
             model_path=runner.hf_dir, tokenizer_path=runner.tokenizer_path,
-            speculative=scheduler.speculator is not None, startup_phases=startup.seconds))
+            speculative=scheduler.speculator is not None, startup_phases=startup.seconds,
+            all_reduce_paths=tp.all_reduce_paths()))
     except Exception as e:
         logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
         send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))
