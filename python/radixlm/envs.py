@@ -23,7 +23,9 @@ def cache_dir() -> str:
 def disable_fused_ops() -> bool:
     """RADIXLM_DISABLE_FUSED_OPS=1: RMSNorm, SiLU-and-mul and rotary run their plain PyTorch code
     on CUDA too, instead of the fused Triton kernels (A/B checks, debugging). Read at each call;
-    decode CUDA graphs keep whichever path was active when they were captured (start-up)."""
+    decode CUDA graphs keep whichever path was active when they were captured (start-up). Under
+    tensor parallelism it also turns off the fused all-reduce + RMSNorm (read once, at start-up,
+    and agreed by the ranks)."""
     return _flag("RADIXLM_DISABLE_FUSED_OPS")
 
 
