@@ -211,7 +211,8 @@ class FusedAllReduceRMSNorm:
 def _reference(summed: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """What the unfused path computes from the all-reduced sum: (norm(h), h) with
-    h = summed + residual in the activation dtype (RMSNorm's PyTorch code)."""
+    h = summed + residual in the activation dtype: RMSNorm's PyTorch code (layers/norm.py),
+    written out here because layers/ imports distributed/, not the other way round."""
     h = summed + residual
     hf = h.float()
     normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
