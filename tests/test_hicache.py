@@ -249,6 +249,59 @@ def test_a_new_cache_on_the_same_directory_finds_the_blocks(tmp_path):
     assert len(other.match_prefix(doc).indices) == 0
 
 
+def test_blocks_read_ahead_of_the_match(tmp_path, monkeypatch):
+    """A request's arrival reads its blocks on the prefetch thread; the match then takes them
+    from memory (the store is not read again), with the same KV."""
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    second.prefetch(doc + [1, 2, 3])
+    second.prefetcher.wait_idle()
+    assert second.prefetcher.held_bytes > 0
+
+    def no_disk(name):
+        raise AssertionError("the match read the store although the blocks were read ahead")
+
+    monkeypatch.setattr(second.storage, "get", no_disk)
+    match = second.match_prefix(doc + [1, 2, 3])
+    assert len(match.indices) == 192 and second.storage_prefetched_tokens == 192
+    check_content(pool2, match.indices, doc)
+    assert second.prefetcher.held_bytes == 0 and second.prefetcher.taken == 3
+    check_accounting(second, alloc2)
+    second.close()
+
+
+def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkeypatch):
+    from radixlm.mem_cache import kv_storage
+    from radixlm.mem_cache.kv_storage import FileStorage, StoragePrefetcher
+
+    store = FileStorage(str(tmp_path))
+    for name in ("a", "b", "c", "e"):
+        store.set(name, name.encode() * 100)
+    # Nothing after the miss at d is read (chained names: nothing after it can match).
+    prefetcher = StoragePrefetcher(store, max_bytes=1000)
+    prefetcher.prefetch(["a", "b", "c", "d", "e"])
+    prefetcher.wait_idle()
+    assert prefetcher.held_bytes == 300
+    assert prefetcher.take("e") is None and prefetcher.take("d") is None
+    assert prefetcher.take("c") == b"c" * 100 and prefetcher.held_bytes == 200
+    prefetcher.close()
+    # At the byte limit reading stops; the match reads the rest.
+    prefetcher = StoragePrefetcher(store, max_bytes=150)
+    prefetcher.prefetch(["a", "b", "c"])
+    prefetcher.wait_idle()
+    assert prefetcher.held_bytes == 200 and prefetcher.take("c") is None
+    # Blocks never taken give way once stale.
+    monkeypatch.setattr(kv_storage, "PREFETCH_STALE_S", 0.0)
+    prefetcher.prefetch(["e"])
+    prefetcher.wait_idle()
+    assert prefetcher.take("e") == b"e" * 100 and prefetcher.take("a") is None
+    assert prefetcher.held_bytes == 0
+    prefetcher.close()
+
+
 def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     import glob
 

@@ -184,10 +184,12 @@ class SchedulerStats:
     spec_accept_rate: float = 0.0
     spec_verify_steps: int = 0
     # The hierarchical cache since start (0 without it), in tokens: copied host -> device,
-    # device -> host, and read from the file tier
+    # device -> host, and read from the file tier (of those, read ahead of the match while
+    # their requests waited)
     hicache_loaded_tokens: int = 0
     hicache_backed_up_tokens: int = 0
     hicache_storage_hit_tokens: int = 0
+    hicache_storage_prefetched_tokens: int = 0
 
 
 # What each side may receive (the scheduler ignores, with a warning, anything else).

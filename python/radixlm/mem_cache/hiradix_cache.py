@@ -40,7 +40,8 @@ from radixlm import envs
 from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.allocator import KVAllocator
-from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage, KVStorage, block_names
+from radixlm.mem_cache.kv_storage import (BackgroundWriter, FileStorage, KVStorage,
+                                          StoragePrefetcher, block_names)
 from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows, rows_shape, scatter_rows
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import LoadPeek, MatchResult
@@ -49,6 +50,9 @@ from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
 # Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
 # recomputing it, small enough that a shared prefix wastes little of its last block.
 STORAGE_BLOCK = 64
+# L3 blocks read ahead for waiting requests and not yet matched, at most (the prefetcher's
+# memory): 1 GiB is 8k tokens of an 8B model's KV.
+PREFETCH_MAX_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -150,10 +154,12 @@ class HiRadixCache(RadixCache):
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
         self.backed_up_tokens = 0    # device -> host
         self.storage_hit_tokens = 0  # L3 -> device
+        self.storage_prefetched_tokens = 0   # of those, in blocks read before the match
         self.storage: KVStorage | None = None
         if config.storage_dir is not None:
             self.storage = FileStorage(config.storage_dir)
             self.writer = BackgroundWriter(self.storage)
+            self.prefetcher = StoragePrefetcher(self.storage, PREFETCH_MAX_BYTES)
             self.block_size = -(-STORAGE_BLOCK // ps) * ps
             pool = device_pool
             # fp8 blocks hold scaled values: only a pool with the same scales may read them.
@@ -297,14 +303,29 @@ class HiRadixCache(RadixCache):
 
     # ---------------------------------------------------------------- the file tier (L3)
 
+    def prefetch(self, key: Sequence[int]) -> None:
+        """A request arrived: read the store's blocks that follow what the tree holds of its
+        prompt (on any tier), on the prefetch thread, while it waits for admission."""
+        if self.storage is None:
+            return
+        have = self.peek_prefix(key)[0] // self.block_size
+        names = block_names(self.namespace, key, self.block_size)[have:]
+        if names:
+            self.prefetcher.prefetch(names)
+
     def _fetch_from_storage(self, key: Sequence[int], match: MatchResult) -> bool:
         """Load the blocks that follow `match` from the store into fresh device slots and cache
         them in the tree. Returns whether any was found."""
         have, bs = len(match.indices), self.block_size
         names = block_names(self.namespace, key, bs)
         blocks: list[torch.Tensor] = []
+        read_ahead = 0
         for name in names[have // bs:]:
-            data = self.storage.get(name)
+            data = self.prefetcher.take(name)
+            if data is not None:
+                read_ahead += 1
+            else:
+                data = self.storage.get(name)
             block = self._decode_block(data) if data is not None else None
             if block is None:
                 break
@@ -327,6 +348,7 @@ class HiRadixCache(RadixCache):
         already = self.insert(list(key[:end]), torch.cat([match.indices, slots]))
         assert already == have, "the tree changed under a storage fetch"
         self.storage_hit_tokens += need
+        self.storage_prefetched_tokens += min(read_ahead * bs, need)
         return True
 
     def _decode_block(self, data: bytes) -> torch.Tensor | None:
@@ -407,6 +429,7 @@ class HiRadixCache(RadixCache):
     def close(self) -> None:
         self.copier.synchronize()
         if self.storage is not None:
+            self.prefetcher.close()
             self.writer.flush()
 
     def check_host_invariant(self) -> None:

@@ -8,7 +8,9 @@ the same names: a restarted server, or another server on the same store, finds t
 `KVStorage` is the interface (get / set / exists by name); `FileStorage` keeps one file per
 block in a directory. Each file carries a checksum of its payload: a corrupt or truncated file
 is a miss (counted), never wrong KV. A write that fails (disk full, ...) is dropped and counted;
-serving goes on. Writes run on a background thread, behind the request that produced them.
+serving goes on. Writes run on a background thread, behind the request that produced them;
+reads can run on another one ahead of need (`StoragePrefetcher`: when a request arrives, the
+blocks its prompt may find are read and checksummed while it waits for admission).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 logger = logging.getLogger(__name__)
@@ -130,3 +135,94 @@ class BackgroundWriter:
                     self.storage.set(name, data)
             finally:
                 self.pending.task_done()
+
+
+# A block read ahead and not taken for this long is dropped when room is needed: its request
+# went away or found the prefix elsewhere (a request that waits longer reads it again).
+PREFETCH_STALE_S = 60.0
+
+
+class StoragePrefetcher:
+    """Reads blocks from a store on a thread of its own, ahead of the match that needs them, so
+    that the scheduler's thread takes them from memory instead of waiting for the disk (and the
+    checksum) while a batch could be scheduled. A request's blocks are read in order and up to
+    the first miss (the names are chained: nothing after a miss can match). Blocks read and not
+    yet taken are held up to about `max_bytes`; past it, reading stops, and the match reads the
+    rest itself, as it does without a prefetcher."""
+
+    def __init__(self, storage: KVStorage, max_bytes: int):
+        self.storage = storage
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
+        self.taken = 0            # blocks the match found read ahead (metrics, tests)
+        self._lock = threading.Lock()
+        # name -> (its read: bytes, or None for absent or corrupt; when it was queued)
+        self._reads: OrderedDict[str, tuple[Future, float]] = OrderedDict()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kv-storage-prefetch")
+
+    def prefetch(self, names: Sequence[str]) -> None:
+        """Queue the reads of consecutive blocks `names` (the caller goes on)."""
+        now, queued = time.monotonic(), []
+        with self._lock:
+            for name in names:
+                if name not in self._reads:
+                    self._reads[name] = (Future(), now)
+                    queued.append((name, self._reads[name][0]))
+        if queued:
+            self._thread.submit(self._read, queued)
+
+    def take(self, name: str) -> bytes | None:
+        """The block if it was read ahead (waiting for its read if that is under way); None if
+        it was not (a read not started yet is called off), or was found absent or corrupt:
+        the caller reads it itself."""
+        with self._lock:
+            entry = self._reads.pop(name, None)
+        if entry is None or entry[0].cancel():
+            return None
+        data = entry[0].result()
+        if data is not None:
+            with self._lock:
+                self.held_bytes -= len(data)
+                self.taken += 1
+        return data
+
+    def wait_idle(self) -> None:
+        """Wait until every queued read is done (tests)."""
+        self._thread.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    def _read(self, queued: list[tuple[str, Future]]) -> None:
+        stop = False     # after a miss, or with max_bytes held: the rest is the match's
+        for name, read in queued:
+            if not read.set_running_or_notify_cancel():
+                continue                     # the match took it first, and reads it itself
+            data = None
+            if not stop:
+                with self._lock:
+                    if self.held_bytes >= self.max_bytes:
+                        self._drop_stale()
+                    stop = self.held_bytes >= self.max_bytes
+            if not stop:
+                data = self.storage.get(name)
+                stop = data is None
+            with self._lock:
+                if data is None:
+                    if self._reads.get(name, (None,))[0] is read:
+                        del self._reads[name]   # (a block written later is read then)
+                else:
+                    self.held_bytes += len(data)
+            read.set_result(data)
+
+    def _drop_stale(self) -> None:
+        """Drop the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""
+        now = time.monotonic()
+        for name, (read, queued) in list(self._reads.items()):
+            if now - queued < PREFETCH_STALE_S:
+                break
+            if read.done():
+                del self._reads[name]
+                data = read.result()
+                if data is not None:
+                    self.held_bytes -= len(data)

@@ -74,6 +74,10 @@ class PrefixCache(ABC):
         on the device only."""
         return None
 
+    def prefetch(self, key: Sequence[int]) -> None:
+        """A request with prompt `key` arrived: start fetching what a slow tier holds of it
+        (the hierarchical cache's file tier), so that its match finds it in memory."""
+
     @abstractmethod
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         """The cached prefix of `key`, page-aligned, for a request about to be admitted."""

@@ -37,7 +37,8 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
 
 def _hicache_stats(cache: Any) -> dict[str, int]:
     return {f"hicache_{name}": getattr(cache, name, 0)
-            for name in ("loaded_tokens", "backed_up_tokens", "storage_hit_tokens")}
+            for name in ("loaded_tokens", "backed_up_tokens", "storage_hit_tokens",
+                         "storage_prefetched_tokens")}
 
 
 def log_decode_batch(sched: Any) -> None:
