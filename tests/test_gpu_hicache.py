@@ -110,3 +110,31 @@ def test_gpu_engine_hicache_same_tokens(make_engine, random_llama, tokenizer_dir
         assert torch.allclose(lp_off, lp_on, atol=1e-3), (lp_off - lp_on).abs().max()
     assert results[False][5]["meta_info"]["cached_tokens"] < 20      # the device lost the doc
     assert results[True][5]["meta_info"]["cached_tokens"] >= 240     # the host had it
+
+
+def test_gpu_engine_file_tier_restart_same_tokens(make_engine, random_llama, tokenizer_dir,
+                                                  tmp_path, monkeypatch):
+    """The file tier on a GPU: blocks written through the writer thread's device -> host copy,
+    read back (ahead of the match) by a restarted engine, give the tokens and logprobs that
+    recomputing gives."""
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    prompt = DOC + "Question: what is shared?"
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    base = dict(model_path=random_llama, tokenizer_path=tokenizer_dir, device="cuda",
+                dtype="float32", max_total_tokens=600, cuda_graph_max_bs=8)
+    engine = make_engine(**base)
+    plain = engine.generate(prompt, params, return_logprob=True)
+    engine.shutdown()
+    tier = dict(base, enable_hierarchical_cache=True, hicache_storage_backend="file",
+                hicache_storage_dir=str(tmp_path / "l3"))
+    first = make_engine(**tier)
+    assert first.generate(prompt, params)["meta_info"]["cached_tokens"] == 0
+    first.shutdown()                              # the queued writes are flushed
+    again = make_engine(**tier)
+    out = again.generate(prompt, params, return_logprob=True)
+    assert out["meta_info"]["cached_tokens"] >= 192           # 3 blocks of 64 from the files
+    assert out["output_ids"] == plain["output_ids"]
+    lp = [torch.tensor([x for x, *_ in o["meta_info"]["output_token_logprobs"]])
+          for o in (plain, out)]
+    assert torch.allclose(lp[0], lp[1], atol=1e-3), (lp[0] - lp[1]).abs().max()
+    again.shutdown()

@@ -280,8 +280,16 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkey
     store = FileStorage(str(tmp_path))
     for name in ("a", "b", "c", "e"):
         store.set(name, name.encode() * 100)
-    # Nothing after the miss at d is read (chained names: nothing after it can match).
-    prefetcher = StoragePrefetcher(store, max_bytes=1000)
+    # Read by several threads at once: every block is what the store holds.
+    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=3)
+    prefetcher.prefetch(["a", "b", "c", "d"])
+    prefetcher.wait_idle()
+    assert [prefetcher.take(n) for n in "abcd"] == [b"a" * 100, b"b" * 100, b"c" * 100, None]
+    assert prefetcher.held_bytes == 0 and prefetcher.taken == 3
+    prefetcher.close()
+    # One thread: nothing after the miss at d is read (chained names: nothing after it can
+    # match).
+    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=1)
     prefetcher.prefetch(["a", "b", "c", "d", "e"])
     prefetcher.wait_idle()
     assert prefetcher.held_bytes == 300
@@ -289,7 +297,7 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkey
     assert prefetcher.take("c") == b"c" * 100 and prefetcher.held_bytes == 200
     prefetcher.close()
     # At the byte limit reading stops; the match reads the rest.
-    prefetcher = StoragePrefetcher(store, max_bytes=150)
+    prefetcher = StoragePrefetcher(store, max_bytes=150, threads=1)
     prefetcher.prefetch(["a", "b", "c"])
     prefetcher.wait_idle()
     assert prefetcher.held_bytes == 200 and prefetcher.take("c") is None
@@ -300,6 +308,36 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkey
     assert prefetcher.take("e") == b"e" * 100 and prefetcher.take("a") is None
     assert prefetcher.held_bytes == 0
     prefetcher.close()
+
+
+def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queued(tmp_path):
+    import threading
+
+    from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage
+
+    store = FileStorage(str(tmp_path))
+    writer = BackgroundWriter(store, max_pending_bytes=250)
+    gate, threads = threading.Event(), []
+
+    def block_bytes() -> bytes:       # (a device -> host copy, waited for on the thread)
+        threads.append(threading.current_thread().name)
+        gate.wait(10)
+        return b"a" * 200
+
+    def broken() -> bytes:
+        raise RuntimeError("the copy failed")
+
+    assert writer.submit("a" * 64, block_bytes, 200)
+    assert not writer.submit("b" * 64, b"b" * 100)      # 300 bytes queued > 250: dropped
+    assert writer.dropped == 1
+    gate.set()
+    writer.flush()
+    assert threads == ["kv-storage-writer"] and store.get("a" * 64) == b"a" * 200
+    assert writer.pending_bytes == 0
+    assert writer.submit("b" * 64, broken, 100)         # not stored, and serving goes on
+    assert writer.submit("c" * 64, b"c" * 100)
+    writer.flush()
+    assert store.get("b" * 64) is None and store.get("c" * 64) == b"c" * 100
 
 
 def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):

@@ -31,8 +31,9 @@ import hashlib
 import heapq
 import math
 import os
+import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -92,6 +93,25 @@ class HiCacheConfig:
         if slots < 2:
             raise ValueError(f"{flag}: the host KV pool would hold {slots} tokens")
         return slots
+
+
+def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
+    """A function that returns `rows`' bytes. On a GPU the copy to (page-locked) host memory is
+    queued now, behind the forwards that wrote the rows, and the function, called on the file
+    tier's writer thread, waits for it there: a `.cpu()` here would make the scheduler's thread
+    wait for every step queued on the GPU."""
+    if rows.device.type != "cuda":
+        host = rows.contiguous()
+        return lambda: host.view(torch.uint8).numpy().tobytes()
+    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def wait_and_read() -> bytes:
+        copied.synchronize()
+        return host.view(torch.uint8).numpy().tobytes()
+    return wait_and_read
 
 
 def weights_fingerprint(model_dir: str | None) -> str:
@@ -343,8 +363,7 @@ class HiRadixCache(RadixCache):
         slots = self.allocator.alloc(need)
         if slots is None:
             return False
-        kv = torch.cat(blocks, dim=2)[:, :, have % bs:]      # [layers, 2, need, heads, dim]
-        scatter_rows(self.device_pool, slots, kv.to(self.device))
+        scatter_rows(self.device_pool, slots, self._blocks_to_device(blocks, have % bs, need))
         already = self.insert(list(key[:end]), torch.cat([match.indices, slots]))
         assert already == have, "the tree changed under a storage fetch"
         self.storage_hit_tokens += need
@@ -357,7 +376,25 @@ class HiRadixCache(RadixCache):
         itemsize = torch.empty((), dtype=pool.dtype).element_size()
         if len(data) != itemsize * math.prod(shape):
             return None      # another layout (should not happen: it is in the name)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(pool.dtype).view(shape)
+        with warnings.catch_warnings():     # (read-only bytes: only ever read from)
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(data, dtype=torch.uint8)
+        return raw.view(pool.dtype).view(shape)
+
+    def _blocks_to_device(self, blocks: list[torch.Tensor], skip: int,
+                          n: int) -> torch.Tensor:
+        """The rows of `blocks` ([layers, 2, block, heads, dim] each) but the first `skip`, n in
+        all, on the device: gathered once into page-locked memory, whose copy to the device
+        does not hold up the host (a pageable one waits for the GPU's queue to reach it)."""
+        shape = rows_shape(self.device_pool, n)
+        on_gpu = self.device.type == "cuda"
+        staged = torch.empty(shape, dtype=self.device_pool.dtype, pin_memory=on_gpu)
+        out, pos = staged.view(torch.uint8), 0        # (bytes: no fp8 copy kernels needed)
+        for i, block in enumerate(blocks):
+            part = block.view(torch.uint8)[:, :, skip if i == 0 else 0:]
+            out[:, :, pos:pos + part.shape[2]].copy_(part)
+            pos += part.shape[2]
+        return staged.to(self.device, non_blocking=True) if on_gpu else staged
 
     def _store_blocks(self, key: list[int], value: torch.Tensor) -> None:
         """Queue every whole block of a freshly cached key that the store does not have yet."""
@@ -365,9 +402,9 @@ class HiRadixCache(RadixCache):
         for i, name in enumerate(block_names(self.namespace, key, bs)):
             if name in self._stored:
                 continue
-            self._stored.add(name)
             kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
-            self.writer.submit(name, kv.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            if self.writer.submit(name, _bytes_when_copied(kv), kv.numel() * kv.element_size()):
+                self._stored.add(name)
 
     # ---------------------------------------------------------------- tree shape
 

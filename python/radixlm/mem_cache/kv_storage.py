@@ -24,8 +24,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Callable, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -108,20 +108,38 @@ class FileStorage(KVStorage):
 
 
 class BackgroundWriter:
-    """Runs `storage.set` on a thread so that disk writes never hold up a step; a full queue
-    drops the write (the block is simply not stored)."""
+    """Runs `storage.set` on a thread so that disk writes never hold up a step. A write queued
+    beyond `max_pending` writes or `max_pending_bytes` is dropped (the block is simply not
+    stored). The data may be a function that makes the bytes, called on the writer's thread
+    (the hierarchical cache's device -> host copy: waited for there, not on the scheduler's)."""
 
-    def __init__(self, storage: KVStorage, max_pending: int = 1024):
+    def __init__(self, storage: KVStorage, max_pending: int = 1024,
+                 max_pending_bytes: int = 1 << 30):
         self.storage = storage
         self.pending: queue.Queue = queue.Queue(max_pending)
+        self.max_pending_bytes = max_pending_bytes
+        self.pending_bytes = 0
         self.dropped = 0
+        self._lock = threading.Lock()
         threading.Thread(target=self._run, name="kv-storage-writer", daemon=True).start()
 
-    def submit(self, name: str, data: bytes) -> None:
+    def submit(self, name: str, data: bytes | Callable[[], bytes],
+               nbytes: int | None = None) -> bool:
+        """Queue a write; False if it was dropped (the queue is full)."""
+        size = len(data) if isinstance(data, bytes) else (nbytes or 0)
+        with self._lock:
+            if self.pending_bytes + size > self.max_pending_bytes and self.pending_bytes:
+                self.dropped += 1
+                return False
+            self.pending_bytes += size
         try:
-            self.pending.put_nowait((name, data))
+            self.pending.put_nowait((name, data, size))
         except queue.Full:
-            self.dropped += 1
+            with self._lock:
+                self.pending_bytes -= size
+                self.dropped += 1
+            return False
+        return True
 
     def flush(self) -> None:
         """Wait until everything submitted is written (tests, shutdown)."""
@@ -129,11 +147,15 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
-            name, data = self.pending.get()
+            name, data, size = self.pending.get()
             try:
                 if not self.storage.exists(name):
-                    self.storage.set(name, data)
+                    self.storage.set(name, data if isinstance(data, bytes) else data())
+            except Exception:     # (a failed device copy: the block is not stored)
+                logger.exception("KV block %s not stored", name)
             finally:
+                with self._lock:
+                    self.pending_bytes -= size
                 self.pending.task_done()
 
 
@@ -143,14 +165,16 @@ PREFETCH_STALE_S = 60.0
 
 
 class StoragePrefetcher:
-    """Reads blocks from a store on a thread of its own, ahead of the match that needs them, so
-    that the scheduler's thread takes them from memory instead of waiting for the disk (and the
-    checksum) while a batch could be scheduled. A request's blocks are read in order and up to
-    the first miss (the names are chained: nothing after a miss can match). Blocks read and not
-    yet taken are held up to about `max_bytes`; past it, reading stops, and the match reads the
+    """Reads blocks from a store on threads of its own, ahead of the match that needs them, so
+    that the scheduler's thread takes them from memory instead of waiting for the disk and the
+    checksum (a block of an 8B model is 8 MiB to read and hash) while a batch could be
+    scheduled. A request's blocks are read by `threads` threads at once (file reads and
+    hashlib let go of the GIL); once one is missing, the request's blocks not yet started are
+    not read (names are chained: nothing after a miss can match). Blocks read and not yet
+    taken are held up to about `max_bytes`; past it, reading stops, and the match reads the
     rest itself, as it does without a prefetcher."""
 
-    def __init__(self, storage: KVStorage, max_bytes: int):
+    def __init__(self, storage: KVStorage, max_bytes: int, threads: int = 4):
         self.storage = storage
         self.max_bytes = max_bytes
         self.held_bytes = 0
@@ -158,26 +182,30 @@ class StoragePrefetcher:
         self._lock = threading.Lock()
         # name -> (its read: bytes, or None for absent or corrupt; when it was queued)
         self._reads: OrderedDict[str, tuple[Future, float]] = OrderedDict()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kv-storage-prefetch")
+        self._tasks: set[Future] = set()
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="kv-storage-prefetch")
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Queue the reads of consecutive blocks `names` (the caller goes on)."""
-        now, queued = time.monotonic(), []
+        now, missed = time.monotonic(), threading.Event()   # (one request's blocks)
         with self._lock:
             for name in names:
-                if name not in self._reads:
-                    self._reads[name] = (Future(), now)
-                    queued.append((name, self._reads[name][0]))
-        if queued:
-            self._thread.submit(self._read, queued)
+                if name in self._reads:
+                    continue
+                read: Future = Future()
+                self._reads[name] = (read, now)
+                task = self._threads.submit(self._read, name, read, missed)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     def take(self, name: str) -> bytes | None:
-        """The block if it was read ahead (waiting for its read if that is under way); None if
-        it was not (a read not started yet is called off), or was found absent or corrupt:
-        the caller reads it itself."""
+        """The block if it was read ahead, waiting for its read if that is queued or under way
+        (the prefetch threads read a request's blocks in parallel, faster than the caller
+        would one by one); None if it was not, or was found absent or corrupt: the caller
+        reads it itself."""
         with self._lock:
             entry = self._reads.pop(name, None)
-        if entry is None or entry[0].cancel():
+        if entry is None:
             return None
         data = entry[0].result()
         if data is not None:
@@ -188,32 +216,29 @@ class StoragePrefetcher:
 
     def wait_idle(self) -> None:
         """Wait until every queued read is done (tests)."""
-        self._thread.submit(lambda: None).result()
+        while self._tasks:
+            wait(list(self._tasks))
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
-    def _read(self, queued: list[tuple[str, Future]]) -> None:
-        stop = False     # after a miss, or with max_bytes held: the rest is the match's
-        for name, read in queued:
-            if not read.set_running_or_notify_cancel():
-                continue                     # the match took it first, and reads it itself
-            data = None
-            if not stop:
-                with self._lock:
-                    if self.held_bytes >= self.max_bytes:
-                        self._drop_stale()
-                    stop = self.held_bytes >= self.max_bytes
-            if not stop:
-                data = self.storage.get(name)
-                stop = data is None
-            with self._lock:
-                if data is None:
-                    if self._reads.get(name, (None,))[0] is read:
-                        del self._reads[name]   # (a block written later is read then)
-                else:
-                    self.held_bytes += len(data)
-            read.set_result(data)
+    def _read(self, name: str, read: Future, missed: threading.Event) -> None:
+        read.set_running_or_notify_cancel()
+        data = None
+        with self._lock:
+            if self.held_bytes >= self.max_bytes:
+                self._drop_stale()
+            full = self.held_bytes >= self.max_bytes
+        if not (full or missed.is_set()):
+            data = self.storage.get(name)
+        with self._lock:
+            if data is None:
+                missed.set()
+                if self._reads.get(name, (None,))[0] is read:
+                    del self._reads[name]       # (a block written later is read then)
+            else:
+                self.held_bytes += len(data)
+        read.set_result(data)
 
     def _drop_stale(self) -> None:
         """Drop the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""

@@ -1,5 +1,9 @@
 """multi-turn, hicache on only, several env variants, same machine."""
-import argparse, os, sys, json
+import argparse
+import json
+import os
+import sys
+
 from radixlm.bench import hicache
 SA = sys.argv[1]
 ns = argparse.Namespace(server_args=SA, max_total_tokens=32768, hicache_ratio=4.0, num_users=32,
