@@ -115,8 +115,8 @@ def test_gpu_engine_hicache_same_tokens(make_engine, random_llama, tokenizer_dir
 def test_gpu_engine_file_tier_restart_same_tokens(make_engine, random_llama, tokenizer_dir,
                                                   tmp_path, monkeypatch):
     """The file tier on a GPU: blocks written through the writer thread's device -> host copy,
-    read back (ahead of the match) by a restarted engine, give the tokens and logprobs that
-    recomputing gives."""
+    read back by a restarted engine (by its prefetch threads, or by the match), give the tokens
+    and logprobs that recomputing gives."""
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     prompt = DOC + "Question: what is shared?"
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}

@@ -308,10 +308,23 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkey
     assert prefetcher.take("e") == b"e" * 100 and prefetcher.take("a") is None
     assert prefetcher.held_bytes == 0
     prefetcher.close()
+    # A store that raises: a miss for the match (which reads it itself), never a hang.
+    broken = FileStorage(str(tmp_path))
+    broken.get = lambda name: 1 / 0
+    prefetcher = StoragePrefetcher(broken, max_bytes=1000, threads=2)
+    prefetcher.prefetch(["a", "b"])
+    assert prefetcher.take("a") is None and prefetcher.take("b") is None
+    prefetcher.close()
+    # Closed with reads queued: they are called off, and nothing waits for them.
+    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=1)
+    prefetcher.prefetch(["a", "b", "c"])
+    prefetcher.close()
+    assert prefetcher.take("c") is None and prefetcher.held_bytes == 0
 
 
 def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queued(tmp_path):
     import threading
+    import time
 
     from radixlm.mem_cache.kv_storage import BackgroundWriter, FileStorage
 
@@ -338,6 +351,22 @@ def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queu
     assert writer.submit("c" * 64, b"c" * 100)
     writer.flush()
     assert store.get("b" * 64) is None and store.get("c" * 64) == b"c" * 100
+    assert writer.pending_bytes == 0 and writer.has_room(250)
+    with pytest.raises(ValueError, match="nbytes"):
+        writer.submit("d" * 64, block_bytes)
+    # A full queue (one write): dropped, and its bytes given back.
+    full = BackgroundWriter(store, max_pending=1)
+    gate.clear()
+    assert full.submit("e" * 64, block_bytes, 10)
+    for _ in range(1000):                              # the thread holds e (waiting on gate)
+        if len(threads) == 2:
+            break
+        time.sleep(0.01)
+    assert full.submit("f" * 64, b"f") and not full.has_room(1)   # f fills the queue
+    assert not full.submit("g" * 64, b"g") and full.pending_bytes == 11
+    gate.set()
+    full.flush()
+    assert full.pending_bytes == 0 and full.dropped == 1
 
 
 def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):

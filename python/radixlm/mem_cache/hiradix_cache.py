@@ -105,7 +105,7 @@ def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
         return lambda: host.view(torch.uint8).numpy().tobytes()
     host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
     host.copy_(rows, non_blocking=True)
-    copied = torch.cuda.Event()
+    copied = torch.cuda.Event(blocking=True)     # (the writer thread sleeps, not spins)
     copied.record()
 
     def wait_and_read() -> bytes:
@@ -181,6 +181,7 @@ class HiRadixCache(RadixCache):
             self.writer = BackgroundWriter(self.storage)
             self.prefetcher = StoragePrefetcher(self.storage, PREFETCH_MAX_BYTES)
             self.block_size = -(-STORAGE_BLOCK // ps) * ps
+            self.block_bytes = self.block_size * per_token
             pool = device_pool
             # fp8 blocks hold scaled values: only a pool with the same scales may read them.
             scales = f"|ks{pool.k_scale!r}vs{pool.v_scale!r}" if pool.is_fp8 else ""
@@ -323,9 +324,13 @@ class HiRadixCache(RadixCache):
 
     # ---------------------------------------------------------------- the file tier (L3)
 
+    @property
+    def has_slow_tier(self) -> bool:
+        return self.storage is not None
+
     def prefetch(self, key: Sequence[int]) -> None:
         """A request arrived: read the store's blocks that follow what the tree holds of its
-        prompt (on any tier), on the prefetch thread, while it waits for admission."""
+        prompt (on any tier), on the prefetch threads, while it waits for admission."""
         if self.storage is None:
             return
         have = self.peek_prefix(key)[0] // self.block_size
@@ -402,9 +407,12 @@ class HiRadixCache(RadixCache):
         for i, name in enumerate(block_names(self.namespace, key, bs)):
             if name in self._stored:
                 continue
+            if not self.writer.has_room(self.block_bytes):
+                break       # (the writer is behind: the next insert of this key offers them again)
             kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
-            if self.writer.submit(name, _bytes_when_copied(kv), kv.numel() * kv.element_size()):
-                self._stored.add(name)
+            if not self.writer.submit(name, _bytes_when_copied(kv), self.block_bytes):
+                break
+            self._stored.add(name)
 
     # ---------------------------------------------------------------- tree shape
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import tempfile
@@ -24,6 +25,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable, Sequence
 
@@ -123,12 +125,27 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="kv-storage-writer", daemon=True).start()
 
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a write of nbytes would be queued now (not dropped)."""
+        with self._lock:
+            return self._fits(nbytes) and not self.pending.full()
+
+    def _fits(self, nbytes: int) -> bool:
+        # (one write larger than the bound is queued when nothing else is)
+        return self.pending_bytes + nbytes <= self.max_pending_bytes or not self.pending_bytes
+
     def submit(self, name: str, data: bytes | Callable[[], bytes],
                nbytes: int | None = None) -> bool:
-        """Queue a write; False if it was dropped (the queue is full)."""
-        size = len(data) if isinstance(data, bytes) else (nbytes or 0)
+        """Queue a write (`nbytes`: the size of what a function `data` makes); False if it was
+        dropped (the queue is full)."""
+        if isinstance(data, bytes):
+            size = len(data)
+        elif nbytes is None:
+            raise ValueError("a write whose bytes a function makes needs its nbytes")
+        else:
+            size = nbytes
         with self._lock:
-            if self.pending_bytes + size > self.max_pending_bytes and self.pending_bytes:
+            if not self._fits(size):
                 self.dropped += 1
                 return False
             self.pending_bytes += size
@@ -164,13 +181,20 @@ class BackgroundWriter:
 PREFETCH_STALE_S = 60.0
 
 
+@dataclass
+class _RequestReads:
+    """What the reads of one request's blocks share: the index of the first block not read
+    (missing, or past the byte cap); blocks after it are not read."""
+    stop_at: float = math.inf
+
+
 class StoragePrefetcher:
     """Reads blocks from a store on threads of its own, ahead of the match that needs them, so
     that the scheduler's thread takes them from memory instead of waiting for the disk and the
     checksum (a block of an 8B model is 8 MiB to read and hash) while a batch could be
     scheduled. A request's blocks are read by `threads` threads at once (file reads and
-    hashlib let go of the GIL); once one is missing, the request's blocks not yet started are
-    not read (names are chained: nothing after a miss can match). Blocks read and not yet
+    hashlib let go of the GIL); once one is missing, the request's later blocks not yet started
+    are not read (names are chained: nothing after a miss can match). Blocks read and not yet
     taken are held up to about `max_bytes`; past it, reading stops, and the match reads the
     rest itself, as it does without a prefetcher."""
 
@@ -183,18 +207,19 @@ class StoragePrefetcher:
         # name -> (its read: bytes, or None for absent or corrupt; when it was queued)
         self._reads: OrderedDict[str, tuple[Future, float]] = OrderedDict()
         self._tasks: set[Future] = set()
+        self._closed = False
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="kv-storage-prefetch")
 
     def prefetch(self, names: Sequence[str]) -> None:
         """Queue the reads of consecutive blocks `names` (the caller goes on)."""
-        now, missed = time.monotonic(), threading.Event()   # (one request's blocks)
+        now, request = time.monotonic(), _RequestReads()
         with self._lock:
-            for name in names:
+            for i, name in enumerate(names):
                 if name in self._reads:
                     continue
                 read: Future = Future()
                 self._reads[name] = (read, now)
-                task = self._threads.submit(self._read, name, read, missed)
+                task = self._threads.submit(self._read, name, i, read, request)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
@@ -205,7 +230,7 @@ class StoragePrefetcher:
         reads it itself."""
         with self._lock:
             entry = self._reads.pop(name, None)
-        if entry is None:
+        if entry is None or entry[0].cancelled():
             return None
         data = entry[0].result()
         if data is not None:
@@ -220,25 +245,38 @@ class StoragePrefetcher:
             wait(list(self._tasks))
 
     def close(self) -> None:
+        """Stop: reads not started are called off, and `take` finds nothing from now on."""
         self._threads.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            reads, self._reads = list(self._reads.values()), OrderedDict()
+            self.held_bytes, self._closed = 0, True
+        for read, _ in reads:
+            read.cancel()
 
-    def _read(self, name: str, read: Future, missed: threading.Event) -> None:
-        read.set_running_or_notify_cancel()
+    def _read(self, name: str, index: int, read: Future, request: "_RequestReads") -> None:
+        if not read.set_running_or_notify_cancel():
+            return                                  # (close called it off)
         data = None
-        with self._lock:
-            if self.held_bytes >= self.max_bytes:
-                self._drop_stale()
-            full = self.held_bytes >= self.max_bytes
-        if not (full or missed.is_set()):
-            data = self.storage.get(name)
-        with self._lock:
-            if data is None:
-                missed.set()
-                if self._reads.get(name, (None,))[0] is read:
-                    del self._reads[name]       # (a block written later is read then)
-            else:
-                self.held_bytes += len(data)
-        read.set_result(data)
+        try:
+            with self._lock:
+                if self.held_bytes >= self.max_bytes:
+                    self._drop_stale()
+                skip = self.held_bytes >= self.max_bytes or index > request.stop_at
+            if not skip:
+                data = self.storage.get(name)
+        except Exception:       # (a store that raises: a miss here, the match reads it itself)
+            logger.exception("prefetching KV block %s failed", name)
+            data = None
+        finally:
+            with self._lock:
+                if data is None:
+                    # A miss, or the byte cap: the request's later blocks are not read.
+                    request.stop_at = min(request.stop_at, index)
+                    if self._reads.get(name, (None,))[0] is read:
+                        del self._reads[name]   # (a block written later is read then)
+                elif not self._closed:
+                    self.held_bytes += len(data)
+            read.set_result(data)               # (always: `take` may be waiting for it)
 
     def _drop_stale(self) -> None:
         """Drop the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""

@@ -74,6 +74,11 @@ class PrefixCache(ABC):
         on the device only."""
         return None
 
+    @property
+    def has_slow_tier(self) -> bool:
+        """Whether `prefetch` does anything (a tier slow enough to fetch from ahead of need)."""
+        return False
+
     def prefetch(self, key: Sequence[int]) -> None:
         """A request with prompt `key` arrived: start fetching what a slow tier holds of it
         (the hierarchical cache's file tier), so that its match finds it in memory."""

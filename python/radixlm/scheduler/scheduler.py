@@ -273,7 +273,8 @@ class Scheduler:
                                  f"({capacity} tokens)", status_code=400))
         else:
             self.waiting.append(req)
-            self.prefix_cache.prefetch(req.fill_ids[:req.max_prefix_match()])
+            if self.prefix_cache.has_slow_tier:
+                self.prefix_cache.prefetch(req.fill_ids[:req.max_prefix_match()])
 
     def abort(self, rid: str) -> None:
         for req in self.waiting:
