@@ -288,15 +288,11 @@ class Scheduler:
 
     def abort_all(self) -> None:
         """End every request now with finish_reason abort (server shutdown)."""
-        for req in self.waiting:
-            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
-        self.waiting = []
-        for req in list(self.running):
-            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
-        self.running = []
-        if self.chunked_req is not None:
-            req, self.chunked_req = self.chunked_req, None
-            self.results.finish(req, FinishReason("abort", message="server shutting down", status_code=503))
+        every = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
+        self.waiting, self.running, self.chunked_req = [], [], None
+        for req in every:
+            self.results.finish(req, FinishReason("abort", message="server shutting down",
+                                                  status_code=503))
 
     def flush_cache(self) -> FlushCacheResult:
         self._process_pending()

@@ -1,0 +1,45 @@
+"""Server shutdown (`Scheduler.abort_all`): every request, waiting, running or part-way through
+a chunked prefill, ends with finish_reason abort (503), and the KV it held goes back to the
+cache: nothing stays locked or owned."""
+
+from __future__ import annotations
+
+from radixlm.managers.messages import TokenizedGenerateReq
+from radixlm.sampling.params import SamplingParams
+
+
+def test_abort_all_ends_every_request_and_frees_its_kv():
+    import radixlm.scheduler.scheduler as scheduler_module
+    from radixlm.config import ServerArgs
+    from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.scheduler.config import SchedulerConfig
+
+    args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
+                      chunked_prefill_size=32, max_running_requests=2)
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
+    sent: list = []
+    sched = scheduler_module.Scheduler(SchedulerConfig.from_server_args(args), runner, kv,
+                                       lambda t: [], sent.append,
+                                       tokenizer=load_ids_tokenizer(runner.tokenizer_path))
+    short = sched.tokenizer.encode("The capital of France is")
+    params = SamplingParams.from_dict({"max_new_tokens": 64, "ignore_eos": True})
+    for rid, ids in [("a", short), ("b", list(range(100, 180))), ("c", short + [7]),
+                     ("d", short + [8])]:
+        sched.handle_message(TokenizedGenerateReq(rid=rid, input_ids=ids,
+                                                  sampling_params=params))
+    for _ in range(2):
+        sched.step()
+    # One running, one part-way through its prefill (80 tokens in chunks of 32), two waiting.
+    assert [r.rid for r in sched.running] == ["a"] and sched.chunked_req.rid == "b"
+    assert len(sched.waiting) == 2
+    sched.abort_all()
+    done = {o.rid: o.finish_reason for batch in sent for o in getattr(batch, "outputs", [])
+            if o.finish_reason is not None}
+    assert sorted(done) == ["a", "b", "c", "d"]
+    assert all(fr.type == "abort" and fr.status_code == 503 for fr in done.values())
+    assert not (sched.waiting or sched.running or sched.chunked_req)
+    cache = sched.prefix_cache
+    assert cache.protected_size() == 0
+    assert kv.available_size() == kv.allocator.total_size
