@@ -160,3 +160,21 @@ def run_file_under_interpreter(path: str, unset_env: tuple[str, ...] = ()) -> No
                           timeout=600)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------- a scheduler in this process
+
+def cpu_scheduler(args, send, load_tokenizer=None):
+    """A Scheduler over the model of ServerArgs `args` on the CPU, in this process, with no
+    transport: nothing to receive, each output message passed to `send`. Its tokenizer is
+    `load_tokenizer(the runner's tokenizer path)`, by default the light one (tokenizer.json)."""
+    from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from radixlm.scheduler.config import SchedulerConfig
+    from radixlm.scheduler.scheduler import Scheduler
+
+    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
+    tokenizer = (load_tokenizer or load_ids_tokenizer)(runner.tokenizer_path)
+    return Scheduler(SchedulerConfig.from_server_args(args), runner, kv, lambda t: [], send,
+                     tokenizer=tokenizer)

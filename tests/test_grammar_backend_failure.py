@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import radixlm.scheduler.scheduler as scheduler_module
+from helpers import cpu_scheduler
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.sampling.params import SamplingParams
 
@@ -18,10 +19,6 @@ def _finished(sent: list) -> dict:
 
 def test_a_backend_that_cannot_start_ends_constrained_requests_only(monkeypatch):
     from radixlm.config import ServerArgs
-    from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
-    from radixlm.model_executor.model_runner import create_runner_and_kv
-    from radixlm.model_executor.runner_config import RunnerConfig
-    from radixlm.scheduler.config import SchedulerConfig
 
     attempts = []
 
@@ -31,11 +28,8 @@ def test_a_backend_that_cannot_start_ends_constrained_requests_only(monkeypatch)
 
     monkeypatch.setattr(scheduler_module, "create_grammar_backend", broken)
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True)
-    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
     sent: list = []
-    sched = scheduler_module.Scheduler(SchedulerConfig.from_server_args(args), runner, kv,
-                                       lambda t: [], sent.append,
-                                       tokenizer=load_ids_tokenizer(runner.tokenizer_path))
+    sched = cpu_scheduler(args, sent.append)
     ids = sched.tokenizer.encode("My phone number is")
     for rid, extra in [("c1", {"regex": r"[0-9]{3}"}), ("free", {}),
                        ("c2", {"json_schema": '{"type": "object"}'})]:

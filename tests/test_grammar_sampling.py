@@ -104,19 +104,14 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
     steps and rejections; `resample` False drops the saved-logits path (the recompute one)."""
     import time
 
+    from helpers import cpu_scheduler
     from radixlm.config import ServerArgs
     from radixlm.managers.messages import TokenizedGenerateReq
-    from radixlm.model_executor.model_runner import create_runner_and_kv
-    from radixlm.model_executor.runner_config import RunnerConfig
     from radixlm.model_executor.weight_source import load_tokenizer
-    from radixlm.scheduler.config import SchedulerConfig
-    from radixlm.scheduler.scheduler import Scheduler
 
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
                       disable_optimistic_grammar=not optimistic)
-    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
-    sched = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, lambda t: [],
-                      lambda m: None, tokenizer=load_tokenizer(runner.hf_dir))
+    sched = cpu_scheduler(args, lambda m: None, load_tokenizer=load_tokenizer)
     if not resample:
         sched.results.resampler = None
     for i, (prompt, case) in enumerate(CASES[:3]):

@@ -4,25 +4,19 @@ cache: nothing stays locked or owned."""
 
 from __future__ import annotations
 
+from helpers import cpu_scheduler
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.sampling.params import SamplingParams
 
 
 def test_abort_all_ends_every_request_and_frees_its_kv():
-    import radixlm.scheduler.scheduler as scheduler_module
     from radixlm.config import ServerArgs
-    from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
-    from radixlm.model_executor.model_runner import create_runner_and_kv
-    from radixlm.model_executor.runner_config import RunnerConfig
-    from radixlm.scheduler.config import SchedulerConfig
 
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
                       chunked_prefill_size=32, max_running_requests=2)
-    runner, kv = create_runner_and_kv(RunnerConfig.from_server_args(args))
     sent: list = []
-    sched = scheduler_module.Scheduler(SchedulerConfig.from_server_args(args), runner, kv,
-                                       lambda t: [], sent.append,
-                                       tokenizer=load_ids_tokenizer(runner.tokenizer_path))
+    sched = cpu_scheduler(args, sent.append)
+    kv = sched.kv
     short = sched.tokenizer.encode("The capital of France is")
     params = SamplingParams.from_dict({"max_new_tokens": 64, "ignore_eos": True})
     for rid, ids in [("a", short), ("b", list(range(100, 180))), ("c", short + [7]),

@@ -266,7 +266,6 @@ class StoragePrefetcher:
                 data = self.storage.get(name)
         except Exception:       # (a store that raises: a miss here, the match reads it itself)
             logger.exception("prefetching KV block %s failed", name)
-            data = None
         finally:
             with self._lock:
                 if data is None:
