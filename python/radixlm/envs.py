@@ -29,6 +29,14 @@ def disable_fused_ops() -> bool:
     return _flag("RADIXLM_DISABLE_FUSED_OPS")
 
 
+def disable_gemv() -> bool:
+    """RADIXLM_DISABLE_GEMV=1: batch-1 products of the linear layers run F.linear (cuBLAS) on
+    CUDA too, instead of the Triton GEMV where it was measured faster
+    (layers/kernels/gemv_kernels.py; A/B checks). Read at each call; decode CUDA graphs keep the
+    path active when they were captured."""
+    return _flag("RADIXLM_DISABLE_GEMV")
+
+
 def overlap_on_cpu() -> bool:
     """RADIXLM_OVERLAP_ON_CPU=1: use the overlap scheduler on the CPU too (it is for GPUs, where
     it hides the host's work; the CPU test suite uses this to check it gives the same outputs)."""

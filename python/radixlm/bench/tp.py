@@ -2,7 +2,8 @@
 
 For each --tp-sizes entry (and, with --compare-custom-all-reduce, each TP > 1 again with the
 symmetric-memory all-reduce paths off; with --compare-fused-norm, again with the fused
-all-reduce + RMSNorm kernel off, RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1), an in-process
+all-reduce + RMSNorm kernel off, RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1; with --compare-gemv,
+each TP size again with the batch-1 GEMV kernel off, RADIXLM_DISABLE_GEMV=1), an in-process
 `Engine` with `--tp-size N` (random weights by default) and, for each --batch-sizes entry,
 `batch` random prompts of --input-len tokens on an empty cache, sent at once and streamed
 (ignore_eos, --output-len tokens each). The decode step time is taken while the whole batch
@@ -173,21 +174,31 @@ def engine_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in parsed.items() if k in named}
 
 
+# (read by the ranks, which inherit the environment)
+_VARIANT_ENV = ("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", "RADIXLM_DISABLE_GEMV")
+
+
 def run_one(ns: argparse.Namespace, tp: int, custom_all_reduce: bool, bandwidth: float | None,
-            config: dict[str, Any], fused_norm: bool = True) -> dict[str, Any]:
-    # (read by the ranks, which inherit the environment)
-    os.environ.pop("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", None)
+            config: dict[str, Any], fused_norm: bool = True, gemv: bool = True
+            ) -> dict[str, Any]:
+    for name in _VARIANT_ENV:
+        os.environ.pop(name, None)
     if not fused_norm:
         os.environ["RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM"] = "1"
+    if not gemv:
+        os.environ["RADIXLM_DISABLE_GEMV"] = "1"
     try:
-        return _run_engine(ns, tp, custom_all_reduce, bandwidth, config, fused_norm)
+        result = _run_engine(ns, tp, custom_all_reduce, bandwidth, config, fused_norm, gemv)
     finally:
-        os.environ.pop("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM", None)
+        for name in _VARIANT_ENV:
+            os.environ.pop(name, None)
+    result["gemv"] = gemv
+    return result
 
 
 def _run_engine(ns: argparse.Namespace, tp: int, custom_all_reduce: bool,
-                bandwidth: float | None, config: dict[str, Any], fused_norm: bool
-                ) -> dict[str, Any]:
+                bandwidth: float | None, config: dict[str, Any], fused_norm: bool,
+                gemv: bool) -> dict[str, Any]:
     from radixlm.entrypoints.engine import Engine
 
     kwargs = dict(model_path=ns.model_path, load_format=ns.load_format, dtype=ns.dtype,
@@ -219,6 +230,7 @@ def _run_engine(ns: argparse.Namespace, tp: int, custom_all_reduce: bool,
             rows.append(row)
             label = ("" if tp == 1 else " (NCCL only)" if not custom_all_reduce
                      else " (fused norm off)" if not fused_norm else "")
+            label += "" if gemv else " (gemv off)"
             print(f"TP{tp}{label} "
                   f"bs {batch}: {row['decode_ms_per_step']:.2f} ms/step, "
                   f"{row['tok_s_total']:.0f} tok/s"
@@ -242,13 +254,16 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
             print(f"TP{tp}: skipped, {torch_gpu_count()} GPUs visible", flush=True)
             skipped.append(tp)
             continue
-        variants = [(True, True)]   # (custom all-reduce, fused norm)
+        # (custom all-reduce, fused norm, gemv); the GEMV-off run goes first, so that
+        # speedup_vs_first is on vs off at TP1 and the first engine's start is not on one side.
+        variants = [(True, True, False), (True, True, True)] if ns.compare_gemv else \
+            [(True, True, True)]
         if tp > 1 and ns.compare_fused_norm:
-            variants.append((True, False))
+            variants.append((True, False, True))
         if tp > 1 and ns.compare_custom_all_reduce:
-            variants.append((False, False))
-        for custom, fused in variants:
-            runs.append(run_one(ns, tp, custom, bandwidth, config, fused))
+            variants.append((False, False, True))
+        for custom, fused, gemv in variants:
+            runs.append(run_one(ns, tp, custom, bandwidth, config, fused, gemv))
     base = {r["batch"]: r["decode_ms_per_step"] for r in runs[0]["batches"]} if runs else {}
     for r in runs:
         for row in r["batches"]:
@@ -261,15 +276,15 @@ def run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(res: dict[str, Any]) -> str:
-    lines = ["tp  custom_ar  fused_norm  batch  ms/step  tok/s  roofline  speedup  kernel_ms  "
-             "startup_s"]
+    lines = ["tp  custom_ar  fused_norm  gemv   batch  ms/step  tok/s  roofline  speedup  "
+             "kernel_ms  startup_s"]
     for r in res["runs"]:
         for b in r["batches"]:
             frac = b.get("fraction_of_roofline")
             kern = b.get("kernel_ms_per_step")
             fused = str(r.get("fused_all_reduce_norm", False))
             lines.append(f"{r['tp_size']:>2}  {str(r['custom_all_reduce']):>9}  {fused:>10}  "
-                         f"{b['batch']:>5}  "
+                         f"{str(r.get('gemv', True)):>5}  {b['batch']:>5}  "
                          f"{b['decode_ms_per_step']:>7.2f}  {b['tok_s_total']:>5.0f}  "
                          f"{(f'{frac:.0%}' if frac else '-'):>8}  "
                          f"{b.get('speedup_vs_first', 0):>6.2f}x  "
@@ -292,6 +307,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run each TP > 1 also with --disable-custom-all-reduce")
     p.add_argument("--compare-fused-norm", action="store_true",
                    help="run each TP > 1 also with the fused all-reduce + RMSNorm off")
+    p.add_argument("--compare-gemv", action="store_true",
+                   help="run each TP size also with the batch-1 Triton GEMV off "
+                        "(RADIXLM_DISABLE_GEMV=1: cuBLAS for every linear layer)")
     p.add_argument("--no-roofline", dest="roofline", action="store_false")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip rank 0's GPU kernel time a step (batch 1, engine profiler)")

@@ -30,7 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import radixlm.envs as envs
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
+from radixlm.layers.kernels import use_fused
 
 # (param, full checkpoint tensor[, shard id]) -> copies this rank's part into param.
 WeightLoader = Callable[..., None]
@@ -91,7 +93,9 @@ class LinearMethod:
 
 
 class UnquantizedLinearMethod(LinearMethod):
-    """Weights in the compute dtype (the default dtype when created), one F.linear."""
+    """Weights in the compute dtype (the default dtype when created), one F.linear; on CUDA,
+    one row of x (a batch-1 decode step) through the Triton GEMV where that was measured
+    faster (layers/kernels/gemv_kernels.py)."""
 
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], bias: bool,
@@ -104,6 +108,11 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
+        if x.shape[0] == 1 and use_fused(x) and not envs.disable_gemv():
+            from radixlm.layers.kernels import gemv_kernels
+            tiles = gemv_kernels.supports(x, layer.weight)
+            if tiles is not None:
+                return gemv_kernels.gemv(x, layer.weight, bias, tiles)
         return F.linear(x, layer.weight, bias)
 
 

@@ -1,0 +1,105 @@
+"""y = x W^T (+ b) for one row of x: the decode step's linear layers at batch 1.
+
+At batch 1 a linear layer only streams its weight; the arithmetic is negligible. cuBLAS's
+kernels for the narrower shapes (a tensor-parallel shard's qkv, the o and down projections
+onto a 4,096-wide hidden state) reach only 33-77% of the copy bandwidth on an H200, where this
+kernel reaches 44-95% (benchmarks/RESULTS.md). Each program takes BLOCK_N weight rows and
+walks K in BLOCK_K tiles, every tile one wide, coalesced load (K is contiguous), multiplied by
+x on the CUDA cores and summed along K once, after the loop. Accumulation is in float32 with
+one output rounding, as cuBLAS.
+
+Taken only where `radixlm bench gemv --sweep` measured it faster than F.linear
+(`gemv_tiles`); wide layers (N >= 8192: gate_up, the LM head) and long ones (K > 8192), where
+cuBLAS is at 86-100% of the copy bandwidth, stay with cuBLAS, as does every product of more
+than one row (two or four rows through this kernel were slower than cuBLAS on nearly every
+shape). Capturable in CUDA graphs (grid and output from shapes only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    block_n: int          # weight rows per program
+    block_k: int          # K elements per load
+    num_warps: int = 4
+    num_stages: int = 1   # loads outside tl.dot are not pipelined: stages made no difference
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[n] = sum_k x[k] w[n, k] (+ b[n]) for BLOCK_N consecutive n. K is a compile-time
+    constant (a model has two or three): the trip count is known, and the tail mask exists
+    only where K is not a multiple of BLOCK_K."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    # Rows past N read row N - 1 again instead of a masked load (their sums are never
+    # stored): the weight loads, all the bytes that matter, stay unpredicated.
+    rows = tl.minimum(offs_n, N - 1)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    x_ptrs = x_ptr + offs_k
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if K % BLOCK_K == 0:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs)
+        else:
+            k_mask = k0 + offs_k < K
+            w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
+    """The tiles for an [m, k] x [n, k]^T product, or None where F.linear is as fast.
+
+    Fit to `radixlm bench gemv --sweep` on an H200 (benchmarks/results/gemv/): a few hundred
+    to a thousand programs, each loading 2-8 rows x 1,024 columns at a time, did best; narrower
+    layers want fewer rows per program to keep enough programs in flight. Left to cuBLAS,
+    which reaches 86-100% of the copy bandwidth there: N >= 8,192 (gate_up, the LM head, the
+    70B's o and down) and K > 8,192 (the 8B's down at TP1)."""
+    if m != 1 or not 1024 <= n < 8192 or not 1024 <= k <= 8192:
+        return None
+    block_n = 2 if n <= 2560 else 4 if n <= 3072 else 8 if n <= 4096 else 2
+    return GemvTiles(block_n=block_n, block_k=1024)
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
+    """The tiles `gemv` would use for x [..., K] times weight [N, K], or None if not taken."""
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1]:
+        return None
+    m = x.numel() // max(1, x.shape[-1])
+    return gemv_tiles(m, weight.shape[0], weight.shape[1])
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+         tiles: GemvTiles) -> torch.Tensor:
+    """x [..., K] (one row in all) times weight [N, K]^T (+ bias [N]) -> [..., N] in x's
+    dtype."""
+    k = x.shape[-1]
+    if x.numel() != k:
+        raise ValueError(f"gemv takes one row of x, got shape {tuple(x.shape)}")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    n = weight.shape[0]
+    y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
+        x, weight, bias if bias is not None else weight, y, n, weight.stride(0), K=k,
+        HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return y
