@@ -223,12 +223,13 @@ def test_file_storage_checksums_and_failures(tmp_path, monkeypatch):
         FileStorage(str(path) + "/below-a-file")
 
 
-def make_file_cache(directory, device_slots=256):
+def make_file_cache(directory, device_slots=256, agree_on_blocks=None):
     pool = KVPool(device_slots, LAYERS, HEADS, DIM, torch.float32, "cpu")
     alloc = KVAllocator(device_slots, 1, "cpu")
     cache = HiRadixCache(ReqToTokenPool(4, 512, "cpu"), alloc, pool,
                          HiCacheConfig(ratio=1.0, storage_dir=str(directory),
-                                       storage_namespace="test-model"))
+                                       storage_namespace="test-model",
+                                       agree_on_blocks=agree_on_blocks))
     return cache, pool, alloc
 
 
@@ -247,6 +248,30 @@ def test_a_new_cache_on_the_same_directory_finds_the_blocks(tmp_path):
                          KVPool(256, LAYERS, HEADS, DIM, torch.float32, "cpu"),
                          HiCacheConfig(storage_dir=str(tmp_path), storage_namespace="other"))
     assert len(other.match_prefix(doc).indices) == 0
+
+
+def test_ranks_load_only_the_blocks_every_rank_found(tmp_path):
+    """Under TP each rank asks the others how many blocks they found (the smallest count wins),
+    at every match, even one that found none itself, and loads only those."""
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    asked = []
+
+    def other_rank_found_one(n: int) -> int:
+        asked.append(n)
+        return min(n, 1)
+    second, pool2, alloc2 = make_file_cache(tmp_path, agree_on_blocks=other_rank_found_one)
+    match = second.match_prefix(doc)
+    assert asked == [3] and len(match.indices) == 64 and second.storage_hit_tokens == 64
+    check_content(pool2, match.indices, doc)
+    check_accounting(second, alloc2)
+    match = second.match_prefix(list(range(9000, 9100)))    # nothing stored: still asks
+    assert asked == [3, 0] and len(match.indices) == 0
+    none, pool3, alloc3 = make_file_cache(tmp_path, agree_on_blocks=lambda n: 0)
+    assert len(none.match_prefix(doc).indices) == 0 and none.storage_hit_tokens == 0
+    check_accounting(none, alloc3)
 
 
 def test_blocks_read_ahead_of_the_match(tmp_path, monkeypatch):
@@ -392,6 +417,40 @@ def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     third = make_engine(**kwargs).generate(prompt, params)
     assert third["output_ids"] == plain["output_ids"]
     assert third["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_engine_restart_hits_the_file_tier_at_tp2(make_engine, tmp_path, smollm_dir):
+    """Two gloo ranks, each storing its slice of every block: a restart finds them and gives the
+    same tokens; with one of the files broken the ranks agree on the shorter prefix (no hang, no
+    mismatched trees) and the tokens are still the same."""
+    import glob
+
+    from helpers import tiny_checkpoint
+
+    model = tiny_checkpoint(tmp_path / "llama", "llama", num_kv_heads=2)
+    prompt = DOC + "Question: what is shared?"
+    params = {"max_new_tokens": 6, "temperature": 0}
+    kwargs = dict(model_path=model, tokenizer_path=smollm_dir, tp_size=2,
+                  max_total_tokens=2048, enable_hierarchical_cache=True,
+                  hicache_storage_backend="file", hicache_storage_dir=str(tmp_path / "l3"))
+    first = make_engine(**kwargs)
+    plain = first.generate(prompt, params)
+    assert plain["meta_info"]["cached_tokens"] == 0
+    first.shutdown()
+    files = sorted(glob.glob(str(tmp_path / "l3" / "*" / "*.kv")))
+    assert len(files) == 4                          # 2 blocks of 64 tokens x 2 ranks
+    again = make_engine(**kwargs)
+    out = again.generate(prompt, params)
+    assert out["output_ids"] == plain["output_ids"]
+    assert out["meta_info"]["cached_tokens"] == 128
+    again.shutdown()
+    with open(files[0], "r+b") as fh:               # one rank's copy of one block
+        fh.seek(-2, 2)
+        fh.write(b"??")
+    out = make_engine(**kwargs).generate(prompt, params)
+    assert out["output_ids"] == plain["output_ids"]
+    assert out["meta_info"]["cached_tokens"] in (0, 64)
 
 
 def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():

@@ -160,9 +160,6 @@ class ServerArgs:
                                                  f"{self.hicache_storage_backend!r}")
         if self.hicache_storage_backend and not self.enable_hierarchical_cache:
             raise bad("hicache-storage-backend", "needs --enable-hierarchical-cache")
-        if self.hicache_storage_backend and self.tp_size > 1:
-            raise bad("hicache-storage-backend", "is not supported with --tp-size > 1 yet "
-                                                 "(the ranks would have to agree on each hit)")
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
                                                    "--disable-radix-cache)")

@@ -32,7 +32,7 @@ import heapq
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -64,6 +64,11 @@ class HiCacheConfig:
     storage_dir: str | None = None        # the file tier (L3) directory; None: no L3
     storage_namespace: str = ""           # what else names a block: the model, the TP rank
     ranks_on_host: int = 1                # tensor-parallel ranks sharing this host's memory
+    # Under tensor parallelism each rank reads its own slice of a block from the store: how
+    # many blocks every rank found (the smallest count over the ranks), so that all load the
+    # same prefix and their trees stay equal. None: one rank.
+    agree_on_blocks: Callable[[int], int] | None = field(default=None, compare=False,
+                                                         repr=False)
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, tp_rank: int) -> "HiCacheConfig":
@@ -356,6 +361,8 @@ class HiRadixCache(RadixCache):
                 break
             blocks.append(block)
             self._stored.add(name)
+        if self.config.agree_on_blocks is not None:   # every rank calls it, found or not
+            del blocks[self.config.agree_on_blocks(len(blocks)):]
         if not blocks:
             return False
         end = (have // bs + len(blocks)) * bs

@@ -112,6 +112,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
 
         hicache = (HiCacheConfig.from_server_args(args, tp_rank)
                    if args.enable_hierarchical_cache else None)
+        if hicache is not None and tp.size > 1:
+            hicache = dataclasses.replace(hicache, agree_on_blocks=tp.min_over_ranks)
         draft_model = None
         if args.speculative_algorithm == "STANDALONE":   # first: its weights use the budget
             from radixlm.scheduler.draft_model import DraftModel
