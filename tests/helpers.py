@@ -162,6 +162,23 @@ def run_file_under_interpreter(path: str, unset_env: tuple[str, ...] = ()) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
 
 
+def sync_checked_backend(calls: list):
+    """A TritonAttnBackend subclass whose forward_decode raises on any host-device sync (CUDA
+    sync debug mode "error") and appends to `calls` each time it ran."""
+    from radixlm.layers.attention.triton_backend import TritonAttnBackend
+
+    class SyncChecked(TritonAttnBackend):
+        def forward_decode(self, *args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return super().forward_decode(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                calls.append(1)
+
+    return SyncChecked
+
+
 # ---------------------------------------------------------------------- a scheduler in this process
 
 def cpu_scheduler(args, send, load_tokenizer=None):

@@ -23,7 +23,8 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import assert_pool_empty, run_file_under_interpreter, run_interpreter_cases
+from helpers import (assert_pool_empty, run_file_under_interpreter, run_interpreter_cases,
+                     sync_checked_backend)
 from radixlm.core.kv_quant import FP8_E4M3_MAX, dequantize, kv_storage_dtype, quantize
 from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
@@ -477,18 +478,8 @@ def test_gpu_fp8_scales(decode):
 
 @pytest.mark.gpu
 def test_gpu_fp8_decode_has_no_host_sync():
-    from radixlm.layers.attention.triton_backend import TritonAttnBackend
-    calls = []
-
-    class Probe(TritonAttnBackend):
-        def forward_decode(self, *args, **kwargs):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return super().forward_decode(*args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                calls.append(1)
-
+    calls: list = []
+    Probe = sync_checked_backend(calls)
     b = make_batch(decode_case([1, 300, 5000], 32, 8, 128, BF16), "cuda", 0.5, 2.0)
     attend(Probe, b.fp8, b, b.q, b.k, b.v)
     assert calls == [1]

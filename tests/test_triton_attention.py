@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import run_file_under_interpreter, run_interpreter_cases
+from helpers import run_file_under_interpreter, run_interpreter_cases, sync_checked_backend
 from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
@@ -300,18 +300,8 @@ def test_gpu_forced_splits():
 @pytest.mark.gpu
 def test_gpu_decode_has_no_host_sync():
     """forward_decode (store + both kernels) must not wait on the GPU."""
-    from radixlm.layers.attention.triton_backend import TritonAttnBackend
-    calls = []
-
-    class Probe(TritonAttnBackend):
-        def forward_decode(self, *args, **kwargs):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return super().forward_decode(*args, **kwargs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                calls.append(1)
-
+    calls: list = []
+    Probe = sync_checked_backend(calls)
     run_case(decode_case([1, 300, 5000], 32, 8, 128, F16), "cuda", backend_cls=Probe)
     assert calls == [1]
 
