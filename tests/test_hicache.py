@@ -223,6 +223,20 @@ def test_file_storage_checksums_and_failures(tmp_path, monkeypatch):
         FileStorage(str(path) + "/below-a-file")
 
 
+def test_block_names_are_chained_over_the_prefix():
+    from radixlm.mem_cache.kv_storage import block_names
+    toks = list(range(1000, 1200))
+    names = block_names("m", toks, 64)
+    assert len(names) == 3 and len(set(names)) == 3           # whole blocks only
+    assert block_names("m", toks[:150], 64) == names[:2]      # a shared prefix: shared names
+    changed = block_names("m", [7] + toks[1:], 64)            # a token of block 0 changes all
+    assert all(a != b for a, b in zip(changed, names))
+    later = block_names("m", toks[:64] + [7] + toks[65:], 64)  # one of block 1: not block 0
+    assert later[0] == names[0] and later[1:] != names[1:]
+    assert block_names("other", toks, 64)[0] != names[0]
+    assert block_names("m", [2**40], 1) != block_names("m", [2**40 + 1], 1)   # large ids
+
+
 def make_file_cache(directory, device_slots=256, agree_on_blocks=None):
     pool = KVPool(device_slots, LAYERS, HEADS, DIM, torch.float32, "cpu")
     alloc = KVAllocator(device_slots, 1, "cpu")

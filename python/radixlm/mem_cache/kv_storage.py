@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -37,11 +38,14 @@ DIGEST = 32   # sha256
 
 def block_names(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:
     """The name of each whole block of `tokens`: block i's name hashes every token before its
-    end (chained: block i's hash covers block i-1's)."""
+    end (chained: block i's hash covers block i-1's). Tokens are hashed as 8-byte integers,
+    packed once for the whole key (a decimal string per token cost 2.7x as much: 1.2 ms for
+    an 8k-token key, paid at a request's arrival and at each match and insert)."""
     names, h = [], hashlib.sha256(namespace.encode()).digest()
-    for end in range(block_size, len(tokens) + 1, block_size):
-        chunk = ",".join(map(str, tokens[end - block_size:end])).encode()
-        h = hashlib.sha256(h + chunk).digest()
+    data = array("q", tokens).tobytes()
+    step = block_size * 8
+    for end in range(step, len(tokens) // block_size * step + 1, step):
+        h = hashlib.sha256(h + data[end - step:end]).digest()
         names.append(h.hex())
     return names
 
