@@ -108,7 +108,10 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
-        if x.shape[0] == 1 and use_fused(x) and not envs.disable_gemv():
+        # (is_compiling first: under torch.compile the row count is symbolic, and comparing it
+        # with 1 would be a data-dependent guard)
+        if (not torch.compiler.is_compiling() and x.shape[0] == 1 and use_fused(x)
+                and not envs.disable_gemv()):
             from radixlm.layers.kernels import gemv_kernels
             tiles = gemv_kernels.supports(x, layer.weight)
             if tiles is not None:
