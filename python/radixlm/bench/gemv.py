@@ -18,6 +18,7 @@ Triton kernel's largest difference from an fp32 product (and cuBLAS's), where th
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Any, Callable
 
@@ -44,33 +45,6 @@ def rank_shapes(model: str, tp: int) -> dict[str, tuple[int, int]]:
             "lm_head": (vocab // tp, h)}
 
 
-def _graph_us(calls: list[Callable[[], Any]], iters: int = 20) -> float:
-    """Median microseconds of one call, all of `calls` in one CUDA graph."""
-    from radixlm.bench.fused_ops import time_us
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    result = time_us(graph.replay, 3, iters) / len(calls)
-    del graph
-    return result
-
-
-def copy_bandwidth_tb_s() -> float:
-    """Bytes read + written per microsecond by a 1 GiB device-to-device copy, / 1e6."""
-    from radixlm.bench.fused_ops import time_us
-    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    us = time_us(lambda: b.copy_(a), 3, 20)
-    return 2 * a.numel() * 2 / us / 1e6
-
-
 def _sweep_grid() -> list:
     from radixlm.layers.kernels.gemv_kernels import GemvTiles
     return [GemvTiles(bn, bk, warps) for bn in (2, 4, 8) for bk in (512, 1024, 2048)
@@ -87,7 +61,11 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float) -> dict:
     x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
 
     def timed(op: Callable[[torch.Tensor], Any]) -> float:
-        return _graph_us([lambda w=ws[i % copies]: op(w) for i in range(max(copies, 8))])
+        """One call inside a CUDA graph of calls that each take the next weight copy."""
+        from radixlm.bench.fused_ops import time_graph_us
+        weights = itertools.cycle(ws)
+        return time_graph_us(lambda: op(next(weights)), warmup=3, iters=20,
+                             calls=max(copies, 8))
 
     ref_us = timed(lambda w: F.linear(x, w))
     row: dict[str, Any] = {"shape": name, "n": n, "k": k, "weight_copies": copies,
@@ -133,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     served = SERVED
     if args.only:
         served = [(m, int(t)) for m, t in (s.split(":") for s in args.only)]
-    bandwidth = copy_bandwidth_tb_s()
+    from radixlm.bench.one_batch import copy_bandwidth
+    bandwidth = copy_bandwidth(torch.device("cuda")) / 1e12      # TB/s, read + write
     print(f"copy bandwidth {bandwidth:.2f} TB/s", flush=True)
     rows = []
     for model, tp in served:
