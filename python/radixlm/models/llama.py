@@ -172,8 +172,11 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual, reduce=self.final_reduce)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits in float32, written into `out` when given (the CUDA graphs' one
+        output buffer, so the graphs need not each keep their own)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if out is None else out.copy_(logits)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
