@@ -185,7 +185,7 @@ def reference(b: Batch, new_from_pool: bool = False) -> torch.Tensor:
     (torch_native, the decode kernel), so the reference gets them rounded too."""
     k, v = b.k.float(), b.v.float()
     if new_from_pool:
-        k, v = rounded(k, b.fp8.k_scale), rounded(v, b.fp8.v_scale)
+        k, v = rounded(k, b.fp8.k_scales[LAYER_ID]), rounded(v, b.fp8.v_scales[LAYER_ID])
     pool = KVPool(b.exact.num_slots, 2, b.layer.num_kv_heads, b.layer.head_dim, F32,
                   b.exact.device)
     for dst, src in zip(pool.k_buffers + pool.v_buffers, b.exact.k_buffers + b.exact.v_buffers):
@@ -196,8 +196,8 @@ def reference(b: Batch, new_from_pool: bool = False) -> torch.Tensor:
 def assert_new_kv_stored(b: Batch) -> None:
     """The step's new K/V landed in the fp8 pool with the same bits as `quantize`."""
     hk, d = b.layer.num_kv_heads, b.layer.head_dim
-    for buf, x, scale in ((b.fp8.k_buffers[LAYER_ID], b.k, b.fp8.k_scale),
-                          (b.fp8.v_buffers[LAYER_ID], b.v, b.fp8.v_scale)):
+    for buf, x, scale in ((b.fp8.k_buffers[LAYER_ID], b.k, b.fp8.k_scales[LAYER_ID]),
+                          (b.fp8.v_buffers[LAYER_ID], b.v, b.fp8.v_scales[LAYER_ID])):
         want = quantize(x.view(-1, hk, d), scale, F8)
         assert torch.equal(buf[b.out_loc].view(torch.uint8), want.view(torch.uint8))
 
@@ -324,7 +324,7 @@ def test_hicache_moves_fp8_rows_as_raw_bytes(tmp_path):
 
     cache, pool, alloc = make(tmp_path)
     assert cache.host_pool.dtype == F8
-    assert (cache.host_pool.k_scale, cache.host_pool.v_scale) == (0.5, 0.25)
+    assert cache.host_pool.scales(0) == cache.host_pool.scales(1) == (0.5, 0.25)
     assert "float8_e4m3fn" in cache.namespace
     g = torch.Generator().manual_seed(0)
     tokens = list(range(1, 81))                      # one whole 64-token block for the file tier

@@ -1,14 +1,19 @@
 """How the KV cache stores K and V when its dtype is not the model's (`--kv-cache-dtype`).
 
 With fp8_e4m3 the pool (mem_cache/pools.py) keeps one byte per value: x / scale, clamped to
-fp8's finite range and rounded to nearest even, with one scale for K and one for V (plain
-floats, so CUDA graphs capture them as constants). Whoever reads the pool multiplies by the
-scale. These helpers are the torch side of that contract (the pool's set_kv and the
-torch_native backend); the Triton kernels (layers/attention/kernels/) do the same in registers.
-They live here, at the bottom of the package, because both mem_cache/ and layers/ use them.
+fp8's finite range and rounded to nearest even, with one scale for K and one for V per layer
+(plain floats, so CUDA graphs capture them as constants): 1.0, or the checkpoint's own
+(`CheckpointKVScales`). Whoever reads the pool multiplies by the scale. These helpers are the
+torch side of that contract (the pool's set_kv and the torch_native backend); the Triton kernels
+(layers/attention/kernels/) do the same in registers. They live here, at the bottom of the
+package, because mem_cache/, layers/ and models/ use them.
 """
 
 from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,3 +51,63 @@ def dequantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tenso
     1; fp8 -> 16-bit or fp32 is exact)."""
     out = x.to(dtype)
     return out if scale == 1.0 else out * scale
+
+
+# KV cache scales as FP8 checkpoints ship them (names without the "model." prefix): one K and
+# one V scale per layer (compressed-tensors' kv_cache_scheme, vLLM's FP8 format), one scale
+# for both (AutoFP8's kv_scale), or the k/v projections' output scales (older llm-compressor).
+# q_scale and prob_output_scale calibrate attention computed in fp8; radixlm keeps queries and
+# probabilities in the compute dtype, so they are taken and not used.
+_KV_SCALE_NAME = re.compile(r"layers\.(\d+)\.self_attn\.(k_scale|v_scale|kv_scale|"
+                            r"k_proj\.output_scale|v_proj\.output_scale|q_scale|prob_output_scale)")
+_WHICH = {"k_scale": "k", "k_proj.output_scale": "k", "v_scale": "v", "v_proj.output_scale": "v",
+          "kv_scale": "kv", "q_scale": "", "prob_output_scale": ""}
+
+
+@dataclass
+class CheckpointKVScales:
+    """The KV cache scales a checkpoint holds, collected while its weights load (`take`), for
+    the pool of `--kv-cache-dtype fp8_e4m3` (`per_layer`). Values stored = K / k_scale."""
+
+    k: dict[int, float] = field(default_factory=dict)
+    v: dict[int, float] = field(default_factory=dict)
+
+    def take(self, name: str, tensor: torch.Tensor) -> bool:
+        """Record `name` if it is a KV scale (True), else leave it to the caller (False).
+        A ValueError names the tensor for a scale that no pool can use."""
+        m = _KV_SCALE_NAME.fullmatch(name)
+        if m is None:
+            return False
+        which = _WHICH[m.group(2)]
+        if not which:
+            return True
+        if tensor.numel() != 1:
+            raise ValueError(f"checkpoint tensor {name!r} holds {tensor.numel()} KV cache scales; "
+                             f"only one scale per layer for K and for V is supported")
+        value = float(tensor.float().item())
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"checkpoint tensor {name!r}: a KV cache scale must be a positive "
+                             f"finite number, got {value}")
+        layer = int(m.group(1))
+        if "k" in which:
+            self.k[layer] = value
+        if "v" in which:
+            self.v[layer] = value
+        return True
+
+    @property
+    def empty(self) -> bool:
+        """Whether the checkpoint had no K or V scale."""
+        return not self.k and not self.v
+
+    def per_layer(self, num_layers: int) -> tuple[list[float], list[float]] | None:
+        """(K scales, V scales) of layers 0..num_layers-1, or None when the checkpoint has none.
+        A ValueError when it has them for some layers only: the others' values would be a
+        guess."""
+        if self.empty:
+            return None
+        missing = [i for i in range(num_layers) if i not in self.k or i not in self.v]
+        if missing:
+            raise ValueError(f"the checkpoint has KV cache scales for some layers but not for "
+                             f"layer(s) {missing[:8]} (K or V)")
+        return [self.k[i] for i in range(num_layers)], [self.v[i] for i in range(num_layers)]

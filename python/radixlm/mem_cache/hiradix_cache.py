@@ -56,6 +56,12 @@ STORAGE_BLOCK = 64
 PREFETCH_MAX_BYTES = 1 << 30
 
 
+def _scales_tag(scales: list[float]) -> str:
+    """A pool's per-layer scales in a file-tier namespace: the one value when every layer has
+    it (the names blocks had before scales were per layer), else every layer's."""
+    return repr(scales[0]) if len(set(scales)) == 1 else repr(tuple(scales))
+
+
 @dataclass(frozen=True)
 class HiCacheConfig:
     ratio: float = 2.0                    # host pool size / device pool size (--hicache-ratio)
@@ -170,7 +176,7 @@ class HiRadixCache(RadixCache):
         # (an fp8 device pool gets an fp8 host pool, twice the tokens per host byte too).
         self.host_pool = KVPool(host_slots, device_pool.num_layers, device_pool.num_kv_heads,
                                 device_pool.head_dim, device_pool.dtype, "cpu", pin_memory=pinned,
-                                k_scale=device_pool.k_scale, v_scale=device_pool.v_scale,
+                                k_scale=device_pool.k_scales, v_scale=device_pool.v_scales,
                                 single_allocation=True)
         # The host pool's slot numbers live where the copies are made: on a GPU machine only the
         # copy kernel reads them, and a host tensor would cost a synchronising copy per use.
@@ -189,7 +195,8 @@ class HiRadixCache(RadixCache):
             self.block_bytes = self.block_size * per_token
             pool = device_pool
             # fp8 blocks hold scaled values: only a pool with the same scales may read them.
-            scales = f"|ks{pool.k_scale!r}vs{pool.v_scale!r}" if pool.is_fp8 else ""
+            scales = f"|ks{_scales_tag(pool.k_scales)}vs{_scales_tag(pool.v_scales)}" \
+                if pool.is_fp8 else ""
             self.namespace = (f"{config.storage_namespace}|{pool.dtype}{scales}"
                               f"|L{pool.num_layers}H{pool.num_kv_heads}D{pool.head_dim}"
                               f"|B{self.block_size}")

@@ -6,7 +6,9 @@ lives where is the radix cache's job (radix_cache.py).
 
 from __future__ import annotations
 
+import math
 import weakref
+from typing import Sequence
 
 import torch
 
@@ -62,6 +64,16 @@ class PinnedHostMemory:
         self._finalizer = weakref.finalize(self, _unregister, self._ptr)
 
 
+def _per_layer(scale: float | Sequence[float], num_layers: int, which: str) -> list[float]:
+    scales = [float(scale)] * num_layers if isinstance(scale, (int, float)) else \
+        [float(x) for x in scale]
+    if len(scales) != num_layers:
+        raise ValueError(f"{len(scales)} {which} scales for a pool of {num_layers} layers")
+    if not all(math.isfinite(x) and x > 0 for x in scales):
+        raise ValueError(f"KV scales must be positive, got {which} {scales}")
+    return scales
+
+
 def _unregister(ptr: int) -> None:
     torch.cuda.synchronize()     # no kernel may still be reading or writing it
     torch.cuda.cudart().cudaHostUnregister(ptr)
@@ -76,24 +88,27 @@ class KVPool:
     `dtype` is the storage dtype, which need not be the model's (compute) dtype: with
     `--kv-cache-dtype fp8_e4m3` it is torch.float8_e4m3fn, one byte per value, so the same
     memory holds twice the tokens of a 16-bit pool. An fp8 pool stores K / k_scale and
-    V / v_scale (per-tensor scales, plain floats fixed at build time so that CUDA graphs capture
-    them as constants) and whoever reads it multiplies by the scale (`dequantize`; the Triton
-    kernels fold it into their arithmetic). The scales are 1.0 unless given (no checkpoint KV
-    scales are read yet); values beyond +-448 * scale are clamped, not turned into NaN.
+    V / v_scale (one scale per layer for each, plain floats fixed at build time so that CUDA
+    graphs capture them as constants) and whoever reads it multiplies by the layer's scales
+    (`scales`, `dequantize`; the Triton kernels fold them into their arithmetic). The scales are
+    1.0 unless given (the checkpoint's, core/kv_quant.py: CheckpointKVScales); values beyond
+    +-448 * scale are clamped, not turned into NaN.
     """
 
     is_latent = False       # MLAKVPool: one latent row per token instead of K and V
 
     def __init__(self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, pin_memory: bool = False,
-                 k_scale: float = 1.0, v_scale: float = 1.0, single_allocation: bool = False):
-        """`single_allocation`: all buffers are views of one tensor [2 * layers, slots, heads,
+                 k_scale: float | Sequence[float] = 1.0, v_scale: float | Sequence[float] = 1.0,
+                 single_allocation: bool = False):
+        """`k_scale` / `v_scale`: one scale for every layer, or one per layer.
+        `single_allocation`: all buffers are views of one tensor [2 * layers, slots, heads,
         dim] (K0, V0, K1, ...), so one mapping covers them (the hierarchical cache's host tier,
         which the GPU addresses directly: mem_cache/kv_copy_kernel.py). `pin_memory` (with
         it): that tensor is page-locked and mapped into the GPU's address space."""
-        if not (k_scale > 0 and v_scale > 0):
-            raise ValueError(f"KV scales must be positive, got k {k_scale}, v {v_scale}")
-        if not is_fp8(dtype) and (k_scale, v_scale) != (1.0, 1.0):
+        self.k_scales = _per_layer(k_scale, num_layers, "k")
+        self.v_scales = _per_layer(v_scale, num_layers, "v")
+        if not is_fp8(dtype) and {*self.k_scales, *self.v_scales} != {1.0}:
             # Only fp8 stores scaled values (quantize, the store kernel); a scale on another
             # dtype would be applied by the readers alone.
             raise ValueError(f"KV scales apply to fp8 pools only, not {dtype}")
@@ -103,8 +118,6 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        self.k_scale = float(k_scale)
-        self.v_scale = float(v_scale)
         shape = (num_slots, num_kv_heads, head_dim)
         self._pinned: PinnedHostMemory | None = None
         if single_allocation:
@@ -140,9 +153,13 @@ class KVPool:
         1 per value for fp8)."""
         return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
+    def scales(self, layer_id: int) -> tuple[float, float]:
+        """The layer's (k_scale, v_scale): what its stored values are multiplied by."""
+        return self.k_scales[layer_id], self.v_scales[layer_id]
+
     def set_kv(self, layer_id: int, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer_id][locs] = quantize(k, self.k_scale, self.dtype)
-        self.v_buffers[layer_id][locs] = quantize(v, self.v_scale, self.dtype)
+        self.k_buffers[layer_id][locs] = quantize(k, self.k_scales[layer_id], self.dtype)
+        self.v_buffers[layer_id][locs] = quantize(v, self.v_scales[layer_id], self.dtype)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's buffers as stored (fp8 pools: scaled; see `dequantize`)."""
@@ -161,11 +178,7 @@ class MLAKVPool:
     """
 
     is_latent = True
-    # Never fp8 (the runner refuses --kv-cache-dtype fp8_e4m3 for MLA): readers that apply
-    # KVPool's scales find 1.0.
-    k_scale = 1.0
-    v_scale = 1.0
-    is_fp8 = False
+    is_fp8 = False      # the runner refuses --kv-cache-dtype fp8_e4m3 for MLA
 
     def __init__(self, num_slots: int, num_layers: int, latent_dim: int, v_head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
@@ -191,3 +204,7 @@ class MLAKVPool:
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         buf = self.k_buffers[layer_id]
         return buf, buf[..., :self.v_head_dim]
+
+    def scales(self, layer_id: int) -> tuple[float, float]:
+        """Never fp8: readers that apply KVPool's scales find 1.0."""
+        return 1.0, 1.0

@@ -177,9 +177,25 @@ class ModelRunner:
         if spec.kind == "mla":       # (fp8 refused in __init__, before the weights load)
             return MLAKVPool(slots, spec.num_layers, spec.head_dim, spec.latent_value_dim,
                              self.dtype, self.device)
-        # Scales 1.0 (KVPool's default): no checkpoint KV scales are read yet.
+        k_scales, v_scales = self._kv_scales(spec.num_layers)
         return KVPool(slots, spec.num_layers, spec.num_kv_heads, spec.head_dim, self.kv_dtype,
-                      self.device)
+                      self.device, k_scale=k_scales, v_scale=v_scales)
+
+    def _kv_scales(self, num_layers: int) -> tuple[list[float] | float, list[float] | float]:
+        """The fp8 pool's scales: the checkpoint's per layer where it has them, else 1.0. A
+        16-bit pool stores K and V as they are, so the checkpoint's scales go unused."""
+        found = getattr(self.model, "checkpoint_kv_scales", None)
+        if found is None or found.empty:
+            return 1.0, 1.0
+        if not is_fp8(self.kv_dtype):
+            logger.info("the checkpoint's KV cache scales are not used: they apply to "
+                        "--kv-cache-dtype fp8_e4m3, and the cache stores %s",
+                        str(self.kv_dtype).removeprefix("torch."))
+            return 1.0, 1.0
+        scales = found.per_layer(num_layers)
+        logger.info("fp8 KV cache with the checkpoint's scales (K %.4g-%.4g, V %.4g-%.4g)",
+                    min(scales[0]), max(scales[0]), min(scales[1]), max(scales[1]))
+        return scales
 
     def _plan_memory(self) -> MemoryPlan:
         mc, cfg = self.model_config, self.config

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from radixlm.core.forward_batch import ForwardBatch
+from radixlm.core.kv_quant import CheckpointKVScales
 from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
@@ -148,6 +149,8 @@ class LlamaForCausalLM(nn.Module):
             layer.input_reduce = previous
             previous = partial_output_group(layer.mlp)
         self.final_reduce = previous
+        # KV cache scales found among the checkpoint's tensors (load_weights), for an fp8 pool.
+        self.checkpoint_kv_scales = CheckpointKVScales()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = config.tie_word_embeddings
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp,
@@ -213,6 +216,8 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in name:
                 continue
             name = name.removeprefix("model.")
+            if self.checkpoint_kv_scales.take(name, tensor):
+                continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             name, shard = self.checkpoint_to_param(name)

@@ -25,7 +25,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.view(-1, hk, d),
                             v.view(-1, hk, dv))
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
-        k_scale, v_scale = self.kv_pool.k_scale, self.kv_pool.v_scale
+        k_scale, v_scale = self.kv_pool.scales(layer.layer_id)
         q = q.view(-1, hq, d)
         out = q.new_empty((q.shape[0], hq, dv))
         table = self.req_to_token_pool.req_to_token

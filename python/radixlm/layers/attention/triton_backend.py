@@ -14,8 +14,8 @@ same split-KV decode layout, and an extend kernel that reads every key, the new 
 from the pool (its kv_indices then cover each request's whole sequence, not only the prefix).
 
 An fp8 pool (`--kv-cache-dtype fp8_e4m3`) is quantized by the store kernel and read as fp8 by
-the decode and extend kernels, which take the pool's k_scale / v_scale as plain float
-arguments: fixed when the pool is built, so a CUDA graph captures them as constants.
+the decode and extend kernels, which take the layer's k_scale / v_scale (the pool's `scales`) as
+plain float arguments: fixed when the pool is built, so a CUDA graph captures them as constants.
 
 forward_decode does no host-device synchronisation: every host-side number it needs (batch size,
 the maximum number of splits) was decided in init_forward_metadata from the ForwardBatch's host
@@ -173,10 +173,10 @@ class TritonAttnBackend(AttentionBackend):
                                  md.num_kv_splits, md.max_kv_splits, layer.scaling, mid_o,
                                  mid_lse, block_n=self.decode_block_n)
             return out.view(-1, hq * dv)
+        k_scale, v_scale = self.kv_pool.scales(layer.layer_id)
         decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
                          md.max_kv_splits, layer.scaling, mid_o, mid_lse,
-                         block_n=self.decode_block_n, k_scale=self.kv_pool.k_scale,
-                         v_scale=self.kv_pool.v_scale)
+                         block_n=self.decode_block_n, k_scale=k_scale, v_scale=v_scale)
         return out.view(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -196,10 +196,11 @@ class TritonAttnBackend(AttentionBackend):
         # the query's dtype so both tl.dot operands agree.
         k3 = k.reshape(-1, hk, d).to(q.dtype)
         v3 = v.reshape(-1, hk, d).to(q.dtype)
+        k_scale, v_scale = self.kv_pool.scales(layer.layer_id)
         extend_attention(q3, k3, v3, out, k_buf, v_buf, md.qo_indptr, md.kv_indptr,
                          md.kv_indices, md.max_extend_len, layer.scaling,
                          block_m=self.extend_block_m, block_n=self.extend_block_n,
-                         k_scale=self.kv_pool.k_scale, v_scale=self.kv_pool.v_scale)
+                         k_scale=k_scale, v_scale=v_scale)
         return out.view(-1, hq * d)
 
     # ------------------------------------------------------------------ helpers
@@ -221,5 +222,5 @@ class TritonAttnBackend(AttentionBackend):
             self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d))
             return k_buf, v_buf
         store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc,
-                 self.kv_pool.k_scale, self.kv_pool.v_scale)
+                 *self.kv_pool.scales(layer.layer_id))
         return k_buf, v_buf
