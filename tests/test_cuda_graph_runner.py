@@ -43,16 +43,22 @@ def test_gpu_graphs_smallest_first_one_logits_buffer(tmp_path, monkeypatch):
         capture_one(self, bs)
 
     monkeypatch.setattr(CudaGraphRunner, "_capture_one", recorded)
-    runner, _ = create_runner_and_kv(RunnerConfig(
+    runner, kv = create_runner_and_kv(RunnerConfig(
         model_path=tiny_checkpoint(tmp_path, "llama"), device="cuda", dtype="float32",
         max_total_tokens=1024, cuda_graph_max_bs=16))
     gr = runner.graph_runner
     assert order == sorted(gr.batch_sizes) and len(order) > 1
     assert tuple(gr.logits_out.shape) == (16, runner.model_config.vocab_size)
+    # Row i: request slot i, its one token in KV slot i + 1 (not the padding slot 0 that the
+    # captured static batch shares between rows).
+    table = kv.req_to_token_pool.req_to_token
+    table[:16, 0] = torch.arange(1, 17, dtype=table.dtype)
     gen = torch.Generator().manual_seed(0)
     for bs in (1, 3, 16):          # 3 runs in the graph of 4
         fb = gr._static_batch(bs)
         fb.input_ids.copy_(torch.randint(0, 1000, (bs,), generator=gen))
+        fb.out_cache_loc.copy_(torch.arange(1, bs + 1))
+        fb.req_pool_indices.copy_(torch.arange(bs))
         _, eager = run_model(runner.model, runner.attn_backend, fb)
         eager = eager.clone()
         replayed = gr.replay(fb)
