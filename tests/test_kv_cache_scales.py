@@ -41,9 +41,13 @@ def test_names_and_values():
     (torch.tensor(0.0), "positive finite"), (torch.tensor(-1.0), "positive finite"),
     (torch.tensor(float("nan")), "positive finite"), (torch.ones(4), "4 KV cache scales")])
 def test_unusable_scale_is_refused_by_name(value, match):
+    """Checked when an fp8 pool asks for the scales (`per_layer`), not while loading."""
+    s = CheckpointKVScales()
+    assert s.take("layers.0.self_attn.k_scale", torch.tensor(1.0))
+    assert s.take("layers.0.self_attn.v_scale", value)
     with pytest.raises(ValueError, match=match) as e:
-        CheckpointKVScales().take("layers.3.self_attn.v_scale", value)
-    assert "layers.3.self_attn.v_scale" in str(e.value)
+        s.per_layer(1)
+    assert "layers.0.self_attn.v_scale" in str(e.value)
 
 
 def test_scales_for_some_layers_only_are_refused():
@@ -51,7 +55,10 @@ def test_scales_for_some_layers_only_are_refused():
     s.take("layers.0.self_attn.k_scale", torch.tensor(1.5))
     s.take("layers.0.self_attn.v_scale", torch.tensor(1.5))
     s.take("layers.1.self_attn.k_scale", torch.tensor(1.5))
-    with pytest.raises(ValueError, match=r"layer\(s\) \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"no K scale for layer\(s\) \[2\]"):
+        s.per_layer(3)
+    s.take("layers.2.self_attn.k_scale", torch.tensor(1.5))
+    with pytest.raises(ValueError, match=r"no V scale for layer\(s\) \[1, 2\]"):
         s.per_layer(3)
 
 
@@ -145,7 +152,22 @@ def test_checkpoint_with_scales_for_one_layer_is_refused_for_fp8(tmp_path):
     """Scales for some layers only: an fp8 cache refuses them (the others' would be a guess);
     a full-precision cache, which does not use them, loads."""
     path = _checkpoint(tmp_path, {"layers.0.self_attn.kv_scale": 2.0})
-    with pytest.raises(ValueError, match=r"not for layer\(s\) \[1\]"):
+    with pytest.raises(ValueError, match=r"no K scale for layer\(s\) \[1\]"):
         _runner(path, "fp8_e4m3")
     runner, _ = _runner(path, "auto")
     assert runner.kv_pool.k_scales == [1.0] * LAYERS
+
+
+def test_per_head_scales_load_into_a_16_bit_cache_only(tmp_path):
+    """Per-head scales (one per KV head): an fp8 cache takes one per layer and refuses them,
+    naming the tensor; a full-precision cache does not use them and loads."""
+    path = _checkpoint(tmp_path, {})
+    f = os.path.join(path, "model.safetensors")
+    tensors = load_file(f)
+    tensors.update({f"model.layers.{i}.self_attn.{n}": torch.full((2,), 4.0)
+                    for i in range(LAYERS) for n in ("k_scale", "v_scale")})
+    save_file(tensors, f, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.k_scale' holds 2 KV"):
+        _runner(path, "fp8_e4m3")
+    runner, _ = _runner(path, "auto")
+    assert runner.kv_pool.v_scales == [1.0] * LAYERS

@@ -67,28 +67,20 @@ _WHICH = {"k_scale": "k", "k_proj.output_scale": "k", "v_scale": "v", "v_proj.ou
 @dataclass
 class CheckpointKVScales:
     """The KV cache scales a checkpoint holds, collected while its weights load (`take`), for
-    the pool of `--kv-cache-dtype fp8_e4m3` (`per_layer`). Values stored = K / k_scale."""
+    the pool of `--kv-cache-dtype fp8_e4m3` (`per_layer`). Values stored = K / k_scale.
+    They are checked only when an fp8 pool asks for them: a 16-bit pool does not use them,
+    so a checkpoint whose scales it could not use (per-head ones, say) still loads there."""
 
-    k: dict[int, float] = field(default_factory=dict)
-    v: dict[int, float] = field(default_factory=dict)
+    k: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
+    v: dict[int, tuple[str, torch.Tensor]] = field(default_factory=dict)
 
     def take(self, name: str, tensor: torch.Tensor) -> bool:
-        """Record `name` if it is a KV scale (True), else leave it to the caller (False).
-        A ValueError names the tensor for a scale that no pool can use."""
+        """Record `name` if it is a KV scale (True), else leave it to the caller (False)."""
         m = _KV_SCALE_NAME.fullmatch(name)
         if m is None:
             return False
-        which = _WHICH[m.group(2)]
-        if not which:
-            return True
-        if tensor.numel() != 1:
-            raise ValueError(f"checkpoint tensor {name!r} holds {tensor.numel()} KV cache scales; "
-                             f"only one scale per layer for K and for V is supported")
-        value = float(tensor.float().item())
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"checkpoint tensor {name!r}: a KV cache scale must be a positive "
-                             f"finite number, got {value}")
-        layer = int(m.group(1))
+        which, layer = _WHICH[m.group(2)], int(m.group(1))
+        value = (name, tensor.detach().float().cpu())
         if "k" in which:
             self.k[layer] = value
         if "v" in which:
@@ -102,12 +94,27 @@ class CheckpointKVScales:
 
     def per_layer(self, num_layers: int) -> tuple[list[float], list[float]] | None:
         """(K scales, V scales) of layers 0..num_layers-1, or None when the checkpoint has none.
-        A ValueError when it has them for some layers only: the others' values would be a
-        guess."""
+        A ValueError naming the tensor for a scale no pool can use (not one positive finite
+        number), and naming the layers when only some have scales (theirs would be a guess)."""
         if self.empty:
             return None
-        missing = [i for i in range(num_layers) if i not in self.k or i not in self.v]
-        if missing:
-            raise ValueError(f"the checkpoint has KV cache scales for some layers but not for "
-                             f"layer(s) {missing[:8]} (K or V)")
-        return [self.k[i] for i in range(num_layers)], [self.v[i] for i in range(num_layers)]
+        for kind, found in (("K", self.k), ("V", self.v)):
+            missing = [i for i in range(num_layers) if i not in found]
+            if missing:
+                raise ValueError(f"the checkpoint has KV cache scales for some layers but no "
+                                 f"{kind} scale for layer(s) {missing[:8]}; run with "
+                                 f"--kv-cache-dtype auto, which does not use them")
+        return ([_checked(*self.k[i]) for i in range(num_layers)],
+                [_checked(*self.v[i]) for i in range(num_layers)])
+
+
+def _checked(name: str, tensor: torch.Tensor) -> float:
+    if tensor.numel() != 1:
+        raise ValueError(f"checkpoint tensor {name!r} holds {tensor.numel()} KV cache scales; "
+                         f"an fp8 KV cache takes one scale per layer for K and for V (run with "
+                         f"--kv-cache-dtype auto, which does not use them)")
+    value = tensor.item()
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"checkpoint tensor {name!r}: a KV cache scale must be a positive "
+                         f"finite number, got {value}")
+    return value

@@ -70,7 +70,7 @@ def _per_layer(scale: float | Sequence[float], num_layers: int, which: str) -> l
     if len(scales) != num_layers:
         raise ValueError(f"{len(scales)} {which} scales for a pool of {num_layers} layers")
     if not all(math.isfinite(x) and x > 0 for x in scales):
-        raise ValueError(f"KV scales must be positive, got {which} {scales}")
+        raise ValueError(f"KV scales must be positive finite numbers, got {which} {scales}")
     return scales
 
 

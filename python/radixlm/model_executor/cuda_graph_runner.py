@@ -68,8 +68,10 @@ class CudaGraphRunner:
         # Every graph writes its logits into rows [:bs] of this one buffer, allocated outside
         # the graphs' pool: an output each graph kept in the pool would pin a piece of it, and
         # the next capture could not reuse it (the 8B shape at --cuda-graph-max-bs 256: 1.7
-        # GiB with a logits tensor per graph, 0.8 GiB with this buffer).
+        # GiB with a logits tensor per graph, 0.8 GiB with this buffer). The exception is the
+        # torch.compile forward, whose own output tensor its graphs keep (`_run_static`).
         self.logits_out: torch.Tensor | None = None
+        self.outputs: dict[int, torch.Tensor] = {}    # each graph's logits, [bs, V]
         self._mem_pool: torch.cuda.MemPool | None = None    # the graphs' pool (`_fill_pool`)
         self.pool = None
 
@@ -117,9 +119,11 @@ class CudaGraphRunner:
     def _run_static(self, fb: ForwardBatch, logits_out: torch.Tensor | None = None
                     ) -> torch.Tensor:
         if self.compiled is not None and self.compiled.can_run(fb):
+            # The compiled forward makes its own logits tensor (at most
+            # --torch-compile-max-bs rows); copying it into `logits_out` would cost a copy a
+            # step, so its graph keeps it.
             self.backend.init_forward_metadata_capture(fb)
-            logits = self.compiled(fb)
-            return logits if logits_out is None else logits_out.copy_(logits)
+            return self.compiled(fb)
         _, logits = run_model(self.model, self.backend, fb, capturing=True,
                               logits_out=logits_out)
         return logits
@@ -133,14 +137,16 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream()):
-            self._run_static(fb, self.logits_out[:bs])
+            self.outputs[bs] = self._run_static(fb, self.logits_out[:bs])
+        if self.pool is None:       # (`_fill_pool` sets it; a capture without it still shares)
+            self.pool = graph.pool()
         self.graphs[bs] = graph
 
     # ------------------------------------------------------------------ replay
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Run a decode batch through its graph; returns [B, V] logits (a view of the graphs'
-        output buffer, overwritten by the next replay)."""
+        output, overwritten by the next replay)."""
         bs = fb.batch_size
         padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
         if padded > bs:
@@ -153,4 +159,4 @@ class CudaGraphRunner:
         self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
         self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
         self.graphs[padded].replay()
-        return self.logits_out[:bs]
+        return self.outputs[padded][:bs]
