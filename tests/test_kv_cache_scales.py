@@ -80,9 +80,9 @@ def test_pool_quantizes_each_layer_with_its_scales():
         KVPool(16, LAYERS, 2, 8, torch.float32, "cpu", v_scale=[1.0, 2.0])
 
 
-def _checkpoint(path, scales: dict[str, float]) -> str:
+def _checkpoint(path, scales: dict[str, float | torch.Tensor]) -> str:
     """A tiny fp32 Llama whose V projections are so large that V overflows fp8 (+-448) unless
-    scaled, plus `scales` as checkpoint tensors."""
+    scaled, plus `scales` (a value or a tensor each) as checkpoint tensors."""
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=LAYERS, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=16,
@@ -96,7 +96,8 @@ def _checkpoint(path, scales: dict[str, float]) -> str:
     if scales:
         f = os.path.join(path, "model.safetensors")
         tensors = load_file(f)
-        tensors.update({f"model.{name}": torch.tensor(value) for name, value in scales.items()})
+        tensors.update({f"model.{name}": torch.as_tensor(value, dtype=torch.float32)
+                        for name, value in scales.items()})
         save_file(tensors, f, metadata={"format": "pt"})
     return str(path)
 
@@ -161,12 +162,8 @@ def test_checkpoint_with_scales_for_one_layer_is_refused_for_fp8(tmp_path):
 def test_per_head_scales_load_into_a_16_bit_cache_only(tmp_path):
     """Per-head scales (one per KV head): an fp8 cache takes one per layer and refuses them,
     naming the tensor; a full-precision cache does not use them and loads."""
-    path = _checkpoint(tmp_path, {})
-    f = os.path.join(path, "model.safetensors")
-    tensors = load_file(f)
-    tensors.update({f"model.layers.{i}.self_attn.{n}": torch.full((2,), 4.0)
-                    for i in range(LAYERS) for n in ("k_scale", "v_scale")})
-    save_file(tensors, f, metadata={"format": "pt"})
+    path = _checkpoint(tmp_path, {f"layers.{i}.self_attn.{n}": torch.full((2,), 4.0)
+                                  for i in range(LAYERS) for n in ("k_scale", "v_scale")})
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.k_scale' holds 2 KV"):
         _runner(path, "fp8_e4m3")
     runner, _ = _runner(path, "auto")

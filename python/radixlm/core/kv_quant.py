@@ -37,6 +37,11 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return dtype == torch.float8_e4m3fn
 
 
+def is_valid_scale(scale: float) -> bool:
+    """Whether `scale` can scale a KV cache: a positive finite number."""
+    return math.isfinite(scale) and scale > 0
+
+
 def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """`x` in the storage dtype `dtype`: for fp8, x / scale clamped to +-448 (a plain cast could
     turn what overflows into NaN) and rounded to nearest even; other dtypes, a plain cast."""
@@ -114,7 +119,7 @@ def _checked(name: str, tensor: torch.Tensor) -> float:
                          f"an fp8 KV cache takes one scale per layer for K and for V (run with "
                          f"--kv-cache-dtype auto, which does not use them)")
     value = tensor.item()
-    if not (math.isfinite(value) and value > 0):
+    if not is_valid_scale(value):
         raise ValueError(f"checkpoint tensor {name!r}: a KV cache scale must be a positive "
                          f"finite number, got {value}")
     return value

@@ -6,13 +6,12 @@ lives where is the radix cache's job (radix_cache.py).
 
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Sequence
 
 import torch
 
-from radixlm.core.kv_quant import is_fp8, quantize
+from radixlm.core.kv_quant import is_fp8, is_valid_scale, quantize
 
 
 class ReqToTokenPool:
@@ -69,7 +68,7 @@ def _per_layer(scale: float | Sequence[float], num_layers: int, which: str) -> l
         [float(x) for x in scale]
     if len(scales) != num_layers:
         raise ValueError(f"{len(scales)} {which} scales for a pool of {num_layers} layers")
-    if not all(math.isfinite(x) and x > 0 for x in scales):
+    if not all(map(is_valid_scale, scales)):
         raise ValueError(f"KV scales must be positive finite numbers, got {which} {scales}")
     return scales
 
