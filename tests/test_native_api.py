@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import signal
 import threading
 import time
@@ -353,6 +354,30 @@ def test_sigterm_aborts_streams_and_exits_cleanly(server):
     finals = [e for e in events if e != "[DONE]"]
     assert finals and finals[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert not any(is_alive(pid) for pid in children)
+
+
+def test_sigterm_to_every_process_at_once_still_stops_cleanly():
+    """`timeout`, systemd and a terminal's process group signal every process, the main one
+    twice or more: a signal arriving while the one before was being handled once deadlocked the
+    server for good. It must still exit, leave no child, and remove its IPC socket directory."""
+    proc, _ = start_server("--max-total-tokens", "2048")
+    try:
+        children = child_pids(proc.pid)
+        with open(f"/proc/{children[0]}/cmdline", "rb") as f:
+            endpoints = json.loads(f.read().split(b"\0")[4])
+        ipc_dir = os.path.dirname(endpoints["scheduler"].removeprefix("ipc://"))
+        assert os.path.isdir(ipc_dir)
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(300):   # a burst: some arrive while an earlier one is being handled
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.0002)
+        # 0, or 128 + SIGTERM where a signal came while the engine was stopping ("stop now")
+        assert proc.wait(timeout=30) in (0, 128 + signal.SIGTERM)
+        assert not any(is_alive(pid) for pid in children)
+        assert not os.path.exists(ipc_dir)
+    finally:
+        stop_server(proc, signal.SIGKILL)
 
 
 def test_api_key_and_no_orphans_after_kill():

@@ -120,6 +120,10 @@ class _Children:
         self.to_scheduler.close(linger=0)  # the scheduler is gone: nothing left to deliver
         self.inbox.close()
         self.ctx.term()
+        self.remove_socket_dir()
+
+    def remove_socket_dir(self) -> None:
+        """The private directory of the ipc:// sockets (tempfile.mkdtemp, never reused)."""
         shutil.rmtree(os.path.dirname(self.endpoints.tokenizer.removeprefix("ipc://")),
                       ignore_errors=True)
 
@@ -346,6 +350,7 @@ class Engine:
         """Stop the child processes at once (SIGKILL): for a second Ctrl-C during shutdown."""
         self._closed = True
         self._children.kill()
+        self._children.remove_socket_dir()
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

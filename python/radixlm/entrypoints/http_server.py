@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -128,7 +129,12 @@ def serve(args: ServerArgs) -> int:
         def handle_exit(self, sig, frame) -> None:
             # SIGTERM / Ctrl-C: stop accepting (uvicorn) and end in-flight requests now with
             # finish_reason abort, so open streams close instead of running to completion.
-            engine.abort_all()
+            # This runs as a signal handler, between any two bytecodes of the main thread, so it
+            # must not block: the abort is sent from a thread of its own. (Sent here, a second
+            # signal arriving while the first handler held the engine's send lock deadlocked
+            # the server for good; `timeout` and systemd send a SIGTERM to every process.)
+            threading.Thread(target=engine.abort_all, name="radixlm-abort-all",
+                             daemon=True).start()
             super().handle_exit(sig, frame)
 
     server = Server(config)
