@@ -78,6 +78,18 @@ def test_gpu_graphs_and_overlap_match_plain_paths(make_engine, model_path, monke
     assert unfused == plain
 
 
+def test_gpu_draft_trees_match_plain_paths(make_engine, smollm_dir, monkeypatch):
+    """NGRAM draft trees, verified through the decode graphs captured with tree masks (and
+    eagerly), give the tokens of the plain loop without drafts."""
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    plain = _generate(make_engine, smollm_dir, disable_cuda_graph=True,
+                      disable_overlap_schedule=True)
+    trees = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8,
+                 speculative_ngram_max_bfs_breadth=3)
+    assert _generate(make_engine, smollm_dir, **trees) == plain
+    assert _generate(make_engine, smollm_dir, disable_cuda_graph=True, **trees) == plain
+
+
 CHARACTER = {"type": "object",
              "properties": {"name": {"type": "string", "maxLength": 24},
                             "house": {"enum": ["Gryffindor", "Slytherin", "Ravenclaw",

@@ -181,6 +181,86 @@ def run_split_case(seq_lens: list[int], splits: list[int], max_kv_splits: int, h
     return err
 
 
+def run_tree_case(prefix_len: int, parents: list[int], hq: int, hk: int, d: int,
+                  dtype: torch.dtype, device: str, block_n: int, splits: int,
+                  native: bool = False, seed: int = 0) -> float:
+    """The rows verifying a tree of drafts (ForwardBatch.tree_start / tree_mask): node j sits
+    at KV position prefix_len + j and must see the prefix and its ancestors only. The decode
+    kernel (or, `native`, the reference backend's mask) against a dense softmax over exactly
+    those keys; with small tiles and several splits whole tiles and splits are masked."""
+    from radixlm.speculative.ngram import DraftTree
+
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree([0] * len(parents), parents)
+    n = len(parents) + 1
+    bits = tree.ancestor_bits()
+    total = prefix_len + n
+    slots = (torch.randperm(total + 7, generator=g)[:total] + 1).to(torch.int32)
+    kb = torch.randn(total + 8, hk, d, generator=g).to(dtype)
+    vb = torch.randn(total + 8, hk, d, generator=g).to(dtype)
+    q = torch.randn(n, hq, d, generator=g).to(dtype)
+    seq_lens = [prefix_len + j + 1 for j in range(n)]
+    tree_start = torch.full((n,), prefix_len, dtype=torch.int64)
+    tree_mask = torch.tensor(bits, dtype=torch.int64)
+    if native:
+        pool = KVPool(total + 8, 1, hk, d, dtype, device)
+        pool.k_buffers[0].copy_(kb)
+        pool.v_buffers[0].copy_(vb)
+        table = ReqToTokenPool(2, total + 4, device)
+        table.write(1, 0, slots.to(device))
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=n, input_ids=torch.zeros(n).long(),
+            positions=torch.tensor(seq_lens) - 1, out_cache_loc=torch.zeros(n).long(),
+            req_pool_indices=torch.ones(n, dtype=torch.int64), seq_lens=torch.tensor(seq_lens),
+            seq_lens_cpu=seq_lens, extend_prefix_lens_cpu=[s - 1 for s in seq_lens],
+            extend_seq_lens_cpu=[1] * n, tree_start=tree_start, tree_mask=tree_mask)
+        backend = TorchNativeAttnBackend(pool, table)
+        backend.init_forward_metadata(fb)
+        layer = FakeLayer(0, hq, hk, d, scaling=d ** -0.5)
+        # (the store writes K/V of every row to the padding slot 0, which no row reads)
+        out = backend.forward(q.view(n, -1), torch.zeros(n, hk * d, dtype=dtype),
+                              torch.zeros(n, hk * d, dtype=dtype), layer, fb).view(n, hq, d)
+    else:
+        from radixlm.layers.attention.kernels import (alloc_decode_buffers, build_kv_indices,
+                                                      decode_attention)
+        table = torch.zeros(n, total + 3, dtype=torch.int32)
+        table[:, :total] = slots
+        kv_indptr, kv_indices = build_kv_indices(
+            table.to(device), torch.arange(n).to(device), torch.tensor(seq_lens).to(device),
+            sum(seq_lens))
+        mid_o, mid_lse = alloc_decode_buffers(n, hq, d, splits, device)
+        out = torch.empty(n, hq, d, dtype=dtype, device=device)
+        decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr,
+                         kv_indices, torch.full((n,), splits, dtype=torch.int32, device=device),
+                         splits, d ** -0.5, mid_o, mid_lse, block_n=block_n,
+                         tree_start=tree_start.to(device), tree_mask=tree_mask.to(device))
+    err = 0.0
+    for j in range(n):
+        seen = list(range(prefix_len)) + [prefix_len + i for i in range(n) if bits[j] >> i & 1]
+        s = slots[seen].long()
+        kk = kb[s].float().repeat_interleave(hq // hk, dim=1)
+        vv = vb[s].float().repeat_interleave(hq // hk, dim=1)
+        w = torch.einsum("hd,shd->hs", q[j].float(), kk).mul(d ** -0.5).softmax(-1)
+        ref = torch.einsum("hs,shd->hd", w, vv)
+        err = max(err, (out[j].cpu().float() - ref).abs().max().item())
+    assert err <= TOL[dtype], f"tree decode {parents}: max abs error {err:.3g}"
+    return err
+
+
+# A tree of 40 nodes: a main chain with side branches, so rows see a few scattered nodes.
+TREE_PARENTS = [0, 0, 1, 2, 2, 3, 1] + list(range(7, 40))
+WIDE_PARENTS = [0] * 40 + [40]
+INTERPRETER_TREE_CASES = [
+    # prefix, parents, hq, hk, d, dtype, block_n, splits
+    (5, TREE_PARENTS, 4, 2, 64, torch.float32, 16, 4),
+    (0, [0, 0, 0, 1], 2, 1, 32, torch.float16, 16, 2),
+    (40, TREE_PARENTS[:12], 6, 2, 64, torch.float32, 16, 3),
+    # 40 siblings, then a child of the last: its row sees nodes 0, 40 and 41 only, so the
+    # split over positions 16..31 holds no key it sees.
+    (0, WIDE_PARENTS, 2, 2, 32, torch.float32, 16, 4),
+]
+
+
 # ---------------------------------------------------------------------- interpreter (CPU) tier
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -215,6 +295,17 @@ def _interpreter_cases():
         desc = f"split-decode lens={lens} splits={splits} hq={hq} hk={hk} d={d} {str(dt)[6:]}"
         yield desc, lambda a=(lens, splits, max_s, hq, hk, d, dt): run_split_case(
             *a, "cpu", block_n=16)
+    for prefix, parents, hq, hk, d, dt, block_n, splits in INTERPRETER_TREE_CASES:
+        desc = f"tree-decode prefix={prefix} nodes={len(parents) + 1} splits={splits}"
+        yield desc, lambda a=(prefix, parents, hq, hk, d, dt, "cpu", block_n, splits): \
+            run_tree_case(*a)
+
+
+@pytest.mark.parametrize("prefix, parents", [(5, TREE_PARENTS), (0, [0, 0, 0, 1]),
+                                             (40, TREE_PARENTS[:12]), (0, WIDE_PARENTS)])
+def test_native_backend_masks_draft_trees(prefix, parents):
+    """The reference backend's tree mask (CPU, no Triton) against the dense softmax."""
+    run_tree_case(prefix, parents, 4, 2, 32, torch.float32, "cpu", 16, 1, native=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
@@ -275,6 +366,14 @@ def test_gpu_decode_mixed(hq, hk, head_dim, dtype):
     lens = [1, 2, 63, 64, 65, 257, 4097] + torch.randint(1, 3000, (25,), generator=g).tolist()
     case = decode_case(lens, hq, hk, head_dim, dtype)
     print(f"{run_case(case, 'cuda'):.2e}  {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+def test_gpu_decode_draft_trees(dtype):
+    for prefix, parents, splits, block_n in [(5, TREE_PARENTS, 4, 32), (300, TREE_PARENTS, 8, 32),
+                                             (0, [0, 0, 0, 1], 1, 32), (0, WIDE_PARENTS, 4, 16)]:
+        run_tree_case(prefix, parents, 8, 2, 128, dtype, "cuda", block_n, splits)
 
 
 @pytest.mark.gpu

@@ -79,6 +79,10 @@ class ServerArgs:
     speculative_num_draft_tokens: int = 4          # NGRAM: draft tokens verified per step
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
+    # NGRAM drafts a tree when > 1: up to this many children under the last token, one fewer
+    # per level below, never under the min (speculative/ngram.bfs_tree)
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 1
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int = 3                 # STANDALONE: draft tokens (model steps)
     speculative_eagle_topk: int = 1                # branches per draft step (1: a chain)
@@ -143,6 +147,7 @@ class ServerArgs:
             raise bad("speculative-ngram-min-match-window-size",
                       f"need 1 <= min ({lo}) <= max ({hi}) "
                       f"(--speculative-ngram-max-match-window-size)")
+        self._validate_ngram_trees(bad)
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
                                          f"got {self.schedule_policy!r}")
@@ -220,6 +225,29 @@ class ServerArgs:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
                                           f"got {self.reasoning_parser!r}")
+
+    def _validate_ngram_trees(self, bad) -> None:
+        lo, hi = self.speculative_ngram_min_bfs_breadth, self.speculative_ngram_max_bfs_breadth
+        if not 1 <= lo <= hi <= 64:
+            raise bad("speculative-ngram-min-bfs-breadth" if 1 <= hi <= 64 < lo or lo > hi >= 1
+                      else "speculative-ngram-max-bfs-breadth",
+                      f"need 1 <= min ({lo}) <= max ({hi}) <= 64 "
+                      f"(--speculative-ngram-min-bfs-breadth / --speculative-ngram-max-bfs-"
+                      f"breadth)")
+        if hi == 1:
+            return
+        # A verify row's tree mask has a bit per node (62 drafts + the last token fit an int64);
+        # the accepted nodes' slots are moved by renumbering, which pages would not allow.
+        for flag, problem in (
+                ("speculative-algorithm", None if self.speculative_algorithm == "NGRAM"
+                 else "draft trees need --speculative-algorithm NGRAM"),
+                ("speculative-num-draft-tokens", None if self.speculative_num_draft_tokens <= 62
+                 else "at most 62 with draft trees"),
+                ("page-size", None if self.page_size == 1 else "draft trees need page size 1"),
+                ("enable-torch-compile", None if not self.enable_torch_compile
+                 else "not supported with draft trees yet")):
+            if problem is not None:
+                raise bad(flag, f"{problem} (--speculative-ngram-max-bfs-breadth {hi})")
 
     def _validate_draft_model(self, bad: Callable[[str, str], ValueError]) -> None:
         """STANDALONE's flags, and what it does not support yet (each refused by name)."""

@@ -12,6 +12,7 @@ with --draft-model-path, STANDALONE with that draft model), the ratio, tokens pe
 or sampled with the same seeds).
 
     radixlm bench spec [--model-path ...] [--max-new-tokens 256] [--draft-model-path ...]
+                       [--num-draft-tokens 8 --ngram-max-bfs-breadth 3]
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--num-draft-tokens", type=int, default=4, help="NGRAM's drafts a step")
+    p.add_argument("--ngram-max-bfs-breadth", type=int, default=1,
+                   help="NGRAM: > 1 drafts trees (--speculative-ngram-max-bfs-breadth)")
     p.add_argument("--draft-model-path", default=None,
                    help="compare STANDALONE with this draft model instead of NGRAM")
     p.add_argument("--num-steps", type=int, default=3, help="STANDALONE's drafts a step")
@@ -97,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "temperature": args.temperature, "algorithm": algorithm}
     spec_flags = ({"speculative_draft_model_path": args.draft_model_path,
                    "speculative_num_steps": args.num_steps} if args.draft_model_path else
-                  {"speculative_num_draft_tokens": args.num_draft_tokens})
+                  {"speculative_num_draft_tokens": args.num_draft_tokens,
+                   "speculative_ngram_max_bfs_breadth": args.ngram_max_bfs_breadth})
     runs: dict[str, dict[str, Any]] = {}
     for spec in (None, algorithm):
         engine = Engine(model_path=args.model_path, device=args.device, log_level="warning",

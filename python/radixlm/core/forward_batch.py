@@ -50,6 +50,12 @@ class ForwardBatch:
     # Prompt logprobs: for each request, the positions (relative to this step's new tokens) whose
     # next-token distribution must be returned in full; empty when no request asks.
     input_logprob_rows: list[list[int]] = field(default_factory=list)
+    # Decode rows that verify a tree of drafts (speculative decoding): row b sees the keys at
+    # KV positions p >= tree_start[b] only where bit p - tree_start[b] of tree_mask[b] is set
+    # (its own node and its ancestors). [B] int64 each; None when no row of the step has a tree
+    # (a row without one has tree_start = its seq_len).
+    tree_start: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
 
     @property
     def extend_start_loc_cpu(self) -> list[int]:

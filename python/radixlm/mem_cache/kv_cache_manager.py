@@ -153,9 +153,20 @@ class KVCacheManager:
             locs[idx[:n]] = fresh[::ps][idx[n:]] + offset[idx[:n]]
         return locs
 
+    def reorder_slots(self, req_row: int, start: int, order: list[int]) -> None:
+        """Permute the slots of a request's positions start .. start + len(order) - 1:
+        position start + i takes the slot of position start + order[i] (a verified tree of
+        drafts keeps its accepted nodes, which it wrote in node order). Slots are single
+        tokens here (trees need page size 1), so nothing is copied but the slot numbers."""
+        assert self.page_size == 1, "draft trees need page size 1"
+        table = self.req_to_token_pool.req_to_token
+        src = to_device([start + j for j in order], torch.int64, table.device)
+        table[req_row, start:start + len(order)] = table[req_row, src]
+
     def release_tails(self, tails: list[tuple[int, int, int]]) -> None:
         """For each (req_row, keep, allocated), give back the slots of the request's positions
-        [keep, allocated) (jump-forward replaced those tokens). Pages wholly past `keep` are
+        [keep, allocated) (jump-forward replaced those tokens, or a verify step rejected
+        those drafts). Pages wholly past `keep` are
         freed; the page holding position keep stays the request's (its slots are overwritten
         by the recomputed tokens). The slots may still be written by a step in flight: stream
         order puts that write before any new owner's. One free for the whole step's jumps

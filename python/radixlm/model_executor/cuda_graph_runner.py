@@ -43,14 +43,20 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
     return sorted(set(sizes))
 
 
+_NO_TREE = 1 << 62     # a tree_start no row reaches: nothing masked
+
+
 class CudaGraphRunner:
     """Captures `run_model` (the runner's own forward) for decode batches of up to max_bs
     requests; the backend must already hold the pools the graphs will read and write."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device,
-                 max_bs: int, compiled: "CompiledDecode | None" = None):
+                 max_bs: int, compiled: "CompiledDecode | None" = None,
+                 draft_trees: bool = False):
         """`compiled`: --enable-torch-compile's forward (already compiled), captured instead
-        of the eager one for the sizes it covers."""
+        of the eager one for the sizes it covers. `draft_trees`: capture graphs that take the
+        rows' draft-tree masks (ForwardBatch.tree_start / tree_mask), for NGRAM trees; a step
+        without a tree then runs them with nothing masked."""
         self.model = model
         self.compiled = compiled
         self.backend = backend
@@ -64,6 +70,12 @@ class CudaGraphRunner:
         self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)
+        # Draft trees: a row sees keys from tree_start on only where its mask has their bit;
+        # 2^62 (never reached) with no bits masks nothing.
+        self.tree_start = self.tree_mask = None
+        if draft_trees:
+            self.tree_start = torch.full((self.max_bs,), _NO_TREE, dtype=torch.int64, device=dev)
+            self.tree_mask = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # Every graph writes its logits into rows [:bs] of this one buffer, allocated outside
         # the graphs' pool: an output each graph kept in the pool would pin a piece of it, and
@@ -73,11 +85,13 @@ class CudaGraphRunner:
         self.logits_out: torch.Tensor | None = None
         self.outputs: dict[int, torch.Tensor] = {}    # each graph's logits, [bs, V]
         self._mem_pool: torch.cuda.MemPool | None = None    # the graphs' pool (`_fill_pool`)
+        self._tree_rows = 0      # rows of the static tree inputs a tree step has set
         self.pool = None
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return (fb.forward_mode.is_decode and 0 < fb.batch_size <= self.max_bs
-                and not fb.input_logprob_rows)
+                and not fb.input_logprob_rows
+                and (fb.tree_mask is None or self.tree_mask is not None))
 
     # ------------------------------------------------------------------ capture
 
@@ -114,7 +128,9 @@ class CudaGraphRunner:
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
             positions=self.positions[:bs], out_cache_loc=self.out_cache_loc[:bs],
             req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs)
+            seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=[0] * bs, extend_seq_lens_cpu=[1] * bs,
+            tree_start=None if self.tree_start is None else self.tree_start[:bs],
+            tree_mask=None if self.tree_mask is None else self.tree_mask[:bs])
 
     def _run_static(self, fb: ForwardBatch, logits_out: torch.Tensor | None = None
                     ) -> torch.Tensor:
@@ -158,5 +174,13 @@ class CudaGraphRunner:
         self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
         self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
         self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        if self.tree_mask is not None:
+            if fb.tree_mask is not None:
+                self.tree_start[:bs].copy_(fb.tree_start, non_blocking=True)
+                self.tree_mask[:bs].copy_(fb.tree_mask, non_blocking=True)
+                self._tree_rows = max(self._tree_rows, bs)
+            elif self._tree_rows:     # (the last tree step's rows: mask nothing again)
+                self.tree_start[:self._tree_rows].fill_(_NO_TREE)
+                self._tree_rows = 0
         self.graphs[padded].replay()
         return self.outputs[padded][:bs]

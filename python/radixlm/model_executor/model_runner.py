@@ -154,6 +154,10 @@ class ModelRunner:
                                                          self.kv_pool, req_to_token_pool)
             bind_attention_backend(self.model, self.attn_backend)
         cfg = self.config
+        draft_trees = cfg.speculative_ngram_max_bfs_breadth > 1
+        if draft_trees and self.kv_pool.is_latent:
+            raise ValueError("--speculative-ngram-max-bfs-breadth: draft trees are not "
+                             "supported over an MLA model's latent KV cache; use 1 (chains)")
         graphs = (self.device.type == "cuda" and not cfg.disable_cuda_graph
                   and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph)
         if cfg.enable_torch_compile:
@@ -166,7 +170,8 @@ class ModelRunner:
             from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
             self.graph_runner = CudaGraphRunner(
                 self.model, self.attn_backend, self.device,
-                min(cfg.cuda_graph_max_bs, self.max_running_requests), self.compiled_decode)
+                min(cfg.cuda_graph_max_bs, self.max_running_requests), self.compiled_decode,
+                draft_trees=draft_trees)
             with self.startup.phase("cuda_graphs"):
                 self.graph_runner.capture()
 

@@ -32,7 +32,7 @@ class RunnerConfig:
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
-    enable_torch_compile: bool = False     # --enable-torch-compile (model_executor/torch_compile.py)
+    enable_torch_compile: bool = False     # model_executor/torch_compile.py
     torch_compile_max_bs: int = 32
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
     tp_rank: int = 0
@@ -40,6 +40,8 @@ class RunnerConfig:
     # KV bytes a token costs in a draft model's pool (speculative decoding, STANDALONE): it
     # holds as many tokens as this runner's and shares the --mem-fraction-static budget.
     draft_kv_bytes_per_token: int = 0
+    # NGRAM draft trees (> 1): the decode graphs take per-row tree masks
+    speculative_ngram_max_bfs_breadth: int = 1
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, tp_rank: int = 0,

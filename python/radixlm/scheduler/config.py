@@ -27,6 +27,8 @@ class SchedulerConfig:
     speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 1
     speculative_num_steps: int = 3
     # Tensor parallelism: every rank runs this scheduler and must take the same decisions, so
     # nothing may depend on timing (a grammar is waited for instead of polled).

@@ -60,6 +60,9 @@ class Req:
     # Speculative decoding (scheduler/speculation.py): the drafts the next decode step
     # verifies, the drafter's index of this request's text, and the accept-rate policy state.
     spec_drafts: list[int] = field(default_factory=list)
+    # The drafts' tree: node j + 1 (spec_drafts[j]) hangs under node spec_parents[j], node 0
+    # being the last sampled token (speculative/ngram.DraftTree); None: a chain.
+    spec_parents: list[int] | None = None
     spec_index: "NgramIndex | None" = None
     spec_verify_ct: int = 0                # verify steps (SGLang's meta_info spec_verify_ct)
     spec_accept_avg: float = 0.5

@@ -143,16 +143,17 @@ class ResultProcessor:
         targets = verified.token_ids
         last_position = req.kv_allocated_len - len(targets)   # row 0's input
         reason, appended, jumped = None, 0, False
-        tokens = self.speculator.accept(req, targets)
+        tokens, rows = self.speculator.accept_rows(req, targets)
         for k, token in enumerate(tokens):
-            # The accepted tokens are the targets of rows 0..k: row k's logprobs are theirs.
+            # Token k is the target of row rows[k] (a chain's: row k): its logprobs are that
+            # row's.
             req.output_ids.append(token)
             appended += 1
             result.generated_tokens += 1
             if req.return_logprob:
-                req.output_token_logprobs.append((verified.logprobs[k], token))
+                req.output_token_logprobs.append((verified.logprobs[rows[k]], token))
                 if req.top_logprobs_num > 0:
-                    req.output_top_logprobs.append(list(zip(*verified.top_logprobs[k])))
+                    req.output_top_logprobs.append(list(zip(*verified.top_logprobs[rows[k]])))
             reason = self._check_finished(req, token)
             if reason is None and req.grammar is not None:
                 reason = self._advance_grammar(req, token)
@@ -165,6 +166,12 @@ class ResultProcessor:
                 jumped = True    # the drafts accepted after this token are dropped
                 break
         self.speculator.record_used(tokens, appended)
+        if rows[:appended] != list(range(appended)):
+            # A tree's accepted nodes are not its first rows: move their slots to the
+            # positions they now hold in the text, the others after them (released below).
+            assert not jumped, "a grammar request drafts chains only"
+            self.kv.reorder_slots(req.req_pool_idx, last_position,
+                                  rows[:appended] + _others(rows[:appended], len(targets)))
         if not jumped:
             keep = last_position + appended
             released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
@@ -342,3 +349,9 @@ class ResultProcessor:
             out.input_top_logprobs = list(req.input_top_logprobs)
             req.input_logprobs_sent = True
         return out
+
+
+def _others(first: list[int], n: int) -> list[int]:
+    """0..n-1 without the members of `first`, in order."""
+    taken = set(first)
+    return [j for j in range(n) if j not in taken]

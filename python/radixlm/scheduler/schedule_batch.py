@@ -3,11 +3,13 @@ the frozen device-side ForwardBatch.
 
 Preparing a batch is where KV slots are handed out (by the KVCacheManager): every new token
 gets a slot, written into the request's row of the req_to_token table, evicting from the radix
-cache when the allocator runs dry. Admission (prefill.py) and retraction (decode.py) make sure that eviction suffices.
+cache when the allocator runs dry. Admission (prefill.py) and retraction (decode.py) make sure
+that eviction suffices.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.scheduler.request import Req
+from radixlm.speculative.ngram import tree_ancestor_bits, tree_depths
 from radixlm.utils.device import to_device
 
 
@@ -108,10 +111,15 @@ class ScheduleBatch:
         pool = kv.req_to_token_pool
         spare = None if max_rows is None else max(max_rows - len(self.reqs), 0)
         rows_req, positions, starts, host_rows, host_ids, last_rows = [], [], [], [], [], []
+        # Trees of drafts: each row's position in the text (its depth under the request's last
+        # token), and which rows of its tree it sees; None while no request has a tree.
+        tree: _TreeRows | None = None
         for i, req in enumerate(self.reqs):
             start, n = req.kv_allocated_len, req.num_decode_tokens
             assert n >= 1 and (req.input_on_host or n == 1 + len(req.spec_drafts)), \
                 "decode request out of step with its KV"
+            if req.spec_parents is not None and tree is None:
+                tree = _TreeRows.for_rows_before(positions)
             if req.spec_drafts:
                 # Row 0 feeds the last sampled token (on the device), rows 1.. the drafts.
                 self.verify_rows[i] = (len(positions), n)
@@ -125,25 +133,35 @@ class ScheduleBatch:
                 host_rows.extend(range(len(positions), len(positions) + n))
                 host_ids.extend(req.fill_ids[start:start + n])
                 req.input_on_host = start + n < req.seq_len   # forced tokens left for later
+            if tree is not None:
+                tree.add(start, n, req.spec_parents if req.spec_drafts else None)
             rows_req.extend([req.req_pool_idx] * n)
             positions.extend(range(start, start + n))
             starts.extend([start] * n)
             last_rows.append(len(positions) - 1)
             req.kv_allocated_len = start + n
         rows, dev = len(positions), last_token_ids.device
+        # Row r's token goes to KV position positions[r] (a tree's nodes in node order) and
+        # sees the positions before it (a tree's rows: through tree_start / tree_mask).
         seq_lens = [p + 1 for p in positions]
         h = len(host_rows)
-        packed = to_device(rows_req + positions + seq_lens + host_rows + host_ids + last_rows,
-                           torch.int64, dev)
+        extra = tree.depth_positions + tree.starts + tree.masks if tree is not None else []
+        packed = to_device(rows_req + positions + seq_lens + host_rows + host_ids + last_rows
+                           + extra, torch.int64, dev)
         req_idx, pos_t, seq_t = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
-        host = packed[3 * rows:]
+        host = packed[3 * rows:3 * rows + 2 * h + len(last_rows)]
         locs = kv.alloc_decode(req_idx, pos_t, positions, starts)
         pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
         input_ids = last_token_ids[req_idx]
         input_ids[host[:h]] = host[h:2 * h]
         self.last_rows = host[2 * h:]
-        return self._forward_batch(ForwardMode.DECODE, input_ids, pos_t, locs, req_idx, seq_t,
-                                   positions, [1] * rows, seq_lens, [], rows)
+        fb = self._forward_batch(ForwardMode.DECODE, input_ids, pos_t, locs, req_idx, seq_t,
+                                 positions, [1] * rows, seq_lens, [], rows)
+        if tree is None:
+            return fb
+        rope, tree_start, tree_mask = packed[-3 * rows:].view(3, rows)
+        return dataclasses.replace(fb, positions=rope, tree_start=tree_start,
+                                   tree_mask=tree_mask)
 
     def _prepare_one_row_each(self, kv: KVCacheManager,
                               last_token_ids: torch.Tensor) -> ForwardBatch:
@@ -175,6 +193,32 @@ class ScheduleBatch:
             positions=positions, out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices,
             seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens, input_logprob_rows=logprob_rows)
+
+
+@dataclass
+class _TreeRows:
+    """The per-row inputs of a decode step whose drafts include a tree (ForwardBatch.tree_start
+    / tree_mask): a tree's node j sits at KV position start + j, is fed at text position
+    start + its depth, and sees its ancestors' positions only. Other rows: text position = KV
+    position, nothing masked."""
+    depth_positions: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    masks: list[int] = field(default_factory=list)
+
+    @classmethod
+    def for_rows_before(cls, positions: list[int]) -> "_TreeRows":
+        """Started once some rows are laid out already (none of them in a tree)."""
+        return cls(list(positions), [p + 1 for p in positions], [0] * len(positions))
+
+    def add(self, start: int, n: int, parents: list[int] | None) -> None:
+        if parents is None:
+            self.depth_positions.extend(range(start, start + n))
+            self.starts.extend(range(start + 1, start + n + 1))
+            self.masks.extend([0] * n)
+            return
+        self.depth_positions.extend(start + d for d in tree_depths(parents))
+        self.starts.extend([start] * n)
+        self.masks.extend(tree_ancestor_bits(parents))
 
 
 def _input_logprob_rows(req: Req, start: int, n: int) -> list[int]:

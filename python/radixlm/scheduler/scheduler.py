@@ -80,10 +80,8 @@ class Scheduler:
             assert draft_model is not None, "STANDALONE needs the draft model (DraftModel.load)"
             self.speculator = Speculator(draft_model, config.speculative_num_steps)
         elif config.speculative_algorithm is not None:
-            self.speculator = Speculator(
-                NgramDrafter(config.speculative_ngram_min_match_window_size,
-                             config.speculative_ngram_max_match_window_size),
-                config.speculative_num_draft_tokens)
+            self.speculator = Speculator(NgramDrafter.from_config(config),
+                                         config.speculative_num_draft_tokens)
         # Draws rejected unmasked grammar rows again (grammar_sampling.py); the grammar backend
         # is created on the first constrained request.
         self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
@@ -288,6 +286,7 @@ class Scheduler:
 
     def abort_all(self) -> None:
         """End every request now with finish_reason abort (server shutdown)."""
+        self._process_pending()     # (a verify step in flight holds its drafts' KV slots)
         every = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
         self.waiting, self.running, self.chunked_req = [], [], None
         for req in every:

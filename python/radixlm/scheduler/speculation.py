@@ -26,17 +26,26 @@ Grammar requests draft too: their drafts are cut before the first token the gram
 accepts the drafts while the masks are filled, then rolls back; the accepted tokens advance it
 when the step is processed). Which requests draft (`eligible`): all but one feeding
 jump-forward tokens.
+Trees (NGRAM with --speculative-ngram-max-bfs-breadth > 1; speculative/ngram.DraftTree): the
+drafts are nodes of a tree under the last token, one verify row each, in node order. Node j
+writes its KV at position start + j but is fed at position start + its depth, and attends to
+its ancestors only (ForwardBatch.tree_start / tree_mask, a bit per node). Row j's target is
+sampled as if the tokens on its path were output; `accept_rows` walks from the root through the
+child holding the target's token, and the accepted nodes' slots are renumbered to the positions
+they take in the text (KVCacheManager.reorder_slots), the others released. Grammar requests
+keep the tree's main chain.
 Policy: no drafts while more than `max_batch` requests run (a large batch is compute-bound, a
 verify row costs as much as a real one); a request whose drafts keep being rejected (accept-rate
 average below `MIN_ACCEPT_RATE`), or whose text offers no match `MAX_MISSES` times in a row,
-stops drafting for `COOLDOWN_STEPS` steps (its steps overlap host and GPU work again). Drafts never exceed
-the tokens the request may still produce, the context, the largest CUDA graph or free KV.
+stops drafting for `COOLDOWN_STEPS` steps (its steps overlap host and GPU work again). Drafts
+never exceed the tokens the request may still produce, the context, the largest CUDA graph or
+free KV.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 
@@ -49,7 +58,10 @@ from radixlm.sampling.sampler import SampleOutput, Sampler
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
-from radixlm.speculative.ngram import NgramIndex
+from radixlm.speculative.ngram import DraftTree, NgramIndex, bfs_tree
+
+if TYPE_CHECKING:
+    from radixlm.scheduler.config import SchedulerConfig
 
 # A stand-in for the rows of a verify step that are no request's verify rows (their target is
 # not read): greedy, nothing to build.
@@ -70,6 +82,8 @@ class SpecTotals:
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0          # tokens verify steps produced (accepted drafts + one each)
+    # (With draft trees `proposed` counts every node, siblings included, so the acceptance
+    # rate is lower than a chain's for the same accept length.)
 
     @property
     def accept_length(self) -> float:
@@ -89,24 +103,41 @@ class SpecTotals:
 
 
 class Drafter(Protocol):
-    """Proposes each request's drafts: up to ks[i] tokens to follow reqs[i]'s text."""
+    """Proposes each request's drafts: up to ks[i] tokens to follow reqs[i]'s text, as a chain
+    (a list) or a tree."""
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]: ...
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int] | DraftTree]: ...
 
 
 class NgramDrafter:
     """--speculative-algorithm NGRAM: the request's own text predicts itself (an incremental
-    index per request, speculative/ngram.py)."""
+    index per request, speculative/ngram.py). With max_breadth > 1 it proposes trees: the
+    continuations of several earlier occurrences, merged (`bfs_tree`)."""
 
-    def __init__(self, min_window: int, max_window: int):
+    def __init__(self, min_window: int, max_window: int, min_breadth: int = 1,
+                 max_breadth: int = 1):
         self.min_window, self.max_window = min_window, max_window
+        self.min_breadth, self.max_breadth = min_breadth, max_breadth
 
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
-        drafts = []
+    @classmethod
+    def from_config(cls, config: "SchedulerConfig") -> "NgramDrafter":
+        return cls(config.speculative_ngram_min_match_window_size,
+                   config.speculative_ngram_max_match_window_size,
+                   config.speculative_ngram_min_bfs_breadth,
+                   config.speculative_ngram_max_bfs_breadth)
+
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int] | DraftTree]:
+        drafts: list[list[int] | DraftTree] = []
         for req, k in zip(reqs, ks):
             if req.spec_index is None:
-                req.spec_index = NgramIndex(self.min_window, self.max_window)
-            drafts.append(req.spec_index.propose(req.fill_ids, k))
+                req.spec_index = NgramIndex(self.min_window, self.max_window,
+                                            occurrences=self.max_breadth)
+            if self.max_breadth == 1 or req.grammar is not None:
+                # (a grammar's masks follow one path: its whole budget goes to one chain)
+                drafts.append(req.spec_index.propose(req.fill_ids, k))
+                continue
+            found = req.spec_index.candidates(req.fill_ids, k, 2 * self.max_breadth)
+            drafts.append(bfs_tree(found, k, self.min_breadth, self.max_breadth))
         return drafts
 
 
@@ -140,7 +171,7 @@ class Speculator:
         planned = self.plan(reqs, max(free, 0), max_rows, context_len)
         if planned and decode_tokens_needed(reqs, ps) > kv.available_size():
             for r in reqs:      # rounding to pages: the drafts did not fit after all
-                r.spec_drafts = []
+                r.spec_drafts, r.spec_parents = [], None
 
     def plan(self, reqs: list[Req], free_tokens: int, max_rows: int | None,
              context_len: int) -> int:
@@ -148,7 +179,7 @@ class Speculator:
         tokens in all. `free_tokens`: KV slots left after every request's own next token (a
         draft model also writes its drafts' KV there while it drafts)."""
         for r in reqs:
-            r.spec_drafts = []
+            r.spec_drafts, r.spec_parents = [], None
         if len(reqs) > self.max_batch:
             return 0
         rows_left = (max_rows - len(reqs)) if max_rows is not None else 1 << 30
@@ -171,6 +202,12 @@ class Speculator:
             budget -= k
         total = 0
         for req, drafts in zip(drafting, self.drafter.propose(drafting, ks) if drafting else []):
+            if isinstance(drafts, DraftTree):
+                if req.grammar is not None:     # (a drafter's tree: keep one path)
+                    drafts = drafts.main_chain()
+                if not drafts.is_chain:
+                    req.spec_parents = drafts.parents
+                drafts = drafts.tokens
             if req.grammar is not None:
                 drafts = _grammar_prefix(req.grammar, drafts)
             req.spec_drafts = drafts
@@ -183,23 +220,38 @@ class Speculator:
         return total
 
     def accept(self, req: Req, targets: list[int]) -> list[int]:
+        """The tokens a verify step gives `req` (`accept_rows`)."""
+        return self.accept_rows(req, targets)[0]
+
+    def accept_rows(self, req: Req, targets: list[int]) -> tuple[list[int], list[int]]:
         """The tokens a verify step gives `req`: its drafts up to the first that differs from
-        the target's choice, then the target's token there. `targets[j]`: the target's token after
-        row j (`verify_targets`). The caller says how many it used (`record_used`)."""
+        the target's choice, then the target's token there; and the rows whose targets they are
+        (row 0, the input, then the accepted drafts' rows). `targets[j]`: the target's token
+        after row j (`verify_targets`). A tree is walked from the root: at each node, the child
+        holding the target's token there, if any. The caller says how many tokens it used
+        (`record_used`)."""
         drafts, req.spec_drafts = req.spec_drafts, []
+        tree = draft_tree(drafts, req.spec_parents)
+        req.spec_parents = None
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
-        a = 0
-        while a < len(drafts) and targets[a] == drafts[a]:
-            a += 1
+        rows = [0]
+        while True:
+            node = rows[-1]
+            nxt = next((j for j, p in enumerate(tree.parents, start=1)
+                        if p == node and tree.tokens[j - 1] == targets[node]), None)
+            if nxt is None:
+                break
+            rows.append(nxt)
+        a = len(rows) - 1
         req.spec_verify_ct += 1
-        rate = a / len(drafts)
+        rate = a / max(tree.depths())    # of what the deepest path could have given
         req.spec_accept_avg = (1 - EMA_WEIGHT) * req.spec_accept_avg + EMA_WEIGHT * rate
         if req.spec_accept_avg < MIN_ACCEPT_RATE:
             req.spec_cooldown = COOLDOWN_STEPS
             req.spec_accept_avg = 0.5       # a fresh chance after the pause
         self.totals.verify_steps += 1
         self.totals.proposed += len(drafts)
-        return drafts[:a] + [targets[a]]
+        return [drafts[j - 1] for j in rows[1:]] + [targets[rows[-1]]], rows
 
     def record_used(self, tokens: list[int], used: int) -> None:
         """Count the first `used` of the `tokens` accept() gave (a stop condition, a grammar's
@@ -225,12 +277,18 @@ def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
     tops = [0] * logits.shape[0]
     for i, (first, n) in batch.verify_rows.items():
         r = batch.reqs[i]
+        tree = draft_tree(r.spec_drafts, r.spec_parents)
         for j in range(n):
-            rows[first + j] = sampling_after(r, r.spec_drafts[:j], eos_token_ids)
+            rows[first + j] = sampling_after(r, tree.path_tokens(j), eos_token_ids)
             tops[first + j] = r.top_logprobs_num if r.return_logprob else 0
     info = SamplingBatchInfo.build(rows, logits.shape[1], logits.device)
     info.vocab_mask = _grammar_masks(batch, logits.shape[0], grammar_backend, logits.device)
     return sampler(logits, info, tops if any(tops) else None)
+
+
+def draft_tree(drafts: list[int], parents: list[int] | None) -> DraftTree:
+    """A request's drafts as a tree (`Req.spec_parents` None: a chain)."""
+    return DraftTree(drafts, parents) if parents is not None else DraftTree.chain(drafts)
 
 
 def sampling_after(req: Req, drafts: list[int], eos_token_ids: Sequence[int]) -> SamplingRequest:

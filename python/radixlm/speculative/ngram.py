@@ -5,8 +5,13 @@ followed that occurrence are proposed as the continuation: an edit, a summary qu
 source, code rewritten with small changes all repeat long runs of their input. The longest
 window from max_window down to min_window that matches wins; among occurrences, the latest.
 
-`NgramIndex` keeps, for every window size, the end of the latest occurrence of each n-gram, and
-is updated with the tokens appended since the last proposal, so a proposal costs a few dict
+With a breadth above 1 (--speculative-ngram-max-bfs-breadth) the proposal is a tree instead of
+a chain: the continuations of several occurrences (longest window first, latest first), merged
+where they agree and branching where they differ, so that a verify step can try the second-best
+continuation where the best one turns out wrong (`DraftTree`, built breadth-first).
+
+`NgramIndex` keeps, for every window size, the ends of the latest occurrences of each n-gram,
+and is updated with the tokens appended since the last proposal, so a proposal costs a few dict
 lookups, not a scan of the text.
 """
 
@@ -16,29 +21,155 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class DraftTree:
+    """Draft tokens as a tree under the request's last token (node 0, the root). Node j >= 1
+    holds tokens[j - 1] and hangs under node parents[j - 1]; a parent always comes before its
+    children. A chain has parents [0, 1, 2, ...]."""
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "DraftTree":
+        return cls(list(tokens), list(range(len(tokens))))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == j for j, p in enumerate(self.parents))
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root's first child down to `node` (empty for the root)."""
+        nodes = []
+        while node > 0:
+            nodes.append(node)
+            node = self.parents[node - 1]
+        return nodes[::-1]
+
+    def path_tokens(self, node: int) -> list[int]:
+        return [self.tokens[j - 1] for j in self.path(node)]
+
+    def depths(self) -> list[int]:
+        return tree_depths(self.parents)
+
+    def ancestor_bits(self) -> list[int]:
+        return tree_ancestor_bits(self.parents)
+
+    def main_chain(self) -> "DraftTree":
+        """The first child at every level: the best candidate alone."""
+        chain, node = [], 0
+        for j, p in enumerate(self.parents, start=1):
+            if p == node:
+                chain.append(self.tokens[j - 1])
+                node = j
+        return DraftTree.chain(chain)
+
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each node's depth, the root's (0) first (`DraftTree.parents`)."""
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth
+
+
+def tree_ancestor_bits(parents: list[int]) -> list[int]:
+    """For each node, the root's first, a bit mask of the nodes it sees: itself and its
+    ancestors (bit j: node j)."""
+    bits = [1]
+    for j, p in enumerate(parents, start=1):
+        bits.append(bits[p] | (1 << j))
+    return bits
+
+
+def bfs_tree(candidates: list[list[int]], max_nodes: int, min_breadth: int,
+             max_breadth: int) -> DraftTree:
+    """Merge candidate continuations (best first) into a tree of at most max_nodes draft
+    tokens, level by level: at each depth every live candidate adds its token under its node,
+    unless a sibling holds it already (shared) or the node already has as many children as its
+    depth allows: max_breadth at the root, one fewer per level below, never under min_breadth.
+    A candidate that could not place a token stops there."""
+    tree = DraftTree()
+    children: list[dict[int, int]] = [{}]
+    at = [0] * len(candidates)          # the node each candidate has reached
+    live = [bool(c) for c in candidates]
+    depth = 0
+    while any(live):
+        width = max(min_breadth, max_breadth - depth)
+        for c, cont in enumerate(candidates):
+            if not live[c]:
+                continue
+            if depth >= len(cont):
+                live[c] = False
+                continue
+            node, token = at[c], cont[depth]
+            if token in children[node]:
+                at[c] = children[node][token]
+                continue
+            if len(children[node]) >= width or len(tree) >= max_nodes:
+                live[c] = False
+                continue
+            tree.tokens.append(token)
+            tree.parents.append(node)
+            children.append({})
+            children[node][token] = at[c] = len(tree)
+        depth += 1
+    return tree
+
+
+@dataclass
 class NgramIndex:
     min_window: int
     max_window: int
-    # window -> n-gram -> end (exclusive) of its latest occurrence that is not the text's end
-    _latest: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    occurrences: int = 1   # ends kept per n-gram (the latest ones)
+    # window -> n-gram -> end (exclusive) of its latest occurrence that is not the text's end;
+    # with occurrences > 1, a list of the latest ends, oldest first (a chain's index, the
+    # default, keeps plain ints: it has an entry per n-gram of a long text)
+    _latest: dict[int, dict[tuple[int, ...], int | list[int]]] = field(default_factory=dict)
     _indexed_to: int = 0     # n-grams ending at or before this position are indexed
 
     def propose(self, tokens: list[int], max_tokens: int) -> list[int]:
         """Up to max_tokens tokens that followed the latest earlier occurrence of the longest
         matching suffix of `tokens` (empty when no window matches)."""
+        found = self.candidates(tokens, max_tokens, 1)
+        return found[0] if found else []
+
+    def candidates(self, tokens: list[int], max_tokens: int, limit: int) -> list[list[int]]:
+        """Up to `limit` continuations of up to max_tokens tokens, from different earlier
+        occurrences of suffixes of `tokens`: longest window first, latest occurrence first."""
         if max_tokens <= 0:
             return []
         end = len(tokens)
         self._index(tokens, end - 1)
+        seen: set[int] = set()
+        found: list[list[int]] = []
         for w in range(min(self.max_window, end - 1), self.min_window - 1, -1):
-            start = self._latest.get(w, {}).get(tuple(tokens[end - w:]))
-            if start is not None:
-                return tokens[start:start + max_tokens]
-        return []
+            ends = self._latest.get(w, {}).get(tuple(tokens[end - w:]))
+            if ends is None:
+                continue
+            for start in reversed(ends) if isinstance(ends, list) else (ends,):
+                if start in seen:      # (a longer window's match ends here too)
+                    continue
+                seen.add(start)
+                found.append(tokens[start:start + max_tokens])
+                if len(found) == limit:
+                    return found
+        return found
 
     def _index(self, tokens: list[int], upto: int) -> None:
         """Index the n-grams ending at positions (_indexed_to, upto] (ends are exclusive)."""
+        keep = self.occurrences
         for e in range(self._indexed_to + 1, upto + 1):
             for w in range(self.min_window, min(self.max_window, e) + 1):
-                self._latest.setdefault(w, {})[tuple(tokens[e - w:e])] = e
+                grams = self._latest.setdefault(w, {})
+                gram = tuple(tokens[e - w:e])
+                if keep == 1:
+                    grams[gram] = e
+                    continue
+                ends = grams.setdefault(gram, [])
+                ends.append(e)
+                if len(ends) > keep:
+                    del ends[0]
         self._indexed_to = max(self._indexed_to, upto)

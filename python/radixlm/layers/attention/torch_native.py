@@ -14,6 +14,11 @@ from radixlm.layers.attention.base import AttentionBackend
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    def init_forward_metadata(self, forward_batch):
+        """The rows' draft trees as host pairs (tree_start, mask bits), read once a step."""
+        self.metadata = _host_trees(forward_batch)
+        return self.metadata
+
     def forward_extend(self, q, k, v, layer, fb):
         return self._run(q, k, v, layer, fb, causal=True)
 
@@ -29,6 +34,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         q = q.view(-1, hq, d)
         out = q.new_empty((q.shape[0], hq, dv))
         table = self.req_to_token_pool.req_to_token
+        trees = None
+        if not causal and fb.tree_mask is not None:
+            trees = self.metadata if self.metadata is not None else _host_trees(fb)
         start = 0
         for i in range(fb.batch_size):
             n_new = fb.extend_seq_lens_cpu[i]
@@ -44,8 +52,25 @@ class TorchNativeAttnBackend(AttentionBackend):
                 prefix = seq_len - n_new
                 rows = torch.arange(n_new, device=q.device).unsqueeze(1) + prefix
                 mask = torch.arange(seq_len, device=q.device).unsqueeze(0) <= rows
+            elif trees is not None and trees[i][0] < seq_len:
+                mask = _tree_row_mask(seq_len, *trees[i], q.device)
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=layer.scaling,
                                                 enable_gqa=hq != hk)
             out[start:start + n_new] = oi.squeeze(0).transpose(0, 1)
             start += n_new
         return out.view(-1, hq * dv)
+
+
+def _tree_row_mask(seq_len: int, tree_start: int, bits: int, device: torch.device
+                   ) -> torch.Tensor:
+    """[1, seq_len] bool: the keys a draft-tree row sees (ForwardBatch.tree_mask): every key
+    before tree_start, and from there those whose bit is set."""
+    rel = torch.arange(seq_len, device=device) - tree_start
+    in_tree = (torch.tensor(bits, dtype=torch.int64, device=device) >> rel.clamp(min=0)) & 1
+    return ((rel < 0) | (in_tree == 1)).unsqueeze(0)
+
+
+def _host_trees(fb) -> list[tuple[int, int]] | None:
+    if fb.tree_mask is None:
+        return None
+    return list(zip(fb.tree_start.tolist(), fb.tree_mask.tolist()))

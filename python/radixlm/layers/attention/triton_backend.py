@@ -64,6 +64,9 @@ class TritonDecodeMetadata:
     kv_indices: torch.Tensor      # KV slots of every request's context, flattened
     num_kv_splits: torch.Tensor   # [B] int32: splits per request (split-KV decode)
     max_kv_splits: int
+    # Rows verifying a tree of drafts (ForwardBatch.tree_start / tree_mask), or None
+    tree_start: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
     # Partial outputs of the split-KV kernel, allocated by the first layer and reused by the
     # rest (every layer of a step has the same shapes); keyed by (q heads, head dim).
     buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -150,9 +153,12 @@ class TritonAttnBackend(AttentionBackend):
                                                  num_kv_indices)
         max_kv_splits = choose_max_kv_splits(fb.batch_size, self.decode_programs_per_request,
                                              max_seq_len, num_sms(table.device))
+        assert fb.tree_mask is None or not self.kv_pool.is_latent, \
+            "draft trees over an MLA latent cache (ModelRunner refuses them)"
         self.metadata = TritonDecodeMetadata(
             fb.batch_size, kv_indptr, kv_indices,
-            per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits)
+            per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits,
+            tree_start=fb.tree_start, tree_mask=fb.tree_mask)
         return self.metadata
 
     # ------------------------------------------------------------------ forward
@@ -176,7 +182,8 @@ class TritonAttnBackend(AttentionBackend):
         k_scale, v_scale = self.kv_pool.scales(layer.layer_id)
         decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
                          md.max_kv_splits, layer.scaling, mid_o, mid_lse,
-                         block_n=self.decode_block_n, k_scale=k_scale, v_scale=v_scale)
+                         block_n=self.decode_block_n, k_scale=k_scale, v_scale=v_scale,
+                         tree_start=md.tree_start, tree_mask=md.tree_mask)
         return out.view(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -83,12 +83,14 @@ def _decode_partial_kernel(
     Mid_O, Mid_LSE,                   # [B, Hq, S, D] fp32, [B, Hq, S] fp32
     sm_scale_log2,                    # softmax scale * log2(e) * the pool's k_scale
     v_scale,                          # the pool's v_scale
+    Tree_start, Tree_mask,            # [B] int64 each, read only with HAS_TREE
     stride_qb, stride_qh,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    HAS_TREE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,6 +98,9 @@ def _decode_partial_kernel(
     kv_start, lo, hi = split_range(kv_indptr, num_kv_splits, b, split, BLOCK_N)
 
     if lo < hi:  # programs past the end of a short request have nothing to do
+        if HAS_TREE:
+            tree_start = tl.load(Tree_start + b)
+            tree_bits = tl.load(Tree_mask + b)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
         offs_n = tl.arange(0, BLOCK_N)
@@ -112,17 +117,27 @@ def _decode_partial_kernel(
         for start in range(lo, hi, BLOCK_N):
             pos = start + offs_n
             n_mask = pos < hi
+            if HAS_TREE:
+                # A draft-tree row sees, past tree_start, only the keys whose bit is set.
+                rel = (pos - tree_start).to(tl.int64)
+                seen = ((tree_bits >> tl.maximum(rel, 0)) & 1) == 1
+                n_mask = n_mask & ((rel < 0) | seen)
             # int64: slot * row stride overflows int32 for pools past ~2^31 elements.
             slot = tl.load(kv_indices + kv_start + pos, mask=n_mask, other=0).to(tl.int64)
             kv_mask = n_mask[:, None] & d_mask[None, :]
             k = tl.load(K_buf + slot[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
                         mask=kv_mask, other=0.0)
             s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * sm_scale_log2
-            # Every tile holds >= 1 valid key, so m_new below is finite and no row becomes NaN.
+            # Without a tree every tile holds >= 1 valid key, so m_new below is finite and no
+            # row becomes NaN; a tree can mask whole tiles (and, in tests that force many
+            # splits, whole splits).
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_ref = m_new
+            if HAS_TREE:     # no key seen yet: exponents against 0 (all terms are 0 anyway)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V_buf + slot[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                         mask=kv_mask, other=0.0)
@@ -130,11 +145,14 @@ def _decode_partial_kernel(
                                                 input_precision=DOT_PREC)
             m_i = m_new
 
+        lse = m_i + tl.log2(l_i)
+        if HAS_TREE:     # a split that saw no key: weight 0 in the reduction, output 0
+            lse = tl.where(l_i == 0.0, float("-inf"), lse)
+            l_i = tl.where(l_i == 0.0, 1.0, l_i)
         o_ptrs = (Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos
                   + offs_d[None, :])
         tl.store(o_ptrs, acc / l_i[:, None] * v_scale, mask=h_mask[:, None] & d_mask[None, :])
-        tl.store(Mid_LSE + b * stride_mlb + heads * stride_mlh + split, m_i + tl.log2(l_i),
-                 mask=h_mask)
+        tl.store(Mid_LSE + b * stride_mlb + heads * stride_mlh + split, lse, mask=h_mask)
 
 
 @triton.jit
@@ -190,11 +208,15 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      mid_o: torch.Tensor, mid_lse: torch.Tensor,
                      block_n: int | None = None, num_warps: int | None = None,
                      num_stages: int | None = None, k_scale: float = 1.0,
-                     v_scale: float = 1.0) -> torch.Tensor:
+                     v_scale: float = 1.0, tree_start: torch.Tensor | None = None,
+                     tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """q/out [B, Hq, D]; k_buf/v_buf [slots, Hk, D]; request b attends to the slots
     kv_indices[kv_indptr[b]:kv_indptr[b+1]], in num_kv_splits[b] <= max_kv_splits splits.
     mid_o/mid_lse come from alloc_decode_buffers (at least this batch size and max_kv_splits).
-    k_scale/v_scale: what the pool's values are multiplied by (an fp8 pool's scales)."""
+    k_scale/v_scale: what the pool's values are multiplied by (an fp8 pool's scales).
+    tree_start/tree_mask ([B] int64, both or neither): rows verifying a tree of drafts see the
+    keys from position tree_start[b] on only where bit (position - tree_start[b]) of
+    tree_mask[b] is set (core/forward_batch.ForwardBatch)."""
     bs, hq, d = q.shape
     hk = k_buf.shape[1]
     assert hq % hk == 0, f"{hq} query heads are not a multiple of {hk} KV heads"
@@ -213,16 +235,19 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         num_warps = num_warps or (2 if fp8 else 4)
         num_stages = num_stages or (3 if fp8 else 2)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    has_tree = tree_mask is not None
 
     _decode_partial_kernel[(bs, hk, max_kv_splits)](
         q, k_buf, v_buf, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
         sm_scale * LOG2E * k_scale, v_scale,
+        tree_start if has_tree else kv_indptr, tree_mask if has_tree else kv_indptr,
         q.stride(0), q.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, DOT_PREC=dot_prec, HAS_TREE=has_tree, num_warps=num_warps,
+        num_stages=num_stages,
     )
     _decode_reduce_kernel[(bs, hq)](
         mid_o, mid_lse, kv_indptr, num_kv_splits, out,
