@@ -17,11 +17,13 @@ def test_every_field_comes_from_the_server_args():
                       chunked_prefill_size=64, disable_jump_forward=True, random_seed=7)
     runner = RunnerConfig.from_server_args(args, tp_rank=1, draft_kv_bytes_per_token=64)
     sched = SchedulerConfig.from_server_args(args)
-    # The two fields a process fills in itself: its rank, and a draft model's KV cost.
+    # The fields a process fills in itself: its rank, and a draft model's KV cost; and one
+    # derived from several flags.
     assert runner.tp_rank == 1 and runner.draft_kv_bytes_per_token == 64
+    assert runner.draft_trees is args.uses_draft_trees is False
     for cfg in (runner, sched):
         for f in dataclasses.fields(cfg):
-            if f.name not in ("tp_rank", "draft_kv_bytes_per_token"):
+            if f.name not in ("tp_rank", "draft_kv_bytes_per_token", "draft_trees"):
                 assert getattr(cfg, f.name) == getattr(args, f.name), f.name
 
 

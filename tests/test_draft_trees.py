@@ -171,3 +171,66 @@ def test_abort_all_during_verify_steps_frees_every_draft_slot(make_engine, monke
     assert chunks and chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert chunks[-1]["meta_info"]["spec_verify_ct"] > 0
     assert_pool_empty(engine)
+
+
+# ---------------------------------------------------------------------- draft-model trees
+
+
+def test_draft_model_tree_flags_are_checked():
+    from radixlm.config import ServerArgs
+    ok = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path="/m",
+              speculative_eagle_topk=4, speculative_num_steps=5)
+    assert ServerArgs(**ok).uses_draft_trees
+    assert not ServerArgs(**{**ok, "speculative_eagle_topk": 1}).uses_draft_trees
+    for kwargs, flag in [({"speculative_eagle_topk": 9}, "--speculative-eagle-topk"),
+                         ({"speculative_eagle_topk": 8, "speculative_num_steps": 9},
+                          "--speculative-eagle-topk: 8 x --speculative-num-steps 9"),
+                         ({"speculative_num_draft_tokens": 63}, "--speculative-num-draft"),
+                         ({"enable_torch_compile": True}, "--enable-torch-compile")]:
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(**{**ok, **kwargs})
+
+
+def test_draft_model_trees_keep_the_target_output(make_engine, smollm_dir, monkeypatch):
+    """--speculative-eagle-topk 3: the draft model (here the target itself) expands its 3 best
+    candidates a step into a tree of 8 nodes; the target's path through it is kept. Greedy
+    requests draft trees, a batch with a sampled one falls back to chains; the outputs equal
+    the engine without drafts, and the identical draft's top-1 path is always kept."""
+    monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    greedy = {"max_new_tokens": 24, "temperature": 0}
+    batches = [([COPY, CODE, "The capital of France is"], [greedy] * 3),
+               ([COPY, CODE], [greedy, {"max_new_tokens": 16, "temperature": 0.8,
+                                        "sampling_seed": 2}])]
+    outs, stats = {}, None
+    for spec in (False, True):
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=smollm_dir,
+                      speculative_num_steps=3, speculative_eagle_topk=3,
+                      speculative_num_draft_tokens=8) if spec else {})
+        engine = make_engine(max_total_tokens=4096, **extra)
+        outs[spec] = [o for prompts, params in batches for o in engine.generate(prompts, params)]
+        stats = engine.get_stats()
+        assert_pool_empty(engine)
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
+    first = outs[True][0]["meta_info"]
+    assert first["completion_tokens"] / first["spec_verify_ct"] >= 3.0, first
+    assert stats.spec_accept_length >= 3.0, stats
+
+
+def test_small_draft_model_trees_keep_the_target_output(make_engine, tmp_path):
+    """A random tiny draft model's trees are mostly wrong, in every branch: the output is
+    still the target's."""
+    from helpers import tiny_checkpoint
+    draft = tiny_checkpoint(tmp_path / "draft", "llama")     # 512 positions
+    outs = {}
+    for spec in (False, True):
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
+                      speculative_num_steps=3, speculative_eagle_topk=4,
+                      speculative_num_draft_tokens=10) if spec else {})
+        engine = make_engine(max_total_tokens=4096, context_length=512, **extra)
+        outs[spec] = engine.generate([COPY, CODE], {"max_new_tokens": 16, "temperature": 0})
+        stats = engine.get_stats()
+        assert_pool_empty(engine)
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
+    assert stats.spec_verify_steps > 0, stats

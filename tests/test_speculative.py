@@ -342,7 +342,7 @@ def test_standalone_flags_are_checked():
         ServerArgs(speculative_algorithm="standalone")
     with pytest.raises(ValueError, match="--speculative-draft-model-path: needs"):
         ServerArgs(speculative_draft_model_path="/m")
-    for kwargs, flag in (({"speculative_eagle_topk": 4}, "--speculative-eagle-topk"),
+    for kwargs, flag in (({"speculative_eagle_topk": 9}, "--speculative-eagle-topk"),
                          ({"speculative_num_steps": 0}, "--speculative-num-steps"),
                          ({"page_size": 16}, "--page-size"), ({"tp_size": 2}, "--tp-size"),
                          ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache")):

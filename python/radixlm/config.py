@@ -226,6 +226,13 @@ class ServerArgs:
             raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
                                           f"got {self.reasoning_parser!r}")
 
+    @property
+    def uses_draft_trees(self) -> bool:
+        """Whether speculative drafts may form trees (verify rows with tree masks)."""
+        algorithm = self.speculative_algorithm
+        return ((algorithm == "NGRAM" and self.speculative_ngram_max_bfs_breadth > 1)
+                or (algorithm == "STANDALONE" and self.speculative_eagle_topk > 1))
+
     def _validate_ngram_trees(self, bad) -> None:
         lo, hi = self.speculative_ngram_min_bfs_breadth, self.speculative_ngram_max_bfs_breadth
         if not 1 <= lo <= hi <= 64:
@@ -262,9 +269,23 @@ class ServerArgs:
         if not 1 <= self.speculative_num_steps <= 16:
             raise bad("speculative-num-steps", f"must be in 1..16, got "
                                                f"{self.speculative_num_steps}")
-        if self.speculative_eagle_topk != 1:
-            raise bad("speculative-eagle-topk", f"only 1 (a chain of drafts) is supported, got "
-                                                f"{self.speculative_eagle_topk}")
+        topk, steps = self.speculative_eagle_topk, self.speculative_num_steps
+        if not 1 <= topk <= 8:
+            raise bad("speculative-eagle-topk", f"must be in 1..8, got {topk}")
+        if topk > 1:
+            # A tree: every draft step expands the topk best nodes; all their fed nodes get a
+            # bit in the rows' tree masks (64 bits), and --speculative-num-draft-tokens nodes
+            # at most are verified.
+            if topk * (steps - 1) + 1 > 63:
+                raise bad("speculative-eagle-topk", f"{topk} x --speculative-num-steps "
+                                                    f"{steps} is too large a tree (at most 63 "
+                                                    f"nodes drafted: topk x (steps - 1) < 63)")
+            if self.speculative_num_draft_tokens > 62:
+                raise bad("speculative-num-draft-tokens", "at most 62 with draft trees "
+                                                          "(--speculative-eagle-topk > 1)")
+            if self.enable_torch_compile:
+                raise bad("enable-torch-compile", "not supported with draft trees yet "
+                                                  "(--speculative-eagle-topk > 1)")
         # The draft model keeps its KV in the target's slots: one slot per token, on one rank,
         # filled by every forward the target runs (a host tier would restore only the target's).
         for flag, unsupported in (("page-size", self.page_size != 1),

@@ -154,10 +154,11 @@ class ModelRunner:
                                                          self.kv_pool, req_to_token_pool)
             bind_attention_backend(self.model, self.attn_backend)
         cfg = self.config
-        draft_trees = cfg.speculative_ngram_max_bfs_breadth > 1
+        draft_trees = cfg.draft_trees
         if draft_trees and self.kv_pool.is_latent:
-            raise ValueError("--speculative-ngram-max-bfs-breadth: draft trees are not "
-                             "supported over an MLA model's latent KV cache; use 1 (chains)")
+            raise ValueError("--speculative-ngram-max-bfs-breadth / --speculative-eagle-topk: "
+                             "draft trees are not supported over an MLA model's latent KV "
+                             "cache; use 1 (chains)")
         graphs = (self.device.type == "cuda" and not cfg.disable_cuda_graph
                   and cfg.cuda_graph_max_bs >= 1 and self.attn_backend.supports_cuda_graph)
         if cfg.enable_torch_compile:

@@ -40,11 +40,13 @@ class RunnerConfig:
     # KV bytes a token costs in a draft model's pool (speculative decoding, STANDALONE): it
     # holds as many tokens as this runner's and shares the --mem-fraction-static budget.
     draft_kv_bytes_per_token: int = 0
-    # NGRAM draft trees (> 1): the decode graphs take per-row tree masks
-    speculative_ngram_max_bfs_breadth: int = 1
+    # Speculative drafts may form trees (ServerArgs.uses_draft_trees): the decode CUDA graphs
+    # take the rows' tree masks
+    draft_trees: bool = False
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, tp_rank: int = 0,
                          draft_kv_bytes_per_token: int = 0) -> "RunnerConfig":
         return config_from_args(args, cls, tp_rank=tp_rank,
-                                draft_kv_bytes_per_token=draft_kv_bytes_per_token)
+                                draft_kv_bytes_per_token=draft_kv_bytes_per_token,
+                                draft_trees=args.uses_draft_trees)

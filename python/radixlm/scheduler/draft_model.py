@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,8 +30,13 @@ from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.scheduler.request import Req
+from radixlm.scheduler.draft_tree import draft_tree
 from radixlm.scheduler.speculation import plain_greedy, sampling_after
+from radixlm.speculative.ngram import DraftTree
 from radixlm.utils.device import to_device
+
+if TYPE_CHECKING:
+    from radixlm.scheduler.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +49,18 @@ class DraftModel:
 
     FLAG = "--speculative-draft-model-path"
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, steps: int = 3, topk: int = 1):
+        """steps: draft model steps per verify step (--speculative-num-steps); topk: the
+        candidates kept per step (--speculative-eagle-topk; > 1: a tree, `draft_tree`)."""
         self.runner = runner
+        self.steps, self.topk = steps, topk
         self.target: ModelRunner | None = None
         self.kv: KVCacheManager | None = None
+
+    def max_drafts(self, config: "SchedulerConfig") -> int:
+        """Draft tokens a request gets at most: a chain's steps, a tree's node budget
+        (--speculative-num-draft-tokens)."""
+        return self.steps if self.topk == 1 else config.speculative_num_draft_tokens
 
     @classmethod
     def load(cls, args: ServerArgs) -> "DraftModel":
@@ -65,7 +79,7 @@ class DraftModel:
                                ) from None
         except (OSError, ValueError) as e:
             raise ValueError(f"{cls.FLAG}: {e}") from None
-        return cls(runner)
+        return cls(runner, args.speculative_num_steps, args.speculative_eagle_topk)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -102,11 +116,23 @@ class DraftModel:
         self.runner.forward(fb)
 
     @torch.inference_mode()
-    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
-        """ks[i] draft tokens after reqs[i]'s last token (each request decode-ready: its last
-        token, on the device in the target's last_token_ids, has no KV yet). Greedy batches
-        read their drafts back once at the end; others once a step (the next step's penalties
-        and noise positions count them)."""
+    def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int] | DraftTree]:
+        """Drafts after each request's last token (each request decode-ready: its last token,
+        on the device in the target's last_token_ids, has no KV yet): trees of up to ks[i]
+        nodes when topk > 1 and every drafting request is plain greedy (`draft_tree`), else
+        chains of up to min(ks[i], steps) tokens."""
+        active = [i for i, k in enumerate(ks) if k > 0]
+        if self.topk > 1 and active and all(plain_greedy(reqs[i]) for i in active):
+            fed = 1 + self.topk * (self.steps - 1)      # scratch slots a tree takes
+            if fed * len(active) <= self.kv.available_size():
+                return draft_tree(self.runner, self.kv, self.target.last_token_ids,
+                                  self.steps, self.topk, reqs, ks, active)
+        return self._propose_chains(reqs, [min(k, self.steps) for k in ks])
+
+    def _propose_chains(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+        """ks[i] draft tokens after reqs[i]'s last token. Greedy batches read their drafts
+        back once at the end; others once a step (the next step's penalties and noise
+        positions count them)."""
         device = self.target.device
         table = self.kv.req_to_token_pool.req_to_token
         drafts: list[list[int]] = [[] for _ in reqs]

@@ -78,7 +78,7 @@ class Scheduler:
         self.speculator = None
         if config.speculative_algorithm == "STANDALONE":
             assert draft_model is not None, "STANDALONE needs the draft model (DraftModel.load)"
-            self.speculator = Speculator(draft_model, config.speculative_num_steps)
+            self.speculator = Speculator(draft_model, draft_model.max_drafts(config))
         elif config.speculative_algorithm is not None:
             self.speculator = Speculator(NgramDrafter.from_config(config),
                                          config.speculative_num_draft_tokens)
