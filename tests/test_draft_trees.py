@@ -186,7 +186,9 @@ def test_draft_model_tree_flags_are_checked():
                          ({"speculative_eagle_topk": 8, "speculative_num_steps": 9},
                           "--speculative-eagle-topk: 8 x --speculative-num-steps 9"),
                          ({"speculative_num_draft_tokens": 63}, "--speculative-num-draft"),
-                         ({"enable_torch_compile": True}, "--enable-torch-compile")]:
+                         ({"enable_torch_compile": True}, "--enable-torch-compile"),
+                         ({"speculative_algorithm": "NGRAM", "speculative_draft_model_path": None},
+                          "--speculative-eagle-topk: needs --speculative-algorithm STANDALONE")]:
         with pytest.raises(ValueError, match=flag):
             ServerArgs(**{**ok, **kwargs})
 
@@ -215,6 +217,25 @@ def test_draft_model_trees_keep_the_target_output(make_engine, smollm_dir, monke
     first = outs[True][0]["meta_info"]
     assert first["completion_tokens"] / first["spec_verify_ct"] >= 3.0, first
     assert stats.spec_accept_length >= 3.0, stats
+
+
+def test_draft_model_trees_stop_at_the_context_end(make_engine, smollm_dir):
+    """A greedy request decoding up to --context-length: near the end a request may verify
+    only a node or two, and the draft model's tree (4 x 4 candidates a step, 5 steps) must not
+    grow past what can be verified (nor its scratch past the request's table row)."""
+    outs = {}
+    for spec in (False, True):
+        extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=smollm_dir,
+                      speculative_num_steps=5, speculative_eagle_topk=4,
+                      speculative_num_draft_tokens=12) if spec else {})
+        engine = make_engine(max_total_tokens=2048, context_length=72, **extra)
+        outs[spec] = engine.generate(COPY, {"max_new_tokens": 200, "temperature": 0,
+                                            "ignore_eos": True})
+        assert_pool_empty(engine)
+        engine.shutdown()
+    assert outs[True]["output_ids"] == outs[False]["output_ids"]
+    assert outs[True]["meta_info"]["finish_reason"] == outs[False]["meta_info"]["finish_reason"]
+    assert outs[True]["meta_info"]["spec_verify_ct"] > 0
 
 
 def test_small_draft_model_trees_keep_the_target_output(make_engine, tmp_path):

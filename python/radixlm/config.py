@@ -76,7 +76,9 @@ class ServerArgs:
     # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text,
     # STANDALONE drafts from a smaller model (--speculative-draft-model-path)
     speculative_algorithm: str | None = None
-    speculative_num_draft_tokens: int = 4          # NGRAM: draft tokens verified per step
+    # Draft tokens verified per step at most: NGRAM's, and the node budget of a tree
+    # (NGRAM's, or a draft model's with --speculative-eagle-topk > 1)
+    speculative_num_draft_tokens: int = 4
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
     # NGRAM drafts a tree when > 1: up to this many children under the last token, one fewer
@@ -84,8 +86,9 @@ class ServerArgs:
     speculative_ngram_min_bfs_breadth: int = 1
     speculative_ngram_max_bfs_breadth: int = 1
     speculative_draft_model_path: str | None = None
-    speculative_num_steps: int = 3                 # STANDALONE: draft tokens (model steps)
-    speculative_eagle_topk: int = 1                # branches per draft step (1: a chain)
+    speculative_num_steps: int = 3                 # STANDALONE: draft model steps (a chain's
+    #                                                tokens, a tree's depth)
+    speculative_eagle_topk: int = 1                # STANDALONE: candidates kept a step (1: a chain)
 
     # Server
     host: str = "127.0.0.1"
@@ -261,6 +264,9 @@ class ServerArgs:
         standalone = self.speculative_algorithm == "STANDALONE"
         if self.speculative_draft_model_path is not None and not standalone:
             raise bad("speculative-draft-model-path", "needs --speculative-algorithm STANDALONE")
+        if self.speculative_eagle_topk != 1 and not standalone:
+            raise bad("speculative-eagle-topk", "needs --speculative-algorithm STANDALONE (NGRAM's "
+                                                "trees: --speculative-ngram-max-bfs-breadth)")
         if not standalone:
             return
         if self.speculative_draft_model_path is None:

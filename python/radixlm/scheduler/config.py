@@ -30,7 +30,6 @@ class SchedulerConfig:
     speculative_ngram_min_bfs_breadth: int = 1
     speculative_ngram_max_bfs_breadth: int = 1
     speculative_num_steps: int = 3
-    speculative_eagle_topk: int = 1
     # Tensor parallelism: every rank runs this scheduler and must take the same decisions, so
     # nothing may depend on timing (a grammar is waited for instead of polled).
     tp_size: int = 1

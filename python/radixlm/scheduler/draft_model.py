@@ -123,8 +123,10 @@ class DraftModel:
         chains of up to min(ks[i], steps) tokens."""
         active = [i for i, k in enumerate(ks) if k > 0]
         if self.topk > 1 and active and all(plain_greedy(reqs[i]) for i in active):
-            fed = 1 + self.topk * (self.steps - 1)      # scratch slots a tree takes
-            if fed * len(active) <= self.kv.available_size():
+            # Scratch slots a tree takes at most; free ones only (evicting cached prefixes
+            # for slots freed again at once would cost more than a chain saves).
+            fed = 1 + self.topk * (self.steps - 1)
+            if fed * len(active) <= self.kv.allocator.available_size():
                 return draft_tree(self.runner, self.kv, self.target.last_token_ids,
                                   self.steps, self.topk, reqs, ks, active)
         return self._propose_chains(reqs, [min(k, self.steps) for k in ks])

@@ -108,8 +108,14 @@ def draft_tree(runner: "ModelRunner", kv: "KVCacheManager", last_token_ids: torc
             tree = trees[i]
             tree.frontier = []
             if step + 1 < steps:      # the best new ones are fed next
-                best = sorted(new[i], key=lambda c: -tree.cands[c].score)[:topk]
+                # ... unless their children could not be verified: a tree of ks[i] nodes
+                # holds no node deeper than ks[i] (which also keeps positions inside the
+                # request's context), and the scratch stays inside its table row.
+                best = sorted((c for c in new[i] if tree.cands[c].depth < ks[i]),
+                              key=lambda c: -tree.cands[c].score)[:topk]
                 for c in sorted(best):
+                    if tree.start + tree.fed >= table.shape[1]:
+                        break
                     tree.feed(c)
                     tree.frontier.append(c)
     # The verify step allocates its own slots (and its mirror writes the draft KV there).
