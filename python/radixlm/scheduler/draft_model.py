@@ -30,7 +30,7 @@ from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.draft_tree import draft_tree
+from radixlm.scheduler.draft_tree import propose_tree
 from radixlm.scheduler.speculation import plain_greedy, sampling_after
 from radixlm.speculative.ngram import DraftTree
 from radixlm.utils.device import to_device
@@ -51,7 +51,8 @@ class DraftModel:
 
     def __init__(self, runner: ModelRunner, steps: int = 3, topk: int = 1):
         """steps: draft model steps per verify step (--speculative-num-steps); topk: the
-        candidates kept per step (--speculative-eagle-topk; > 1: a tree, `draft_tree`)."""
+        candidates kept per step (--speculative-eagle-topk; > 1: a tree,
+        scheduler/draft_tree.py)."""
         self.runner = runner
         self.steps, self.topk = steps, topk
         self.target: ModelRunner | None = None
@@ -119,7 +120,7 @@ class DraftModel:
     def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int] | DraftTree]:
         """Drafts after each request's last token (each request decode-ready: its last token,
         on the device in the target's last_token_ids, has no KV yet): trees of up to ks[i]
-        nodes when topk > 1 and every drafting request is plain greedy (`draft_tree`), else
+        nodes when topk > 1 and every drafting request is plain greedy (`propose_tree`), else
         chains of up to min(ks[i], steps) tokens."""
         active = [i for i, k in enumerate(ks) if k > 0]
         if self.topk > 1 and active and all(plain_greedy(reqs[i]) for i in active):
@@ -127,8 +128,8 @@ class DraftModel:
             # for slots freed again at once would cost more than a chain saves).
             fed = 1 + self.topk * (self.steps - 1)
             if fed * len(active) <= self.kv.allocator.available_size():
-                return draft_tree(self.runner, self.kv, self.target.last_token_ids,
-                                  self.steps, self.topk, reqs, ks, active)
+                return propose_tree(self.runner, self.kv, self.target.last_token_ids,
+                                    self.steps, self.topk, reqs, ks, active)
         return self._propose_chains(reqs, [min(k, self.steps) for k in ks])
 
     def _propose_chains(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:

@@ -65,9 +65,9 @@ class _RequestTree:
                          [index[self.cands[c].parent] for c in chosen])
 
 
-def draft_tree(runner: "ModelRunner", kv: "KVCacheManager", last_token_ids: torch.Tensor,
-               steps: int, topk: int, reqs: list[Req], ks: list[int],
-               active: list[int]) -> list[list[int] | DraftTree]:
+def propose_tree(runner: "ModelRunner", kv: "KVCacheManager", last_token_ids: torch.Tensor,
+                 steps: int, topk: int, reqs: list[Req], ks: list[int],
+                 active: list[int]) -> list[list[int] | DraftTree]:
     """Trees of up to ks[i] drafts for reqs[i], i in `active` (every one plain greedy; each
     request's last token is in last_token_ids, the target's): `steps` draft steps of the
     draft model `runner`, `topk` candidates a node; [] for the requests not active."""

@@ -26,8 +26,9 @@ Grammar requests draft too: their drafts are cut before the first token the gram
 accepts the drafts while the masks are filled, then rolls back; the accepted tokens advance it
 when the step is processed). Which requests draft (`eligible`): all but one feeding
 jump-forward tokens.
-Trees (NGRAM with --speculative-ngram-max-bfs-breadth > 1; speculative/ngram.DraftTree): the
-drafts are nodes of a tree under the last token, one verify row each, in node order. Node j
+Trees (NGRAM with --speculative-ngram-max-bfs-breadth > 1, or a draft model with
+--speculative-eagle-topk > 1, scheduler/draft_tree.py; speculative/ngram.DraftTree): the drafts
+are nodes of a tree under the last token, one verify row each, in node order. Node j
 writes its KV at position start + j but is fed at position start + its depth, and attends to
 its ancestors only (ForwardBatch.tree_start / tree_mask, a bit per node). Row j's target is
 sampled as if the tokens on its path were output; `accept_rows` walks from the root through the
@@ -231,7 +232,7 @@ class Speculator:
         holding the target's token there, if any. The caller says how many tokens it used
         (`record_used`)."""
         drafts, req.spec_drafts = req.spec_drafts, []
-        tree = draft_tree(drafts, req.spec_parents)
+        tree = as_tree(drafts, req.spec_parents)
         req.spec_parents = None
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
         rows = [0]
@@ -277,7 +278,7 @@ def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
     tops = [0] * logits.shape[0]
     for i, (first, n) in batch.verify_rows.items():
         r = batch.reqs[i]
-        tree = draft_tree(r.spec_drafts, r.spec_parents)
+        tree = as_tree(r.spec_drafts, r.spec_parents)
         for j in range(n):
             rows[first + j] = sampling_after(r, tree.path_tokens(j), eos_token_ids)
             tops[first + j] = r.top_logprobs_num if r.return_logprob else 0
@@ -286,7 +287,7 @@ def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
     return sampler(logits, info, tops if any(tops) else None)
 
 
-def draft_tree(drafts: list[int], parents: list[int] | None) -> DraftTree:
+def as_tree(drafts: list[int], parents: list[int] | None) -> DraftTree:
     """A request's drafts as a tree (`Req.spec_parents` None: a chain)."""
     return DraftTree(drafts, parents) if parents is not None else DraftTree.chain(drafts)
 
