@@ -13,30 +13,34 @@ from helpers import assert_pool_empty
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.speculation import NgramDrafter, Speculator
-from radixlm.speculative.ngram import DraftTree, NgramIndex, bfs_tree
+from radixlm.speculative.ngram import DraftTree, NgramIndex, weighted_tree
 
 # ---------------------------------------------------------------------- trees
 
 
-def test_bfs_tree_merges_shared_prefixes_and_bounds_breadth_and_size():
+def test_tree_is_the_best_chain_then_the_other_candidates_branches():
     # Candidates best first: the first two share "1 2", the third starts elsewhere.
-    tree = bfs_tree([[1, 2, 3, 4], [1, 2, 5, 6], [7, 8, 9]], max_nodes=8, min_breadth=1,
-                    max_breadth=3)
-    # Level by level: 1, 7 | 2, 8 | 3 (5 refused: depth 2 allows one child) , 9 | 4
-    assert tree.tokens == [1, 7, 2, 8, 3, 9, 4]
-    assert tree.parents == [0, 0, 1, 2, 3, 4, 5]
-    assert tree.depths() == [0, 1, 1, 2, 2, 3, 3, 4]
-    assert tree.path_tokens(7) == [1, 2, 3, 4] and tree.path_tokens(6) == [7, 8, 9]
+    tree = weighted_tree([[1, 2, 3, 4], [1, 2, 5, 6], [7, 8, 9]], max_nodes=8, min_breadth=1,
+                         max_breadth=3)
+    # The best candidate's chain first; "5" is refused (depth 2 allows one child); then the
+    # third candidate's branch.
+    assert tree.tokens == [1, 2, 3, 4, 7, 8, 9]
+    assert tree.parents == [0, 1, 2, 3, 0, 5, 6]
+    assert tree.depths() == [0, 1, 2, 3, 4, 1, 2, 3]
+    assert tree.path_tokens(4) == [1, 2, 3, 4] and tree.path_tokens(7) == [7, 8, 9]
     assert tree.main_chain() == DraftTree.chain([1, 2, 3, 4])
     bits = tree.ancestor_bits()
-    assert bits[0] == 0b1 and bits[7] == 0b10101011 and bits[6] == 0b1010101
+    assert bits[0] == 0b1 and bits[4] == 0b11111 and bits[7] == 0b11100001
     assert not tree.is_chain and DraftTree.chain([4, 5]).is_chain
-    # The node budget stops growth; min_breadth keeps branching below the root.
-    assert len(bfs_tree([[1, 2, 3], [4, 5, 6]], 3, 1, 2)) == 3
-    wide = bfs_tree([[1, 2], [1, 3], [1, 4]], 8, 2, 2)
+    # A budget the best chain fills leaves no branch: the tree is that chain.
+    assert weighted_tree([[1, 2, 3, 4], [5, 6]], 3, 1, 3) == DraftTree.chain([1, 2, 3])
+    # Later candidates that agree outweigh one that stands alone (but never the first).
+    assert weighted_tree([[1], [7, 8], [9], [7, 8]], 4, 1, 3).tokens == [1, 7, 8, 9]
+    # min_breadth keeps branching below the root.
+    wide = weighted_tree([[1, 2], [1, 3], [1, 4]], 8, 2, 2)
     assert wide.tokens == [1, 2, 3] and wide.parents == [0, 1, 1]
     # One candidate is a chain, whatever the breadth.
-    assert bfs_tree([[5, 6, 7]], 8, 1, 4) == DraftTree.chain([5, 6, 7])
+    assert weighted_tree([[5, 6, 7]], 8, 1, 4) == DraftTree.chain([5, 6, 7])
 
 
 def test_index_gives_continuations_of_several_occurrences():

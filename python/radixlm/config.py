@@ -82,7 +82,7 @@ class ServerArgs:
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
     # NGRAM drafts a tree when > 1: up to this many children under the last token, one fewer
-    # per level below, never under the min (speculative/ngram.bfs_tree)
+    # per level below, never under the min (speculative/ngram.weighted_tree)
     speculative_ngram_min_bfs_breadth: int = 1
     speculative_ngram_max_bfs_breadth: int = 1
     speculative_draft_model_path: str | None = None

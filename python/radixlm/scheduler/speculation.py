@@ -59,7 +59,7 @@ from radixlm.sampling.sampler import SampleOutput, Sampler
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
-from radixlm.speculative.ngram import DraftTree, NgramIndex, bfs_tree
+from radixlm.speculative.ngram import DraftTree, NgramIndex, weighted_tree
 
 if TYPE_CHECKING:
     from radixlm.scheduler.config import SchedulerConfig
@@ -113,7 +113,7 @@ class Drafter(Protocol):
 class NgramDrafter:
     """--speculative-algorithm NGRAM: the request's own text predicts itself (an incremental
     index per request, speculative/ngram.py). With max_breadth > 1 it proposes trees: the
-    continuations of several earlier occurrences, merged (`bfs_tree`)."""
+    continuations of several earlier occurrences, merged (`weighted_tree`)."""
 
     def __init__(self, min_window: int, max_window: int, min_breadth: int = 1,
                  max_breadth: int = 1):
@@ -138,7 +138,7 @@ class NgramDrafter:
                 drafts.append(req.spec_index.propose(req.fill_ids, k))
                 continue
             found = req.spec_index.candidates(req.fill_ids, k, 2 * self.max_breadth)
-            drafts.append(bfs_tree(found, k, self.min_breadth, self.max_breadth))
+            drafts.append(weighted_tree(found, k, self.min_breadth, self.max_breadth))
         return drafts
 
 
@@ -245,7 +245,9 @@ class Speculator:
             rows.append(nxt)
         a = len(rows) - 1
         req.spec_verify_ct += 1
-        rate = a / max(tree.depths())    # of what the deepest path could have given
+        # Of what the best guess (the main chain) offered; a chain's whole length. (Against
+        # a tree's deepest branch, unlikely alternatives would pause drafting sooner.)
+        rate = min(1.0, a / len(tree.main_chain()))
         req.spec_accept_avg = (1 - EMA_WEIGHT) * req.spec_accept_avg + EMA_WEIGHT * rate
         if req.spec_accept_avg < MIN_ACCEPT_RATE:
             req.spec_cooldown = COOLDOWN_STEPS

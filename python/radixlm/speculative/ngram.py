@@ -8,7 +8,7 @@ window from max_window down to min_window that matches wins; among occurrences, 
 With a breadth above 1 (--speculative-ngram-max-bfs-breadth) the proposal is a tree instead of
 a chain: the continuations of several occurrences (longest window first, latest first), merged
 where they agree and branching where they differ, so that a verify step can try the second-best
-continuation where the best one turns out wrong (`DraftTree`, built breadth-first).
+continuation where the best one turns out wrong (`DraftTree`, `weighted_tree`).
 
 `NgramIndex` keeps, for every window size, the ends of the latest occurrences of each n-gram,
 and is updated with the tokens appended since the last proposal, so a proposal costs a few dict
@@ -17,6 +17,7 @@ lookups, not a scan of the text.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 
@@ -84,38 +85,49 @@ def tree_ancestor_bits(parents: list[int]) -> list[int]:
     return bits
 
 
-def bfs_tree(candidates: list[list[int]], max_nodes: int, min_breadth: int,
-             max_breadth: int) -> DraftTree:
-    """Merge candidate continuations (best first) into a tree of at most max_nodes draft
-    tokens, level by level: at each depth every live candidate adds its token under its node,
-    unless a sibling holds it already (shared) or the node already has as many children as its
-    depth allows: max_breadth at the root, one fewer per level below, never under min_breadth.
-    A candidate that could not place a token stops there."""
+def weighted_tree(candidates: list[list[int]], max_nodes: int, min_breadth: int,
+                  max_breadth: int) -> DraftTree:
+    """Merge candidate continuations (best first) into a tree of at most max_nodes nodes.
+    Candidate r weighs 2^-r, a node the weight of the candidates through it; heavier
+    nodes are drafted first, a node only after its parent (a child never outweighs it) and
+    while its parent has fewer children than its depth allows: max_breadth under the last
+    token, one fewer per level below, never under min_breadth. A candidate's nodes outweigh
+    every node only later candidates pass (2^-r > the sum of 2^-s over s > r): the tree is the
+    chain the best candidate would have drafted alone, then the next candidates' branches
+    where budget is left (a continuation cut short by the text's end), heavier where several
+    candidates agree."""
+    # The trie of every candidate: children by token, weight through each node.
+    kids: list[dict[int, int]] = [{}]
+    weight, token, depth, parent = [0.0], [-1], [0], [-1]
+    for r, cont in enumerate(candidates):
+        node = 0
+        for t in cont:
+            nxt = kids[node].get(t)
+            if nxt is None:
+                nxt = kids[node][t] = len(kids)
+                kids.append({})
+                weight.append(0.0)
+                token.append(t)
+                depth.append(depth[node] + 1)
+                parent.append(node)
+            weight[nxt] += 0.5 ** r
+            node = nxt
     tree = DraftTree()
-    children: list[dict[int, int]] = [{}]
-    at = [0] * len(candidates)          # the node each candidate has reached
-    live = [bool(c) for c in candidates]
-    depth = 0
-    while any(live):
-        width = max(min_breadth, max_breadth - depth)
-        for c, cont in enumerate(candidates):
-            if not live[c]:
-                continue
-            if depth >= len(cont):
-                live[c] = False
-                continue
-            node, token = at[c], cont[depth]
-            if token in children[node]:
-                at[c] = children[node][token]
-                continue
-            if len(children[node]) >= width or len(tree) >= max_nodes:
-                live[c] = False
-                continue
-            tree.tokens.append(token)
-            tree.parents.append(node)
-            children.append({})
-            children[node][token] = at[c] = len(tree)
-        depth += 1
+    index = {0: 0}           # trie node -> tree node
+    taken = [0] * len(kids)  # children drafted under each trie node
+    heap = [(-weight[c], c) for c in kids[0].values()]
+    heapq.heapify(heap)
+    while heap and len(tree) < max_nodes:
+        _, node = heapq.heappop(heap)
+        up = parent[node]
+        if taken[up] >= max(min_breadth, max_breadth - depth[up]):
+            continue
+        taken[up] += 1
+        tree.tokens.append(token[node])
+        tree.parents.append(index[up])
+        index[node] = len(tree)
+        for c in kids[node].values():
+            heapq.heappush(heap, (-weight[c], c))
     return tree
 
 
