@@ -55,7 +55,7 @@ class CudaGraphRunner:
                  draft_trees: bool = False):
         """`compiled`: --enable-torch-compile's forward (already compiled), captured instead
         of the eager one for the sizes it covers. `draft_trees`: capture graphs that take the
-        rows' draft-tree masks (ForwardBatch.tree_start / tree_mask), for NGRAM trees; a step
+        rows' draft-tree masks (ForwardBatch.tree_start / tree_mask), for speculative trees; a step
         without a tree then runs them with nothing masked."""
         self.model = model
         self.compiled = compiled

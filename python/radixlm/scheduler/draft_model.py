@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.core.forward_batch import ForwardBatch, ForwardMode
+from radixlm.core.forward_batch import ForwardBatch
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.draft_tree import propose_tree
+from radixlm.scheduler.draft_tree import forward_on_scratch, propose_tree
 from radixlm.scheduler.speculation import plain_greedy, sampling_after
 from radixlm.speculative.ngram import DraftTree
 from radixlm.utils.device import to_device
@@ -137,7 +137,6 @@ class DraftModel:
         back once at the end; others once a step (the next step's penalties and noise
         positions count them)."""
         device = self.target.device
-        table = self.kv.req_to_token_pool.req_to_token
         drafts: list[list[int]] = [[] for _ in reqs]
         active = [i for i, k in enumerate(ks) if k > 0]
         if not active:
@@ -150,13 +149,9 @@ class DraftModel:
         for j in range(max(ks)):
             positions = [reqs[i].kv_allocated_len + j for i in active]
             pos_t = to_device(positions, torch.int64, device)
-            locs = self.kv.alloc_decode(pool_rows, pos_t, positions)
+            logits, locs = forward_on_scratch(self.runner, self.kv, tokens, pool_rows, pos_t,
+                                              positions)
             scratch.append(locs)
-            table[pool_rows, pos_t] = locs.to(torch.int32)
-            seq_lens = [p + 1 for p in positions]
-            fb = ForwardBatch(ForwardMode.DECODE, len(active), tokens, pos_t, locs, pool_rows,
-                              pos_t + 1, seq_lens, positions, [1] * len(active))
-            logits = self.runner.forward(fb).next_token_logits
             if greedy:
                 tokens = logits.argmax(-1)
                 steps.append((active, tokens))

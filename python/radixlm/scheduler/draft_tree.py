@@ -65,6 +65,23 @@ class _RequestTree:
                          [index[self.cands[c].parent] for c in chosen])
 
 
+def forward_on_scratch(runner: "ModelRunner", kv: "KVCacheManager", tokens: torch.Tensor,
+                       pool_rows: torch.Tensor, pos_t: torch.Tensor, positions: list[int],
+                       rope: torch.Tensor | None = None, tree_start: torch.Tensor | None = None,
+                       tree_mask: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft step: rows feeding `tokens` at KV positions `positions` of their requests'
+    table rows (fed at text positions `rope`, default the same), their KV in fresh scratch
+    slots; returns (logits, the slots), which the caller frees."""
+    locs = kv.alloc_decode(pool_rows, pos_t, positions)
+    kv.req_to_token_pool.req_to_token[pool_rows, pos_t] = locs.to(torch.int32)
+    n = len(positions)
+    fb = ForwardBatch(ForwardMode.DECODE, n, tokens, pos_t if rope is None else rope, locs,
+                      pool_rows, pos_t + 1, [p + 1 for p in positions], positions, [1] * n,
+                      tree_start=tree_start, tree_mask=tree_mask)
+    return runner.forward(fb).next_token_logits, locs
+
+
 def propose_tree(runner: "ModelRunner", kv: "KVCacheManager", last_token_ids: torch.Tensor,
                  steps: int, topk: int, reqs: list[Req], ks: list[int],
                  active: list[int]) -> list[list[int] | DraftTree]:
@@ -89,13 +106,10 @@ def propose_tree(runner: "ModelRunner", kv: "KVCacheManager", last_token_ids: to
                            + [trees[i].start for i, _ in rows] + [cand.bits for cand in cands]
                            + [cand.token for cand in cands], torch.int64, device)
         pool_rows, pos_t, rope, tree_start, tree_mask, fed_tokens = packed.view(6, n)
-        locs = kv.alloc_decode(pool_rows, pos_t, positions)
+        logits, locs = forward_on_scratch(runner, kv, root_tokens if step == 0 else fed_tokens,
+                                          pool_rows, pos_t, positions, rope, tree_start,
+                                          tree_mask)
         scratch.append(locs)
-        table[pool_rows, pos_t] = locs.to(torch.int32)
-        fb = ForwardBatch(ForwardMode.DECODE, n, root_tokens if step == 0 else fed_tokens, rope,
-                          locs, pool_rows, pos_t + 1, [p + 1 for p in positions], positions,
-                          [1] * n, tree_start=tree_start, tree_mask=tree_mask)
-        logits = runner.forward(fb).next_token_logits
         top = torch.log_softmax(logits.float(), -1).topk(topk, dim=-1)
         values, tokens = top.values.tolist(), top.indices.tolist()     # one wait a step
         new: dict[int, list[int]] = {i: [] for i in active}

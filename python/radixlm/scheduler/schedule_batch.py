@@ -134,7 +134,7 @@ class ScheduleBatch:
                 host_ids.extend(req.fill_ids[start:start + n])
                 req.input_on_host = start + n < req.seq_len   # forced tokens left for later
             if tree is not None:
-                tree.add(start, n, req.spec_parents if req.spec_drafts else None)
+                tree.add(start, n, req.spec_parents)     # (None unless it drafted a tree)
             rows_req.extend([req.req_pool_idx] * n)
             positions.extend(range(start, start + n))
             starts.extend([start] * n)
