@@ -66,6 +66,21 @@ def test_rejected_drafts_pause_drafting():
     assert spec.plan([req], 100, None, 512) == 0 and req.spec_cooldown == COOLDOWN_STEPS - 1
 
 
+def test_a_pause_runs_down_while_steps_overlap():
+    """Under the overlap scheduler a paused request has a token in flight at every plan (its
+    steps overlap because it may not draft); the pause must still end after COOLDOWN_STEPS."""
+    spec, req = Speculator(NgramDrafter(1, 4), 2), _req()
+    req.output_ids = [1, 2, 3]
+    req.spec_cooldown = COOLDOWN_STEPS
+    assert not spec.may_draft([req])
+    for _ in range(COOLDOWN_STEPS):
+        req.num_pending = 1
+        assert spec.plan([req], 100, None, 512) == 0
+    assert req.spec_cooldown == 0 and spec.may_draft([req])
+    req.num_pending = 0          # the scheduler processes the pending step first
+    assert spec.plan([req], 100, None, 512) > 0
+
+
 def test_drafts_respect_limits_and_eligibility():
     spec = Speculator(NgramDrafter(1, 4), 8)
     req = _req(max_new=3)

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--num-steps", type=int, default=3, help="STANDALONE's drafts a step")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy; above: sampled, seed i for the i-th prompt")
-    p.add_argument("--repeats", type=int, default=2, help="passes over each workload (the "
+    p.add_argument("--repeats", type=int, default=5, help="passes over each workload (the "
                                                           "first warms up, the best is kept)")
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)

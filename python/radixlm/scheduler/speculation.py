@@ -187,12 +187,15 @@ class Speculator:
         budget = min(free_tokens, rows_left)
         drafting, ks = [], []
         for req in reqs:
+            # A pause counts every decode step, overlapped ones included: under the overlap
+            # scheduler a paused request always has a token in flight here (`may_draft` lets
+            # the step overlap), and a count behind that check would never run down.
+            if req.spec_cooldown > 0:
+                req.spec_cooldown -= 1
+                continue
             # (A token still in flight: the drafter would not see it; the scheduler processes
             # pending steps first whenever `may_draft`.)
             if not self.eligible(req) or req.num_pending:
-                continue
-            if req.spec_cooldown > 0:
-                req.spec_cooldown -= 1
                 continue
             k = min(self.k, req.remaining_new_tokens - 1, context_len - req.seq_len - 1,
                     budget)
