@@ -54,6 +54,15 @@ def overlap_prefill_min_tokens() -> int:
     return int(os.environ.get("RADIXLM_OVERLAP_PREFILL_MIN_TOKENS", "4096") or 4096)
 
 
+def short_prefill_tokens() -> int | None:
+    """RADIXLM_SHORT_PREFILL_TOKENS: the most new tokens a request's prefill may have to ride in
+    a decode step (its tokens fed as rows, like a jump-forward's) instead of an extend step of
+    its own; 0 turns this off. Default (unset): 64 when decode steps run as CUDA graphs, off
+    otherwise (scheduler/short_prefill.py)."""
+    value = os.environ.get("RADIXLM_SHORT_PREFILL_TOKENS", "")
+    return int(value) if value.strip() else None
+
+
 def grammar_fill_threads() -> int | None:
     """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks; unset
     or 0 means automatic (the backend times both ways and keeps the faster). Filling costs ~10 us

@@ -28,6 +28,7 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         num_retractions=sched.num_retractions, new_token_ratio=sched.ratio.value,
         overlapped_steps=sched.overlapped_steps,
         grammar_rejections=sched.grammar_rejections,
+        short_prefills=sched.short_prefills.count,
         generated_tokens_total=sched.gen_throughput.total_tokens,
         last_gen_throughput=sched.gen_throughput.read(),
         weight_bytes=sched.runner.weight_bytes, kv_cache_bytes=sched.runner.kv_pool.nbytes,

@@ -66,10 +66,7 @@ class ScheduleBatch:
         prefix_lens, extend_lens, seq_lens = [], [], []
         for req in self.reqs:
             if req.req_pool_idx is None:
-                req.req_pool_idx = pool.alloc()
-                assert req.req_pool_idx is not None, "admission let in more requests than slots"
-                pool.write(req.req_pool_idx, 0, req.prefix_indices)
-                req.kv_allocated_len = req.prefix_len
+                claim_pool_row(req, kv)
             start, n = req.kv_allocated_len, req.extend_input_len
             new_locs = kv.alloc_extend(req.req_pool_idx, start, n, f"request {req.rid}")
             pool.write(req.req_pool_idx, start, new_locs)
@@ -219,6 +216,15 @@ class _TreeRows:
         self.depth_positions.extend(start + d for d in tree_depths(parents))
         self.starts.extend([start] * n)
         self.masks.extend(tree_ancestor_bits(parents))
+
+
+def claim_pool_row(req: Req, kv: KVCacheManager) -> None:
+    """Give a newly admitted request its req_to_token row, holding its cached prefix."""
+    pool = kv.req_to_token_pool
+    req.req_pool_idx = pool.alloc()
+    assert req.req_pool_idx is not None, "admission let in more requests than slots"
+    pool.write(req.req_pool_idx, 0, req.prefix_indices)
+    req.kv_allocated_len = req.prefix_len
 
 
 def _input_logprob_rows(req: Req, start: int, n: int) -> list[int]:

@@ -39,6 +39,7 @@ from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
+from radixlm.scheduler.short_prefill import SHORT_PREFILL_TOKENS, ShortPrefills
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
 from radixlm.scheduler.grammar_sampling import (MaskedResampler, may_sample_unmasked,
                                                 save_unmasked_logits, split_rows)
@@ -115,6 +116,12 @@ class Scheduler:
         self.decode_steps = 0
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
+        # Prefills of at most this many new tokens ride in the decode step (short_prefill.py);
+        # a draft model's KV follows the target's extend steps, so not with one.
+        limit = envs.short_prefill_tokens()
+        if limit is None:
+            limit = SHORT_PREFILL_TOKENS if self.max_decode_rows is not None else 0
+        self.short_prefills = ShortPrefills(limit if self.draft_model is None else 0)
         self.profiler = StepProfiler(runner.device, runner.tp.rank)
 
     # ------------------------------------------------------------------ loop
@@ -306,7 +313,13 @@ class Scheduler:
         self._release_aborted()
         batch = self._prefill_batch()
         if batch is not None:
-            return batch
+            for req in self.short_prefills.take(batch.reqs, self.running,
+                                                self.max_decode_rows, self.kv):
+                req.prompt_counted = True
+                self.prompt_tokens_total += req.prompt_len
+                self.cached_tokens_total += req.cached_tokens
+            if batch.reqs:
+                return batch    # (the riders' rows are in the decode step after it)
         if not self.running:
             return None
         self._ensure_decode_memory()
@@ -437,6 +450,7 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
+            self.short_prefills.cache_launched(self.prefix_cache)
         if self.draft_model is not None:   # its KV wherever the target's is (draft_model.py)
             self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices
