@@ -90,6 +90,12 @@ def test_drafts_respect_limits_and_eligibility():
     req.output_ids = [1, 2, 3, 1, 2]
     assert spec.plan([req], 1, None, 512) == 1       # one free KV slot
     assert spec.plan([req], 100, 3, 512) == 2        # rows: a CUDA graph of 3
+    # A request feeding 4 tokens from the host (a jump, or a short prompt riding the step)
+    # takes 4 of the graph's rows: of 6, 6 - 1 - 4 are left for drafts.
+    fed = _req()
+    fed.output_ids, fed.kv_allocated_len, fed.input_on_host = [1, 2, 3, 1, 2], 4, True
+    assert fed.num_decode_tokens == 4
+    assert spec.plan([req, fed], 100, 6, 512) == 1 and not fed.spec_drafts
     sampled = Req("s", [1, 2, 3], SamplingParams(temperature=0.8, top_p=0.9), seed=0)
     sampled.output_ids = [1, 2, 3]
     assert spec.plan([sampled], 100, None, 512) == 3     # verified by sampling (verify_targets)

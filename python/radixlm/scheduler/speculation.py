@@ -183,7 +183,10 @@ class Speculator:
             r.spec_drafts, r.spec_parents = [], None
         if len(reqs) > self.max_batch:
             return 0
-        rows_left = (max_rows - len(reqs)) if max_rows is not None else 1 << 30
+        # Rows the step has without drafts: one a request, every host-fed token of a jump or of
+        # a short prompt (short_prefill.py); the drafts get what the largest graph has left.
+        rows = len(reqs) + sum(r.num_decode_tokens - 1 for r in reqs if r.input_on_host)
+        rows_left = (max_rows - rows) if max_rows is not None else 1 << 30
         budget = min(free_tokens, rows_left)
         drafting, ks = [], []
         for req in reqs:
