@@ -42,6 +42,8 @@ def test_policy_takes_only_whole_short_plain_prompts():
         r.kv_allocated_len = r.seq_len - 1
     assert _riders([_req(10)], running, 16, 16) == [0]
     assert _riders([_req(11), _req(4), _req(7)], running, 16, 16) == [1]
+    # Requests the extend step keeps join running before that decode step: a row each.
+    assert _riders([_req(10)] + [_req(100) for _ in range(5)], running, 16, 16) == []
     # Each row reads the whole context: a long cached prefix under many new rows goes extend.
     long_ctx = SHORT_PREFILL_KV_READS // 8
     assert _riders([_req(long_ctx, prefix=long_ctx - 4)], [], None, 16) == [0]

@@ -313,11 +313,7 @@ class Scheduler:
         self._release_aborted()
         batch = self._prefill_batch()
         if batch is not None:
-            for req in self.short_prefills.take(batch.reqs, self.running,
-                                                self.max_decode_rows, self.kv):
-                req.prompt_counted = True
-                self.prompt_tokens_total += req.prompt_len
-                self.cached_tokens_total += req.cached_tokens
+            self.short_prefills.take(batch.reqs, self.running, self.max_decode_rows, self.kv)
             if batch.reqs:
                 return batch    # (the riders' rows are in the decode step after it)
         if not self.running:
@@ -450,7 +446,11 @@ class Scheduler:
         else:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
-            self.short_prefills.cache_launched(self.prefix_cache)
+            for req in self.short_prefills.cache_launched(self.prefix_cache):
+                if not req.prompt_counted:      # (as results.py counts an extend's prompt)
+                    req.prompt_counted = True
+                    self.prompt_tokens_total += req.prompt_len
+                    self.cached_tokens_total += req.cached_tokens
         if self.draft_model is not None:   # its KV wherever the target's is (draft_model.py)
             self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices

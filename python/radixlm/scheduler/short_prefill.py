@@ -33,29 +33,32 @@ def decode_step_riders(added: list[Req], running: list[Req], max_rows: int | Non
     (its paths for them are the tested ones), as does a chunked prompt's last chunk."""
     if limit <= 0:
         return []
-    rows = sum(r.num_decode_tokens for r in running)
+    # The next decode step's rows: the running requests', one for each request the extend step
+    # keeps (it joins running before that step), and the riders' prompts.
+    rows = sum(r.num_decode_tokens for r in running) + len(added)
     riders = []
     for req in added:
         n = req.extend_input_len
         if (n > limit or n != req.seq_len - req.prefix_len or req.req_pool_idx is not None
                 or req.max_new_tokens == 0 or req.return_logprob or req.grammar is not None
                 or n * req.seq_len > SHORT_PREFILL_KV_READS
-                or (max_rows is not None and rows + n > max_rows)):
+                or (max_rows is not None and rows + n - 1 > max_rows)):
             continue
         riders.append(req)
-        rows += n
+        rows += n - 1
     return riders
 
 
 class ShortPrefills:
     """The riders' side of the scheduler: which requests of a prefill batch ride, giving them
     their req_to_token rows, and putting their prompt KV into the prefix cache once the step
-    computing it is launched (as an extend step's goes in at launch: a request deferred to
-    share that prefix then finds it)."""
+    computing it is launched, as an extend step's goes in at launch (a request admitted after
+    that launch shares it; one deferred in the same admission may be retried before it and
+    compute the prefix itself)."""
 
     def __init__(self, limit: int):
         self.limit = limit
-        self.count = 0                      # requests that rode, since start
+        self.count = 0                      # prompts computed by decode steps, since start
         self._uncached: list[Req] = []      # rode; prompt KV not in the prefix cache yet
 
     def take(self, added: list[Req], running: list[Req], max_rows: int | None,
@@ -69,12 +72,12 @@ class ShortPrefills:
             running.append(req)
             if req not in self._uncached:      # (retracted before its step, then back)
                 self._uncached.append(req)
-        self.count += len(riders)
         return riders
 
-    def cache_launched(self, prefix_cache: PrefixCache) -> None:
-        """After a decode step's launch: riders whose every prompt row was in it."""
-        rows_left = []
+    def cache_launched(self, prefix_cache: PrefixCache) -> list[Req]:
+        """After a decode step's launch: riders whose every prompt row was in it; returns
+        them (their prompts are done, for the statistics)."""
+        rows_left, done = [], []
         for req in self._uncached:
             if req.finished or req.req_pool_idx is None:
                 continue                        # aborted, or retracted before its step
@@ -82,4 +85,7 @@ class ShortPrefills:
                 rows_left.append(req)           # rows beyond the largest graph: next step
             else:
                 prefix_cache.cache_unfinished_req(req)
+                done.append(req)
         self._uncached = rows_left
+        self.count += len(done)
+        return done
