@@ -117,3 +117,48 @@ def test_annotation_cycles_are_only_the_known_ones():
     assert cycles <= KNOWN_ANNOTATION_CYCLES, cycles - KNOWN_ANNOTATION_CYCLES
     assert KNOWN_ANNOTATION_CYCLES <= cycles, (
         f"cycles gone, take them off the list: {KNOWN_ANNOTATION_CYCLES - cycles}")
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """Names a module defines at its top level (also inside top-level if/try blocks); None
+    when it has a module __getattr__ or a star import (then any name may exist)."""
+    names: set[str] = set()
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            stack += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            stack += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return names
+
+
+def test_every_imported_name_exists():
+    """`from radixlm.x import y` names a submodule or a top-level name of x, in every module,
+    function-level imports included: a renamed helper cannot leave a rarely run module (a
+    benchmark) failing at import on the GPU machine."""
+    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    defined = {name: _top_level_names(ast.parse(path.read_text()))
+               for name, path in paths.items()}
+    missing = []
+    for name, path in paths.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith("radixlm")):
+                continue
+            have = defined.get(node.module)
+            if have is None:
+                continue
+            missing += [f"{name}: {node.module}.{a.name}" for a in node.names
+                        if a.name not in have and f"{node.module}.{a.name}" not in paths]
+    assert missing == []

@@ -272,6 +272,14 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 INTERPRETER_CASES: list[tuple[Case, dict]] = [
     (Case([0, 5, 20], [7, 1, 19], 4, 1, 64, F32), dict(extend_block_m=16, extend_block_n=16)),
     (Case([3, 0], [10, 40], 6, 2, 64, F16), dict(extend_block_m=32, extend_block_n=16)),
+    # The new tokens' tiles through TMA descriptors (on a GPU: Hopper, by default), with a
+    # prefix, a request ending mid-tile and one past the last full block of T.
+    (Case([3, 0, 21], [10, 40, 7], 4, 2, 64, F16),
+     dict(extend_block_m=32, extend_block_n=16, extend_tma=True)),
+    # No cached prefix anywhere: the kernel compiled without its prefix loop, both ways.
+    (Case([0, 0], [33, 8], 4, 2, 64, F16), dict(extend_block_m=16, extend_block_n=16)),
+    (Case([0, 0], [33, 8], 4, 2, 64, F16),
+     dict(extend_block_m=16, extend_block_n=16, extend_tma=True)),
     (Case([33], [9], 2, 2, 128, F32, kv_dtype=BF16), dict(extend_block_m=16, extend_block_n=16)),
     (decode_case([1, 17, 50, 33], 8, 2, 64, F32), dict(decode_block_n=16)),
     (decode_case([1, 64, 65], 6, 2, 128, F16), dict(decode_block_n=16)),

@@ -18,8 +18,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from radixlm.bench.common import cuda_median_seconds as _median_seconds
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
-from radixlm.bench.decode_kernel import _median_seconds
 
 
 def causal_flops(lengths: list[int], heads: int, d: int) -> float:
@@ -29,13 +29,13 @@ def causal_flops(lengths: list[int], heads: int, d: int) -> float:
 def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict:
     from radixlm.layers.attention.kernels.common import max_shared_memory
     from radixlm.layers.attention.kernels.extend_attention import (extend_attention,
-                                                                   extend_config)
+                                                                   extend_config, tma_fits)
     dev, dt = torch.device("cuda"), torch.bfloat16
     t = sum(lengths)
     g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(t, hq, d, dtype=dt, device=dev, generator=g)
-    k = torch.randn(t, hk, d, dtype=dt, device=dev, generator=g)
-    v = torch.randn(t, hk, d, dtype=dt, device=dev, generator=g)
+    # q, k, v as views of one fused QKV projection's output, as the model hands them over.
+    qkv = torch.randn(t, (hq + 2 * hk) * d, dtype=dt, device=dev, generator=g)
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hk * d, hk * d], dim=1))
     out = torch.empty_like(q)
     empty_pool = torch.empty(1, hk, d, dtype=dt, device=dev)
     qo = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=dev)
@@ -52,7 +52,7 @@ def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict
     ref_parts, sdpa_inputs = [], []
     for b, n in enumerate(lengths):
         rows = slice(int(qo[b]), int(qo[b + 1]))
-        qb, kb, vb = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+        qb, kb, vb = (x[rows].transpose(0, 1)[None].contiguous() for x in (q, k, v))
         sdpa_inputs.append((qb, kb, vb))
         ref_parts.append(F.scaled_dot_product_attention(qb, kb, vb, is_causal=True,
                                                         enable_gqa=True)[0].transpose(0, 1))
@@ -70,27 +70,34 @@ def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict
         for qb, kb, vb in expanded:
             F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
 
-    default = extend_config(d, dt, max_shared_memory(dev))
+    tma = tma_fits(q, k, v)
+    default = extend_config(d, dt, max_shared_memory(dev), tma=tma)
     s_default = _median_seconds(run)
+    # The same kernel with every tile gathered row by row (its defaults for that path): what
+    # the TMA copies gain, in the same run.
+    s_gathered = _median_seconds(lambda: run(tma=False))
     result = {"lengths": lengths, "hq": hq, "hk": hk, "head_dim": d, "max_abs_err": err,
-              "default_config": default, "default_us": s_default * 1e6,
+              "tma": tma, "default_config": default, "default_us": s_default * 1e6,
               "default_tflops": flops / s_default / 1e12,
+              "gathered_config": extend_config(d, dt, max_shared_memory(dev)),
+              "gathered_tflops": flops / s_gathered / 1e12,
               "sdpa_gqa_tflops": flops / _median_seconds(sdpa) / 1e12,
               "sdpa_expanded_tflops": flops / _median_seconds(sdpa_expanded) / 1e12}
     if sweep:
         rows = []
-        for bm, bn, w, st in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+        for use_tma, bm, bn, w, st in itertools.product(sorted({False, tma}), (64, 128),
+                                                        (32, 64, 128), (4, 8), (2, 3, 4)):
             if bm % bn:
                 continue
+            tiles = {"tma": use_tma, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w,
+                     "num_stages": st}
             try:
                 s = _median_seconds(lambda: run(block_m=bm, block_n=bn, num_warps=w,
-                                                num_stages=st))
+                                                num_stages=st, tma=use_tma))
             except Exception as e:  # out of shared memory or registers for this tile
-                rows.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st,
-                             "error": type(e).__name__})
+                rows.append({**tiles, "error": type(e).__name__})
                 continue
-            rows.append({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st,
-                         "us": s * 1e6, "tflops": flops / s / 1e12})
+            rows.append({**tiles, "us": s * 1e6, "tflops": flops / s / 1e12})
         ok = [r for r in rows if "tflops" in r]
         result["sweep"] = rows
         result["best"] = max(ok, key=lambda r: r["tflops"]) if ok else None
@@ -115,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(r)
             best = r.get("best")
             print(f"hd {d} {len(lengths)}x{lengths[0]}: default {r['default_tflops']:.0f} "
-                  f"TFLOP/s, SDPA {r['sdpa_gqa_tflops']:.0f} / {r['sdpa_expanded_tflops']:.0f}"
+                  f"TFLOP/s (tma {r['tma']}; gathered tiles {r['gathered_tflops']:.0f}), "
+                  f"SDPA {r['sdpa_gqa_tflops']:.0f} / {r['sdpa_expanded_tflops']:.0f}"
                   + (f", best {best['tflops']:.0f} at {best}" if best else "")
                   + f", max err {r['max_abs_err']:.3g}", flush=True)
     out = {"shapes": results, **environment(None),

@@ -83,13 +83,15 @@ class TritonExtendMetadata:
 class TritonAttnBackend(AttentionBackend):
     def __init__(self, kv_pool: "KVPool", req_to_token_pool: "ReqToTokenPool",
                  decode_block_n: int | None = None, extend_block_m: int | None = None,
-                 extend_block_n: int | None = None):
+                 extend_block_n: int | None = None, extend_tma: bool | None = None):
         super().__init__(kv_pool, req_to_token_pool)
-        # Tile overrides exist for tests (small tiles exercise multi-tile paths on tiny inputs);
-        # by default the kernels pick tiles from head_dim and dtype.
+        # Tile overrides exist for tests (small tiles exercise multi-tile paths on tiny inputs;
+        # extend_tma=True runs the TMA path under the interpreter); by default the kernels pick
+        # tiles from head_dim and dtype, and TMA wherever it fits.
         self.decode_block_n = decode_block_n
         self.extend_block_m = extend_block_m
         self.extend_block_n = extend_block_n
+        self.extend_tma = extend_tma
         # Decode programs per request and split: one per KV head, or for the MLA latent pool
         # one per block of query heads (bind_layers sets it from the layers).
         self.decode_programs_per_request = kv_pool.num_kv_heads
@@ -207,7 +209,7 @@ class TritonAttnBackend(AttentionBackend):
         extend_attention(q3, k3, v3, out, k_buf, v_buf, md.qo_indptr, md.kv_indptr,
                          md.kv_indices, md.max_extend_len, layer.scaling,
                          block_m=self.extend_block_m, block_n=self.extend_block_n,
-                         k_scale=k_scale, v_scale=v_scale)
+                         k_scale=k_scale, v_scale=v_scale, tma=self.extend_tma)
         return out.view(-1, hq * d)
 
     # ------------------------------------------------------------------ helpers
