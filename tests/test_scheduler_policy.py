@@ -113,7 +113,7 @@ def lru_snapshot(cache: RadixCache) -> dict[int, int]:
 
 
 def run_admission(adder: PrefillAdder, queue: list[Req]) -> dict[str, AddResult]:
-    """Drive the adder exactly like Scheduler._prefill_batch: stop at NO_ROOM or CHUNKED, skip
+    """Drive the adder exactly like Admission.prefill_batch: stop at NO_ROOM or CHUNKED, skip
     DEFERRED."""
     results = {}
     for req in queue:

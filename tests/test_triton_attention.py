@@ -273,12 +273,12 @@ INTERPRETER_CASES: list[tuple[Case, dict]] = [
     (Case([0, 5, 20], [7, 1, 19], 4, 1, 64, F32), dict(extend_block_m=16, extend_block_n=16)),
     (Case([3, 0], [10, 40], 6, 2, 64, F16), dict(extend_block_m=32, extend_block_n=16)),
     # The new tokens' tiles through TMA descriptors (on a GPU: Hopper, by default), with a
-    # prefix, a request ending mid-tile and one past the last full block of T.
-    (Case([3, 0, 21], [10, 40, 7], 4, 2, 64, F16),
+    # prefix, a request ending mid query block and the last one ending mid-tile, past T.
+    (Case([3, 0, 21], [16, 48, 7], 4, 2, 64, F16),
      dict(extend_block_m=32, extend_block_n=16, extend_tma=True)),
-    # No cached prefix anywhere: the kernel compiled without its prefix loop, both ways.
+    # No cached prefix anywhere (an empty prefix list), gathered and through TMA.
     (Case([0, 0], [33, 8], 4, 2, 64, F16), dict(extend_block_m=16, extend_block_n=16)),
-    (Case([0, 0], [33, 8], 4, 2, 64, F16),
+    (Case([0, 0], [32, 9], 4, 2, 64, F16),
      dict(extend_block_m=16, extend_block_n=16, extend_tma=True)),
     (Case([33], [9], 2, 2, 128, F32, kv_dtype=BF16), dict(extend_block_m=16, extend_block_n=16)),
     (decode_case([1, 17, 50, 33], 8, 2, 64, F32), dict(decode_block_n=16)),
@@ -296,7 +296,51 @@ INTERPRETER_SPLIT_CASES = [
 ]
 
 
+def run_isolation_case(lengths: list[int], tma: bool, device: str = "cpu") -> float:
+    """One request's non-finite values never reach another's output: request 1's V rows are
+    inf, request 0's output stays finite and equal to a run without them. Gathered tiles
+    zero the rows past a request; TMA tiles do not, so the host picks TMA only where request 0
+    ends on a key-tile boundary (`tma_safe_lens`), and a forced TMA elsewhere is refused."""
+    from radixlm.layers.attention.kernels.extend_attention import extend_attention
+
+    g = torch.Generator().manual_seed(1)
+    hq, hk, d, t = 4, 2, 64, sum(lengths)
+    q, k, v = (torch.randn(t, h, d, generator=g).to(F16).to(device) for h in (hq, hk, hk))
+    qo = torch.tensor([0, lengths[0], t], dtype=torch.int32, device=device)
+    empty = torch.zeros(3, dtype=torch.int32, device=device)
+    pool = torch.zeros(1, hk, d, dtype=F16, device=device)
+
+    def run(values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(t, hq, d, dtype=F16, device=device)
+        extend_attention(q, k, values, out, pool, pool, qo, empty, empty[:1], max(lengths),
+                         d ** -0.5, block_m=16, block_n=16, tma=tma, extend_lens=lengths)
+        return out[:lengths[0]]
+
+    clean = run(v)
+    poisoned = v.clone()
+    poisoned[lengths[0]:] = float("inf")
+    got = run(poisoned)
+    assert got.isfinite().all(), f"request 1's inf reached request 0 (lengths {lengths})"
+    assert torch.equal(got, clean)
+    if tma and lengths[0] % 16:
+        raise AssertionError("a forced TMA call with an unsafe layout was not refused")
+    return 0.0
+
+
+def _refuses_unsafe_tma() -> float:
+    try:
+        run_isolation_case([23, 9], tma=True)
+    except AssertionError as e:
+        assert "ends inside a key tile" in str(e), e
+        return 0.0
+    raise AssertionError("tma=True with request 0 ending mid-tile ran")
+
+
 def _interpreter_cases():
+    yield "isolation, gathered, request 0 ends mid-tile", \
+        lambda: run_isolation_case([23, 9], tma=False)
+    yield "isolation, TMA, request 0 ends on a tile", lambda: run_isolation_case([32, 9], tma=True)
+    yield "forced TMA refused where request 0 ends mid-tile", _refuses_unsafe_tma
     for case, kwargs in INTERPRETER_CASES:
         yield str(case), lambda case=case, kwargs=kwargs: run_case(case, "cpu", **kwargs)
     for lens, splits, max_s, hq, hk, d, dt in INTERPRETER_SPLIT_CASES:

@@ -29,7 +29,7 @@ def causal_flops(lengths: list[int], heads: int, d: int) -> float:
 def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict:
     from radixlm.layers.attention.kernels.common import max_shared_memory
     from radixlm.layers.attention.kernels.extend_attention import (extend_attention,
-                                                                   extend_config, tma_fits)
+                                                                   extend_config, uses_tma)
     dev, dt = torch.device("cuda"), torch.bfloat16
     t = sum(lengths)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -45,7 +45,7 @@ def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict
 
     def run(**cfg):
         return extend_attention(q, k, v, out, empty_pool, empty_pool, qo, kv_indptr, kv_indices,
-                                max(lengths), d ** -0.5, **cfg)
+                                max(lengths), d ** -0.5, extend_lens=lengths, **cfg)
 
     # Correctness of the default tiles against SDPA, request by request.
     run()
@@ -70,7 +70,7 @@ def one_shape(lengths: list[int], hq: int, hk: int, d: int, sweep: bool) -> dict
         for qb, kb, vb in expanded:
             F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
 
-    tma = tma_fits(q, k, v)
+    tma = uses_tma(q, k, v, max(lengths), lengths)
     default = extend_config(d, dt, max_shared_memory(dev), tma=tma)
     s_default = _median_seconds(run)
     # The same kernel with every tile gathered row by row (its defaults for that path): what

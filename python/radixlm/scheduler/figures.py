@@ -25,7 +25,8 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         token_usage=in_use / total if total else 0.0,
         cache_hit_rate=(sched.cached_tokens_total / sched.prompt_tokens_total
                         if sched.prompt_tokens_total else 0.0),
-        num_retractions=sched.num_retractions, new_token_ratio=sched.ratio.value,
+        num_retractions=sched.admission.num_retractions,
+        new_token_ratio=sched.admission.ratio.value,
         overlapped_steps=sched.overlapped_steps,
         grammar_rejections=sched.grammar_rejections,
         short_prefills=sched.short_prefills.count,

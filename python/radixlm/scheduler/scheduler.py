@@ -2,8 +2,9 @@
 
 One step:
   1. take new requests and control messages (abort, flush cache, stats);
-  2. pick the next batch: prefill first (policy orders the queue, PrefillAdder admits), else
-     decode the running batch (retracting requests when KV memory runs out);
+  2. pick the next batch: prefill first (admission.py: the policy orders the queue, the
+     PrefillAdder admits), else decode the running batch (retracting requests when KV memory
+     runs out);
   3. run it: ScheduleBatch -> ForwardBatch -> model -> logits -> sampler;
   4. process results: append tokens, check stop conditions, update the radix cache, send outputs.
 
@@ -27,13 +28,11 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
+from radixlm.scheduler.admission import Admission
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.draft_model import DraftModel
 from radixlm.scheduler.figures import log_decode_batch, scheduler_stats
-from radixlm.scheduler.decode import (NewTokenRatio, decode_tokens_needed,
-                                      pick_retraction_victim)
-from radixlm.scheduler.policy import SchedulePolicy
-from radixlm.scheduler.prefill import AddResult, PrefillAdder
+from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.profiler import StepProfiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
@@ -49,8 +48,6 @@ from radixlm.utils.device import to_device
 
 logger = logging.getLogger(__name__)
 
-CPU_DEFAULT_CHUNK = 4096
-GPU_DEFAULT_CHUNK = 8192
 DECODE_LOG_INTERVAL = 40    # decode steps between two "decode batch" log lines (SGLang's)
 
 
@@ -65,12 +62,8 @@ class Scheduler:
         # The runner holds the KV tensors; which slots they use is the KV manager's business.
         self.kv = kv
         self.prefix_cache = self.kv.prefix_cache
-        self.policy = SchedulePolicy(config.schedule_policy, self.prefix_cache, config.random_seed)
-        self.ratio = NewTokenRatio.create(config.schedule_conservativeness)
-        chunk = config.chunked_prefill_size
-        if chunk is None:
-            chunk = GPU_DEFAULT_CHUNK if runner.device.type == "cuda" else CPU_DEFAULT_CHUNK
-        self.chunk_size: int | None = None if chunk == -1 else chunk
+        self.admission = Admission(config, kv, runner.max_running_requests,
+                                   on_gpu=runner.device.type == "cuda")
         self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
@@ -97,7 +90,6 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.arrivals = 0
-        self.num_retractions = 0
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.gen_throughput = GenThroughput()
@@ -321,7 +313,7 @@ class Scheduler:
         self._ensure_decode_memory()
         if not self.running:
             return None
-        self.ratio.step()
+        self.admission.ratio.step()
         if self.speculator is not None:
             self.speculator.plan_step(self.running, self.kv, self.max_decode_rows,
                                       self.runner.model_config.context_len)
@@ -368,58 +360,12 @@ class Scheduler:
 
     def _prefill_batch(self) -> ScheduleBatch | None:
         self._resolve_grammars()
-        if not self.waiting and self.chunked_req is None:
-            return None
-        max_running = self.runner.max_running_requests
-        slots = min(self.kv.req_to_token_pool.available_size(),
-                    max_running - len(self.running) - (1 if self.chunked_req else 0))
-        adder = PrefillAdder(self.prefix_cache, self.kv.allocator, self.running,
-                             self.ratio.value, self.config.max_prefill_tokens, self.chunk_size,
-                             slots, share_prefixes=self.kv.radix)
-        chunked, self.chunked_req = self.chunked_req, None
-        if chunked is not None and adder.add_chunked(chunked) is AddResult.CHUNKED:
-            self.chunked_req = chunked
-        if self.chunked_req is None:
-            ready = [r for r in self.waiting if r.grammar_future is None]
-            for req in self.policy.order(ready):
-                result = adder.add(req)
-                if result is AddResult.NO_ROOM:
-                    break
-                if result is AddResult.DEFERRED:
-                    continue
-                self.waiting.remove(req)
-                if result is AddResult.CHUNKED:
-                    self.chunked_req = req
-                    break
-        if not adder.added:
-            return None
-        return ScheduleBatch(adder.added, ForwardMode.EXTEND)
+        batch, self.chunked_req = self.admission.prefill_batch(self.waiting, self.running,
+                                                               self.chunked_req)
+        return batch
 
     def _ensure_decode_memory(self) -> None:
-        retracted = False
-        while self.running:
-            need = decode_tokens_needed(self.running, self.kv.page_size)
-            if need <= self.kv.available_size():
-                break
-            if len(self.running) == 1:
-                # Nothing left to retract: this request alone has outgrown the pool.
-                req = self.running.pop()
-                self.results.finish(req, FinishReason(
-                    "abort", message="out of KV cache memory for this request",
-                    status_code=400))
-                break
-            victim = pick_retraction_victim(self.running)
-            self.running.remove(victim)
-            self.prefix_cache.cache_finished_req(victim)
-            victim.reset_kv()
-            victim.num_retractions += 1
-            self.waiting.append(victim)
-            self.num_retractions += 1
-            retracted = True
-        if retracted:
-            self.ratio.after_retraction(self.running)
-            logger.info("retracted requests; %d running, %d waiting, new_token_ratio %.2f",
-                        len(self.running), len(self.waiting), self.ratio.value)
+        self.admission.make_room_for_decode(self.running, self.waiting, self.results.finish)
 
     # ------------------------------------------------------------------ run
 

@@ -209,7 +209,8 @@ class TritonAttnBackend(AttentionBackend):
         extend_attention(q3, k3, v3, out, k_buf, v_buf, md.qo_indptr, md.kv_indptr,
                          md.kv_indices, md.max_extend_len, layer.scaling,
                          block_m=self.extend_block_m, block_n=self.extend_block_n,
-                         k_scale=k_scale, v_scale=v_scale, tma=self.extend_tma)
+                         k_scale=k_scale, v_scale=v_scale, tma=self.extend_tma,
+                         extend_lens=forward_batch.extend_seq_lens_cpu)
         return out.view(-1, hq * d)
 
     # ------------------------------------------------------------------ helpers

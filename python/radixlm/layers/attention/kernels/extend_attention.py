@@ -26,7 +26,8 @@ On Hopper the new tokens' Q/K/V tiles are copied by the TMA unit (tensor descrip
 [T, heads * D] rows, `tma_fits`): no per-row address math or index registers, and a deeper
 pipeline for the same registers; 4 x 4k causal at head_dim 128 went from 385-389 to 439-461
 TFLOP/s, at 64 from 302-317 to 341-365 (H200, same runs; `extend_config`). The cached prefix
-stays a gather (its slots are scattered), as do other GPUs and layouts.
+stays a gather (its slots are scattered), as do other GPUs and layouts, small batches and
+batches whose requests end inside a key tile (`uses_tma`).
 
 Grid: (num_heads, cdiv(max_extend_len, BLOCK_M), batch). Heads vary fastest so the GQA heads
 sharing a K/V head run side by side and hit the same K/V tiles in L2. Query blocks are visited
@@ -110,7 +111,9 @@ def _extend_kernel(
         d_mask = offs_d < HEAD_DIM
 
         # Rows past this request belong to the next one (or lie past T: zeros). Their queries
-        # are computed and never stored; their keys are masked out below.
+        # are computed and never stored; their keys are masked out below. With TMA the values
+        # of such rows are not zeroed (their p is 0, but 0 * inf is nan): the host takes this
+        # path only where no request but the last ends inside a key tile (`tma_safe_lens`).
         if TMA:
             q = Q.load([qo_start + block_lo, head * HEAD_DIM])
         else:
@@ -221,23 +224,51 @@ _TMA_MIN_SCORES = 2048 * 2048
 
 
 @functools.lru_cache(maxsize=None)
-def _has_tma(device_index: int) -> bool:
-    return TensorDescriptor is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
+def _is_hopper(device_index: int) -> bool:
+    # Hopper only: the tiles were measured there, and later GPUs differ (sm_120 has 99 KiB of
+    # shared memory, short of the 112 KiB the head_dim-128 tiles take with 3 stages).
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def tma_layout_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether q / k / v can be read through `_descriptor`: 16-bit values, head_dim 64 or 128
+    (the measured tiles), each laid out as rows of heads * head_dim contiguous values (a view of
+    the fused QKV projection is) with the 16-byte alignment TMA needs."""
+    d = q.shape[2]
+    if TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16) \
+            or d not in (64, 128):
+        return False
+    return all(x.dtype == q.dtype and x.shape[2] == d and x.stride(2) == 1 and x.stride(1) == d
+               and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
+               for x in (q, k, v))
 
 
 def tma_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the new tokens' tiles can be copied by TMA: a Hopper-or-later GPU, 16-bit
-    values, head_dim 64 or 128 (the measured tiles), and each of q / k / v laid out as rows of
-    heads * head_dim contiguous values (a view of the fused QKV projection is) with the 16-byte
-    alignment TMA needs."""
-    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+    """Whether the new tokens' tiles can be copied by TMA here: a Hopper GPU and a layout
+    `tma_layout_fits`."""
+    if q.device.type != "cuda":
         return False
-    d = q.shape[2]
-    if d not in (64, 128) or not _has_tma(q.device.index or 0):
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _is_hopper(index) and tma_layout_fits(q, k, v)
+
+
+def tma_safe_lens(extend_lens: list[int], block_n: int) -> bool:
+    """Whether every request but the last ends on a key-tile boundary. A TMA tile is not masked
+    row by row: a request ending inside its last key tile reads the next request's V rows
+    there, whose weights are 0 but whose inf or nan would still turn its output into nan (the
+    gathered loads zero such rows). Past the last request the tile reads zeros."""
+    return all(n % block_n == 0 for n in extend_lens[:-1])
+
+
+def uses_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_extend_len: int,
+             extend_lens: list[int] | None, block_n: int | None = None) -> bool:
+    """`extend_attention`'s default: TMA where it fits, the batch is big enough to gain, and the
+    requests' lengths (`extend_lens`; unknown: no) keep them apart (`tma_safe_lens`). One
+    long prompt always qualifies; a batch of prompts whose lengths are multiples of 64 too."""
+    if extend_lens is None or q.shape[0] * max_extend_len < _TMA_MIN_SCORES:
         return False
-    return all(x.dtype == q.dtype and x.stride(2) == 1 and x.stride(1) == d
-               and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
-               for x in (q, k, v))
+    tile = block_n or extend_config(q.shape[2], q.dtype, tma=True)["BLOCK_N"]
+    return tma_safe_lens(extend_lens, tile) and tma_fits(q, k, v)
 
 
 def _descriptor(x: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -253,14 +284,15 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
                      sm_scale: float, block_m: int | None = None,
                      block_n: int | None = None, k_scale: float = 1.0,
                      v_scale: float = 1.0, num_warps: int | None = None,
-                     num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
+                     num_stages: int | None = None, tma: bool | None = None,
+                     extend_lens: list[int] | None = None) -> torch.Tensor:
     """q/out [T, Hq, D]; k/v [T, Hk, D] (this step's new tokens); k_buf/v_buf [slots, Hk, D].
     Request b's queries are rows qo_indptr[b]:qo_indptr[b+1]; its cached prefix is the slots
     kv_indices[kv_indptr[b]:kv_indptr[b+1]] (the new tokens' slots are not in that list).
     k_scale/v_scale: what the pool's values are multiplied by (an fp8 pool's scales).
-    tma: copy the new tokens' tiles by TMA (None: wherever `tma_fits` and the batch is big enough
-    to gain, `_TMA_MIN_SCORES`; True where it does not fit is an error; tests force it under the
-    interpreter)."""
+    tma: copy the new tokens' tiles by TMA (None: `uses_tma`, given the host's `extend_lens`,
+    the requests' new-token counts; True where the layout does not fit is an error; tests force
+    it under the interpreter)."""
     t, hq, d = q.shape
     hk = k.shape[1]
     assert hq % hk == 0, f"{hq} query heads are not a multiple of {hk} KV heads"
@@ -270,7 +302,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     if t == 0 or bs == 0:
         return out
     if tma is None:
-        tma = t * max_extend_len >= _TMA_MIN_SCORES and tma_fits(q, k, v)
+        tma = uses_tma(q, k, v, max_extend_len, extend_lens, block_n)
     cfg = extend_config(d, q.dtype, max_shared_memory(q.device), tma=tma)
     if block_m is not None:
         cfg["BLOCK_M"] = block_m
@@ -284,7 +316,9 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
     assert cfg["BLOCK_M"] % cfg["BLOCK_N"] == 0
     qa, ka, va = q, k, v
     if tma:
-        assert TensorDescriptor is not None and block_dmodel(d) == d
+        assert tma_layout_fits(q, k, v), "tma=True: q / k / v do not fit a TMA descriptor"
+        assert extend_lens is None or tma_safe_lens(extend_lens, cfg["BLOCK_N"]), \
+            "tma=True: a request other than the last ends inside a key tile"
         qa, ka, va = (_descriptor(q, cfg["BLOCK_M"]), _descriptor(k, cfg["BLOCK_N"]),
                       _descriptor(v, cfg["BLOCK_N"]))
     grid = (hq, triton.cdiv(max_extend_len, cfg["BLOCK_M"]), bs)
