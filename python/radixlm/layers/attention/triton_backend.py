@@ -87,7 +87,7 @@ class TritonAttnBackend(AttentionBackend):
         super().__init__(kv_pool, req_to_token_pool)
         # Tile overrides exist for tests (small tiles exercise multi-tile paths on tiny inputs;
         # extend_tma=True runs the TMA path under the interpreter); by default the kernels pick
-        # tiles from head_dim and dtype, and TMA wherever it fits.
+        # tiles from head_dim and dtype, and TMA where `extend_attention.uses_tma` allows.
         self.decode_block_n = decode_block_n
         self.extend_block_m = extend_block_m
         self.extend_block_n = extend_block_n
