@@ -129,6 +129,15 @@ class Req:
         drafts a verify step checks."""
         return self.seq_len + self.num_pending - self.kv_allocated_len + len(self.spec_drafts)
 
+    def count_prompt_once(self) -> tuple[int, int]:
+        """(prompt tokens, of them cached) for the cache-hit statistics the first time the
+        prompt is done, by an extend step or as a short prefill's rows; (0, 0) afterwards (a
+        retracted request computes its prompt again)."""
+        if self.prompt_counted:
+            return 0, 0
+        self.prompt_counted = True
+        return self.prompt_len, self.cached_tokens
+
     @property
     def remaining_prefill(self) -> int:
         """Tokens that still need KV before the request can decode."""

@@ -81,10 +81,9 @@ class ResultProcessor:
                 self._record_input_logprobs(req, out, i, step.kv_lens[i])
                 if not prompt_done:
                     continue                            # a chunk of a longer prompt
-                if not req.prompt_counted:
-                    req.prompt_counted = True
-                    result.prompt_tokens += req.prompt_len
-                    result.cached_tokens += req.cached_tokens
+                prompt, cached = req.count_prompt_once()
+                result.prompt_tokens += prompt
+                result.cached_tokens += cached
             if j is None and batch.forward_mode.is_decode:
                 continue  # a jump's forced tokens that did not all fit: the rest come next step
             if j is None:                               # max_new_tokens == 0

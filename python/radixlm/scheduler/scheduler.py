@@ -393,10 +393,9 @@ class Scheduler:
             fb = batch.prepare_decode(self.kv, runner.last_token_ids, self.max_decode_rows)
             out = runner.forward(fb)
             for req in self.short_prefills.cache_launched(self.prefix_cache):
-                if not req.prompt_counted:      # (as results.py counts an extend's prompt)
-                    req.prompt_counted = True
-                    self.prompt_tokens_total += req.prompt_len
-                    self.cached_tokens_total += req.cached_tokens
+                prompt, cached = req.count_prompt_once()   # (results.py: an extend's)
+                self.prompt_tokens_total += prompt
+                self.cached_tokens_total += cached
         if self.draft_model is not None:   # its KV wherever the target's is (draft_model.py)
             self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices
