@@ -325,7 +325,7 @@ def test_hicache_moves_fp8_rows_as_raw_bytes(tmp_path):
     cache, pool, alloc = make(tmp_path)
     assert cache.host_pool.dtype == F8
     assert cache.host_pool.scales(0) == cache.host_pool.scales(1) == (0.5, 0.25)
-    assert "float8_e4m3fn" in cache.namespace
+    assert "float8_e4m3fn" in cache.file_tier.namespace
     g = torch.Generator().manual_seed(0)
     tokens = list(range(1, 81))                      # one whole 64-token block for the file tier
     slots = alloc.alloc(len(tokens))

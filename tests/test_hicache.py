@@ -296,23 +296,64 @@ def test_blocks_read_ahead_of_the_match(tmp_path, monkeypatch):
     cache_tokens(first, pool, alloc, doc)
     first.close()
     second, pool2, alloc2 = make_file_cache(tmp_path)
+    tier = second.file_tier
     second.prefetch(doc + [1, 2, 3])
-    second.prefetcher.wait_idle()
-    assert second.prefetcher.held_bytes > 0
+    tier.prefetcher.wait_idle()
+    assert tier.prefetcher.held == 3 and tier.arena.available() == tier.arena.num_blocks - 3
 
-    def no_disk(name):
+    def no_disk(name, pieces):
         raise AssertionError("the match read the store although the blocks were read ahead")
 
-    monkeypatch.setattr(second.storage, "get", no_disk)
+    monkeypatch.setattr(tier.storage, "get_into", no_disk)
     match = second.match_prefix(doc + [1, 2, 3])
     assert len(match.indices) == 192 and second.storage_prefetched_tokens == 192
     check_content(pool2, match.indices, doc)
-    assert second.prefetcher.held_bytes == 0 and second.prefetcher.taken == 3
+    assert tier.prefetcher.held == 0 and tier.prefetcher.taken == 3
+    assert tier.arena.available() == tier.arena.num_blocks     # every staging block back
     check_accounting(second, alloc2)
     second.close()
 
 
-def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkeypatch):
+def test_a_match_takes_staging_room_from_other_requests_reads(tmp_path):
+    """The staging arena holds 4 blocks here (it is never larger than the device pool). Another
+    request's 3 blocks read ahead leave 1 free: the match of a 3-block prefix takes the room of
+    two of them, loads its whole prefix, and gives every staging block it used back; the other
+    request (whose later blocks gave way first) still finds its first block read ahead and
+    reads the two others itself."""
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc, other = list(range(500, 700)), list(range(2000, 2200))   # 3 whole blocks each
+    cache_tokens(first, pool, alloc, doc)
+    cache_tokens(first, pool, alloc, other)
+    first.close()
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    tier = second.file_tier
+    assert tier.arena.num_blocks == 4
+    second.prefetch(other)
+    tier.prefetcher.wait_idle()
+    assert tier.prefetcher.held == 3 and tier.arena.available() == 1
+    match = second.match_prefix(doc + [1])
+    assert len(match.indices) == 192 and second.storage_prefetched_tokens == 0
+    check_content(pool2, match.indices, doc)
+    assert tier.prefetcher.held == 1 and tier.arena.available() == 3
+    match = second.match_prefix(other + [1])
+    assert len(match.indices) == 192 and second.storage_prefetched_tokens == 64
+    check_content(pool2, match.indices, other)
+    assert tier.arena.available() == 4
+    check_accounting(second, alloc2)
+    second.close()
+
+
+def tiny_arena(num_blocks: int):
+    """A staging arena of 100-byte blocks (one token of one layer: K and V of 50 bytes)."""
+    from radixlm.mem_cache.staging_arena import StagingArena
+    return StagingArena(KVPool(4, 1, 1, 50, torch.uint8, "cpu"), 1, num_blocks)
+
+
+def staged_bytes(arena, block: int | None) -> bytes | None:
+    return None if block is None else b"".join(bytes(p) for p in arena.pieces(block))
+
+
+def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_arena(tmp_path, monkeypatch):
     from radixlm.mem_cache import kv_storage
     from radixlm.mem_cache.kv_storage import FileStorage, StoragePrefetcher
 
@@ -320,45 +361,81 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_bytes(tmp_path, monkey
     for name in ("a", "b", "c", "e"):
         store.set(name, name.encode() * 100)
     # Read by several threads at once: every block is what the store holds.
-    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=3)
+    arena = tiny_arena(8)
+    prefetcher = StoragePrefetcher(store, arena, threads=3)
     prefetcher.prefetch(["a", "b", "c", "d"])
     prefetcher.wait_idle()
-    assert [prefetcher.take(n) for n in "abcd"] == [b"a" * 100, b"b" * 100, b"c" * 100, None]
-    assert prefetcher.held_bytes == 0 and prefetcher.taken == 3
+    blocks = [prefetcher.take(n) for n in "abcd"]
+    assert [staged_bytes(arena, b) for b in blocks] == [b"a" * 100, b"b" * 100, b"c" * 100, None]
+    assert prefetcher.held == 0 and prefetcher.taken == 3 and arena.available() == 5
+    arena.release(blocks[:3])
     prefetcher.close()
     # One thread: nothing after the miss at d is read (chained names: nothing after it can
     # match).
-    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=1)
+    prefetcher = StoragePrefetcher(store, arena, threads=1)
     prefetcher.prefetch(["a", "b", "c", "d", "e"])
     prefetcher.wait_idle()
-    assert prefetcher.held_bytes == 300
+    assert prefetcher.held == 3 and arena.available() == 5
     assert prefetcher.take("e") is None and prefetcher.take("d") is None
-    assert prefetcher.take("c") == b"c" * 100 and prefetcher.held_bytes == 200
-    prefetcher.close()
-    # At the byte limit reading stops; the match reads the rest.
-    prefetcher = StoragePrefetcher(store, max_bytes=150, threads=1)
+    assert staged_bytes(arena, prefetcher.take("c")) == b"c" * 100 and prefetcher.held == 2
+    prefetcher.close()                     # (the blocks it held go back; c is ours)
+    assert arena.available() == 7
+    # With the arena full reading stops; the match reads the rest.
+    arena = tiny_arena(2)
+    prefetcher = StoragePrefetcher(store, arena, threads=1)
     prefetcher.prefetch(["a", "b", "c"])
     prefetcher.wait_idle()
-    assert prefetcher.held_bytes == 200 and prefetcher.take("c") is None
+    assert prefetcher.held == 2 and prefetcher.take("c") is None and arena.available() == 0
+    # A match that needs room takes it from the newest block read ahead, not from its own.
+    assert prefetcher.give_way(keep={"b"}) and arena.available() == 1
+    assert prefetcher.take("a") is None and prefetcher.held == 1
+    assert not prefetcher.give_way(keep={"b"})
     # Blocks never taken give way once stale.
     monkeypatch.setattr(kv_storage, "PREFETCH_STALE_S", 0.0)
-    prefetcher.prefetch(["e"])
+    prefetcher.prefetch(["a", "e"])
     prefetcher.wait_idle()
-    assert prefetcher.take("e") == b"e" * 100 and prefetcher.take("a") is None
-    assert prefetcher.held_bytes == 0
+    assert prefetcher.take("b") is None
+    assert staged_bytes(arena, prefetcher.take("e")) == b"e" * 100
     prefetcher.close()
-    # A store that raises: a miss for the match (which reads it itself), never a hang.
+    # A store that raises: a miss for the match (which reads it itself), never a hang, and
+    # no staging block lost.
     broken = FileStorage(str(tmp_path))
-    broken.get = lambda name: 1 / 0
-    prefetcher = StoragePrefetcher(broken, max_bytes=1000, threads=2)
+    broken.get_into = lambda name, pieces: 1 / 0
+    arena = tiny_arena(2)
+    prefetcher = StoragePrefetcher(broken, arena, threads=2)
     prefetcher.prefetch(["a", "b"])
     assert prefetcher.take("a") is None and prefetcher.take("b") is None
+    assert arena.available() == 2
     prefetcher.close()
     # Closed with reads queued: they are called off, and nothing waits for them.
-    prefetcher = StoragePrefetcher(store, max_bytes=1000, threads=1)
+    prefetcher = StoragePrefetcher(store, arena, threads=1)
     prefetcher.prefetch(["a", "b", "c"])
     prefetcher.close()
-    assert prefetcher.take("c") is None and prefetcher.held_bytes == 0
+    assert prefetcher.take("c") is None and prefetcher.held == 0
+    prefetcher.wait_idle()
+    assert arena.available() == 2
+
+
+def test_file_storage_reads_in_place_what_get_returns(tmp_path):
+    """`get_into` (the staging arena's path) fills the pieces with what `get` returns, and
+    refuses what `get` refuses: a flipped byte, a truncated file, another size."""
+    from radixlm.mem_cache.kv_storage import FileStorage, KVStorage
+
+    store = FileStorage(str(tmp_path))
+    payload = bytes(range(200)) * 3
+    store.set("x", payload)
+    arena = tiny_arena(6)
+    pieces = [p for b in range(6) for p in arena.pieces(b)]       # 12 pieces of 50 bytes
+    assert store.get_into("x", pieces) and b"".join(map(bytes, pieces)) == payload
+    assert KVStorage.get_into(store, "x", pieces)                 # the interface's default
+    assert not store.get_into("x", pieces[:-1])                   # another size
+    assert not KVStorage.get_into(store, "x", pieces[:-1])
+    assert not store.get_into("missing", pieces) and store.corrupt == 1
+    with open(store._path("x"), "r+b") as f:
+        f.seek(-1, 2)
+        f.write(b"X")
+    assert not store.get_into("x", pieces) and store.corrupt == 2
+    assert store.get("x") is None and store.corrupt == 3
 
 
 def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queued(tmp_path):

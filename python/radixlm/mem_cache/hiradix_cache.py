@@ -29,9 +29,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import heapq
-import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -41,26 +39,11 @@ from radixlm import envs
 from radixlm.config import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.allocator import KVAllocator
-from radixlm.mem_cache.kv_storage import (BackgroundWriter, FileStorage, KVStorage,
-                                          StoragePrefetcher, block_names)
-from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows, rows_shape, scatter_rows
+from radixlm.mem_cache.file_tier import FileTier
+from radixlm.mem_cache.kv_transfer import TierCopier
 from radixlm.mem_cache.pools import KVPool, ReqToTokenPool
 from radixlm.mem_cache.prefix_cache import LoadPeek, MatchResult
 from radixlm.mem_cache.radix_cache import RadixCache, TreeNode
-
-# Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
-# recomputing it, small enough that a shared prefix wastes little of its last block.
-STORAGE_BLOCK = 64
-# L3 blocks read ahead for waiting requests and not yet matched, at most (the prefetcher's
-# memory): 1 GiB is 8k tokens of an 8B model's KV.
-PREFETCH_MAX_BYTES = 1 << 30
-
-
-def _scales_tag(scales: list[float]) -> str:
-    """A pool's per-layer scales in a file-tier namespace: the one value when every layer has
-    it (the names blocks had before scales were per layer), else every layer's."""
-    return repr(scales[0]) if len(set(scales)) == 1 else repr(tuple(scales))
-
 
 @dataclass(frozen=True)
 class HiCacheConfig:
@@ -104,25 +87,6 @@ class HiCacheConfig:
         if slots < 2:
             raise ValueError(f"{flag}: the host KV pool would hold {slots} tokens")
         return slots
-
-
-def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
-    """A function that returns `rows`' bytes. On a GPU the copy to (page-locked) host memory is
-    queued now, behind the forwards that wrote the rows, and the function, called on the file
-    tier's writer thread, waits for it there: a `.cpu()` here would make the scheduler's thread
-    wait for every step queued on the GPU."""
-    if rows.device.type != "cuda":
-        host = rows.contiguous()
-        return lambda: host.view(torch.uint8).numpy().tobytes()
-    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-    host.copy_(rows, non_blocking=True)
-    copied = torch.cuda.Event(blocking=True)     # (the writer thread sleeps, not spins)
-    copied.record()
-
-    def wait_and_read() -> bytes:
-        copied.synchronize()
-        return host.view(torch.uint8).numpy().tobytes()
-    return wait_and_read
 
 
 def weights_fingerprint(model_dir: str | None) -> str:
@@ -184,23 +148,10 @@ class HiRadixCache(RadixCache):
         self.copier = TierCopier(device_pool, self.host_pool)
         self.loaded_tokens = 0       # host -> device, since start (metrics, tests)
         self.backed_up_tokens = 0    # device -> host
-        self.storage_hit_tokens = 0  # L3 -> device
-        self.storage_prefetched_tokens = 0   # of those, in blocks read before the match
-        self.storage: KVStorage | None = None
+        self.file_tier: FileTier | None = None
         if config.storage_dir is not None:
-            self.storage = FileStorage(config.storage_dir)
-            self.writer = BackgroundWriter(self.storage)
-            self.prefetcher = StoragePrefetcher(self.storage, PREFETCH_MAX_BYTES)
-            self.block_size = -(-STORAGE_BLOCK // ps) * ps
-            self.block_bytes = self.block_size * per_token
-            pool = device_pool
-            # fp8 blocks hold scaled values: only a pool with the same scales may read them.
-            scales = f"|ks{_scales_tag(pool.k_scales)}vs{_scales_tag(pool.v_scales)}" \
-                if pool.is_fp8 else ""
-            self.namespace = (f"{config.storage_namespace}|{pool.dtype}{scales}"
-                              f"|L{pool.num_layers}H{pool.num_kv_heads}D{pool.head_dim}"
-                              f"|B{self.block_size}")
-            self._stored: set[str] = set()   # names known to be in the store
+            self.file_tier = FileTier(config.storage_dir, config.storage_namespace, device_pool,
+                                      ps, config.agree_on_blocks)
         super().__init__(req_to_token_pool, allocator)
 
     def reset(self) -> None:
@@ -302,7 +253,7 @@ class HiRadixCache(RadixCache):
 
     def match_prefix(self, key: Sequence[int]) -> MatchResult:
         match = self._match(key)
-        if self.storage is not None and self._fetch_from_storage(key, match):
+        if self.file_tier is not None and self._fetch_from_storage(key, match):
             match = self._match(key)
         return match
 
@@ -338,42 +289,34 @@ class HiRadixCache(RadixCache):
 
     @property
     def has_slow_tier(self) -> bool:
-        return self.storage is not None
+        return self.file_tier is not None
+
+    @property
+    def storage_hit_tokens(self) -> int:
+        """Tokens loaded from the file tier since start (metrics, tests)."""
+        return self.file_tier.hit_tokens if self.file_tier else 0
+
+    @property
+    def storage_prefetched_tokens(self) -> int:
+        """Of those, tokens in blocks read ahead of the match."""
+        return self.file_tier.prefetched_tokens if self.file_tier else 0
 
     def prefetch(self, key: Sequence[int]) -> None:
         """A request arrived: read the store's blocks that follow what the tree holds of its
         prompt (on any tier), on the prefetch threads, while it waits for admission."""
-        if self.storage is None:
-            return
-        have = self.peek_prefix(key)[0] // self.block_size
-        names = block_names(self.namespace, key, self.block_size)[have:]
-        if names:
-            self.prefetcher.prefetch(names)
+        if self.file_tier is not None:
+            self.file_tier.prefetch(key, self.peek_prefix(key)[0])
 
     def _fetch_from_storage(self, key: Sequence[int], match: MatchResult) -> bool:
         """Load the blocks that follow `match` from the store into fresh device slots and cache
         them in the tree. Returns whether any was found."""
-        have, bs = len(match.indices), self.block_size
-        names = block_names(self.namespace, key, bs)
-        blocks: list[torch.Tensor] = []
-        read_ahead = 0
-        for name in names[have // bs:]:
-            data = self.prefetcher.take(name)
-            if data is not None:
-                read_ahead += 1
-            else:
-                data = self.storage.get(name)
-            block = self._decode_block(data) if data is not None else None
-            if block is None:
-                break
-            blocks.append(block)
-            self._stored.add(name)
-        if self.config.agree_on_blocks is not None:   # every rank calls it, found or not
-            del blocks[self.config.agree_on_blocks(len(blocks)):]
-        if not blocks:
+        tier = self.file_tier
+        have = len(match.indices)
+        staged = tier.read(key, have)
+        if not staged.blocks:
             return False
-        end = (have // bs + len(blocks)) * bs
-        need = end - have
+        skip = have % tier.block_size       # (tokens of the first block the tree holds)
+        need = len(staged.blocks) * tier.block_size - skip
         short = need - self.allocator.available_size()
         if short > 0:
             self.inc_lock_ref(match.last_node)
@@ -381,52 +324,12 @@ class HiRadixCache(RadixCache):
             self.dec_lock_ref(match.last_node)
         slots = self.allocator.alloc(need)
         if slots is None:
+            tier.release(staged)
             return False
-        scatter_rows(self.device_pool, slots, self._blocks_to_device(blocks, have % bs, need))
-        already = self.insert(list(key[:end]), torch.cat([match.indices, slots]))
+        tier.copy_in(staged, skip, slots)
+        already = self.insert(list(key[:have + need]), torch.cat([match.indices, slots]))
         assert already == have, "the tree changed under a storage fetch"
-        self.storage_hit_tokens += need
-        self.storage_prefetched_tokens += min(read_ahead * bs, need)
         return True
-
-    def _decode_block(self, data: bytes) -> torch.Tensor | None:
-        pool = self.device_pool
-        shape = rows_shape(pool, self.block_size)
-        itemsize = torch.empty((), dtype=pool.dtype).element_size()
-        if len(data) != itemsize * math.prod(shape):
-            return None      # another layout (should not happen: it is in the name)
-        with warnings.catch_warnings():     # (read-only bytes: only ever read from)
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(data, dtype=torch.uint8)
-        return raw.view(pool.dtype).view(shape)
-
-    def _blocks_to_device(self, blocks: list[torch.Tensor], skip: int,
-                          n: int) -> torch.Tensor:
-        """The rows of `blocks` ([layers, 2, block, heads, dim] each) but the first `skip`, n in
-        all, on the device: gathered once into page-locked memory, whose copy to the device
-        does not hold up the host (a pageable one waits for the GPU's queue to reach it)."""
-        shape = rows_shape(self.device_pool, n)
-        on_gpu = self.device.type == "cuda"
-        staged = torch.empty(shape, dtype=self.device_pool.dtype, pin_memory=on_gpu)
-        out, pos = staged.view(torch.uint8), 0        # (bytes: no fp8 copy kernels needed)
-        for i, block in enumerate(blocks):
-            part = block.view(torch.uint8)[:, :, skip if i == 0 else 0:]
-            out[:, :, pos:pos + part.shape[2]].copy_(part)
-            pos += part.shape[2]
-        return staged.to(self.device, non_blocking=True) if on_gpu else staged
-
-    def _store_blocks(self, key: list[int], value: torch.Tensor) -> None:
-        """Queue every whole block of a freshly cached key that the store does not have yet."""
-        bs = self.block_size
-        for i, name in enumerate(block_names(self.namespace, key, bs)):
-            if name in self._stored:
-                continue
-            if not self.writer.has_room(self.block_bytes):
-                break       # (the writer is behind: the next insert of this key offers them again)
-            kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
-            if not self.writer.submit(name, _bytes_when_copied(kv), self.block_bytes):
-                break
-            self._stored.add(name)
 
     # ---------------------------------------------------------------- tree shape
 
@@ -442,9 +345,9 @@ class HiRadixCache(RadixCache):
         """RadixCache.insert, plus: host-only nodes on the way adopt the caller's slots (they
         are not duplicates: the tree had no device copy), new nodes are backed up under
         write_through, and whole blocks go to the file tier."""
-        if self.storage is not None:
+        if self.file_tier is not None:
             n = self._aligned(len(key))
-            self._store_blocks(list(key[:n]), value[:n].to(torch.int64))
+            self.file_tier.store(list(key[:n]), value[:n].to(torch.int64))
         return super().insert(key, value)
 
     def _has_kv(self, node: TreeNode, offered: torch.Tensor) -> bool:
@@ -487,9 +390,8 @@ class HiRadixCache(RadixCache):
 
     def close(self) -> None:
         self.copier.synchronize()
-        if self.storage is not None:
-            self.prefetcher.close()
-            self.writer.flush()
+        if self.file_tier is not None:
+            self.file_tier.close()
 
     def check_host_invariant(self) -> None:
         held = int(self.all_host_values().numel())

@@ -9,8 +9,9 @@ the same names: a restarted server, or another server on the same store, finds t
 block in a directory. Each file carries a checksum of its payload: a corrupt or truncated file
 is a miss (counted), never wrong KV. A write that fails (disk full, ...) is dropped and counted;
 serving goes on. Writes run on a background thread, behind the request that produced them;
-reads can run on another one ahead of need (`StoragePrefetcher`: when a request arrives, the
-blocks its prompt may find are read and checksummed while it waits for admission).
+reads can run on others ahead of need (`StoragePrefetcher`: when a request arrives, the
+blocks its prompt may find are read, straight into page-locked staging memory, and checksummed
+while it waits for admission).
 """
 
 from __future__ import annotations
@@ -28,12 +29,26 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
+
+from radixlm.mem_cache.staging_arena import StagingArena
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"RLMKV1"
 DIGEST = 32   # sha256
+HEAD = len(MAGIC) + DIGEST    # a file: MAGIC, the payload's sha256, the payload
+
+
+def _read_exactly(f, view: memoryview) -> bool:
+    """Fill `view` from the unbuffered file `f`; False at an early end of file."""
+    pos = 0
+    while pos < view.nbytes:
+        n = f.readinto(view[pos:])
+        if not n:
+            return False
+        pos += n
+    return True
 
 
 def block_names(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:
@@ -62,6 +77,19 @@ class KVStorage(ABC):
     @abstractmethod
     def exists(self, name: str) -> bool: ...
 
+    def get_into(self, name: str, pieces: Sequence[memoryview]) -> bool:
+        """Read the block into `pieces` (writable byte views whose lengths add up to its
+        size, filled in order); False if it is absent, unreadable, corrupt or of another size.
+        A store that can read in place overrides this (FileStorage: no bytes object)."""
+        data = self.get(name)
+        if data is None or len(data) != sum(p.nbytes for p in pieces):
+            return False
+        view, pos = memoryview(data), 0
+        for piece in pieces:
+            piece[:] = view[pos:pos + piece.nbytes]
+            pos += piece.nbytes
+        return True
+
 
 class FileStorage(KVStorage):
     def __init__(self, directory: str):
@@ -89,12 +117,36 @@ class FileStorage(KVStorage):
                 blob = f.read()
         except OSError:
             return None
-        head = len(MAGIC) + DIGEST
-        if (len(blob) < head or not blob.startswith(MAGIC)
-                or hashlib.sha256(blob[head:]).digest() != blob[len(MAGIC):head]):
+        if (len(blob) < HEAD or not blob.startswith(MAGIC)
+                or hashlib.sha256(blob[HEAD:]).digest() != blob[len(MAGIC):HEAD]):
             self.corrupt += 1
             return None
-        return blob[head:]
+        return blob[HEAD:]
+
+    def get_into(self, name: str, pieces: Sequence[memoryview]) -> bool:
+        """The payload read straight into `pieces` (the staging arena's rows: no bytes object,
+        no copy past the header); the checksum is taken over them piece by piece. hashlib and
+        unbuffered reads let go of the GIL, so prefetch threads read blocks in parallel."""
+        size = sum(p.nbytes for p in pieces)
+        try:
+            with open(self._path(name), "rb", buffering=0) as f:
+                if os.fstat(f.fileno()).st_size != HEAD + size:
+                    self.corrupt += 1
+                    return False
+                head = bytearray(HEAD)
+                if not (_read_exactly(f, memoryview(head)) and head.startswith(MAGIC)
+                        and all(_read_exactly(f, p) for p in pieces)):
+                    self.corrupt += 1
+                    return False
+        except OSError:
+            return False
+        digest = hashlib.sha256()
+        for piece in pieces:
+            digest.update(piece)
+        if digest.digest() != head[len(MAGIC):]:
+            self.corrupt += 1
+            return False
+        return True
 
     def set(self, name: str, data: bytes) -> None:
         path = self._path(name)
@@ -188,27 +240,28 @@ PREFETCH_STALE_S = 60.0
 @dataclass
 class _RequestReads:
     """What the reads of one request's blocks share: the index of the first block not read
-    (missing, or past the byte cap); blocks after it are not read."""
+    (missing, or no room in the arena); blocks after it are not read."""
     stop_at: float = math.inf
 
 
 class StoragePrefetcher:
-    """Reads blocks from a store on threads of its own, ahead of the match that needs them, so
-    that the scheduler's thread takes them from memory instead of waiting for the disk and the
-    checksum (a block of an 8B model is 8 MiB to read and hash) while a batch could be
-    scheduled. A request's blocks are read by `threads` threads at once (file reads and
-    hashlib let go of the GIL); once one is missing, the request's later blocks not yet started
-    are not read (names are chained: nothing after a miss can match). Blocks read and not yet
-    taken are held up to about `max_bytes`; past it, reading stops, and the match reads the
-    rest itself, as it does without a prefetcher."""
+    """Reads blocks from a store into a staging arena (staging_arena.py) on threads of its own,
+    ahead of the match that needs them, so that the scheduler's thread finds them in page-locked
+    memory instead of waiting for the disk and the checksum (a block of an 8B model is 8 MiB to
+    read and hash) while a batch could be scheduled. A request's blocks are read by `threads`
+    threads at once (unbuffered reads and hashlib let go of the GIL); once one is missing, or
+    the arena has no free block, the request's later blocks not yet started are not read (names
+    are chained: nothing after a miss can match), and the match reads the rest itself. A block
+    read and not yet taken holds its arena block; one never taken gives way after
+    PREFETCH_STALE_S when room is needed, or when a match needs room (`give_way`)."""
 
-    def __init__(self, storage: KVStorage, max_bytes: int, threads: int = 4):
+    def __init__(self, storage: KVStorage, arena: StagingArena, threads: int = 4):
         self.storage = storage
-        self.max_bytes = max_bytes
-        self.held_bytes = 0
+        self.arena = arena
+        self.held = 0             # arena blocks read ahead and not yet taken
         self.taken = 0            # blocks the match found read ahead (metrics, tests)
         self._lock = threading.Lock()
-        # name -> (its read: bytes, or None for absent or corrupt; when it was queued)
+        # name -> (its read: an arena block, or None for absent or corrupt; when it was queued)
         self._reads: OrderedDict[str, tuple[Future, float]] = OrderedDict()
         self._tasks: set[Future] = set()
         self._closed = False
@@ -227,21 +280,36 @@ class StoragePrefetcher:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    def take(self, name: str) -> bytes | None:
-        """The block if it was read ahead, waiting for its read if that is queued or under way
-        (the prefetch threads read a request's blocks in parallel, faster than the caller
-        would one by one); None if it was not, or was found absent or corrupt: the caller
-        reads it itself."""
+    def take(self, name: str) -> int | None:
+        """The arena block holding `name` if it was read ahead (now the caller's to release),
+        waiting for its read if that is queued or under way (the prefetch threads read a
+        request's blocks in parallel, faster than the caller would one by one); None if it
+        was not, or was found absent or corrupt: the caller reads it itself."""
         with self._lock:
             entry = self._reads.pop(name, None)
         if entry is None or entry[0].cancelled():
             return None
-        data = entry[0].result()
-        if data is not None:
+        block = entry[0].result()
+        if block is not None:
             with self._lock:
-                self.held_bytes -= len(data)
+                self.held -= 1
                 self.taken += 1
-        return data
+        return block
+
+    def give_way(self, keep: Collection[str] = ()) -> bool:
+        """Free the arena block of the most recently queued block read ahead and not taken
+        (a request further back in the queue reads it again), none named in `keep`. False if
+        there is none."""
+        with self._lock:
+            for name in reversed(self._reads):
+                read = self._reads[name][0]
+                if name in keep or not read.done() or read.result() is None:
+                    continue
+                del self._reads[name]
+                self.held -= 1
+                self.arena.release([read.result()])
+                return True
+        return False
 
     def wait_idle(self) -> None:
         """Wait until every queued read is done (tests)."""
@@ -249,46 +317,57 @@ class StoragePrefetcher:
             wait(list(self._tasks))
 
     def close(self) -> None:
-        """Stop: reads not started are called off, and `take` finds nothing from now on."""
+        """Stop: reads not started are called off, blocks held go back to the arena, and
+        `take` finds nothing from now on."""
         self._threads.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             reads, self._reads = list(self._reads.values()), OrderedDict()
-            self.held_bytes, self._closed = 0, True
-        for read, _ in reads:
-            read.cancel()
+            self._closed = True
+            for read, _ in reads:
+                if not read.cancel() and read.done() and read.result() is not None:
+                    self.held -= 1
+                    self.arena.release([read.result()])
 
     def _read(self, name: str, index: int, read: Future, request: "_RequestReads") -> None:
         if not read.set_running_or_notify_cancel():
             return                                  # (close called it off)
-        data = None
+        block = None
         try:
             with self._lock:
-                if self.held_bytes >= self.max_bytes:
+                skip = index > request.stop_at
+                if not skip and self.arena.available() == 0:
                     self._drop_stale()
-                skip = self.held_bytes >= self.max_bytes or index > request.stop_at
-            if not skip:
-                data = self.storage.get(name)
+            block = None if skip else self.arena.acquire()
+            if block is not None and not self.storage.get_into(name, self.arena.pieces(block)):
+                self.arena.release([block])
+                block = None
         except Exception:       # (a store that raises: a miss here, the match reads it itself)
             logger.exception("prefetching KV block %s failed", name)
+            if block is not None:
+                self.arena.release([block])
+                block = None
         finally:
             with self._lock:
-                if data is None:
-                    # A miss, or the byte cap: the request's later blocks are not read.
+                if block is None:
+                    # A miss, or no room: the request's later blocks are not read.
                     request.stop_at = min(request.stop_at, index)
                     if self._reads.get(name, (None,))[0] is read:
                         del self._reads[name]   # (a block written later is read then)
-                elif not self._closed:
-                    self.held_bytes += len(data)
-            read.set_result(data)               # (always: `take` may be waiting for it)
+                elif self._closed:
+                    self.arena.release([block])
+                    block = None
+                else:
+                    self.held += 1
+            read.set_result(block)              # (always: `take` may be waiting for it)
 
     def _drop_stale(self) -> None:
-        """Drop the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""
+        """Free the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""
         now = time.monotonic()
         for name, (read, queued) in list(self._reads.items()):
             if now - queued < PREFETCH_STALE_S:
                 break
             if read.done():
                 del self._reads[name]
-                data = read.result()
-                if data is not None:
-                    self.held_bytes -= len(data)
+                if read.result() is not None:
+                    self.held -= 1
+                    self.arena.release([read.result()])

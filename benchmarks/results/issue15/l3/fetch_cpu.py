@@ -53,7 +53,7 @@ def main() -> None:
             if label != "match reads":
                 c.prefetch(tokens + [1])
             if label == "after prefetch":
-                c.prefetcher.wait_idle()
+                (c.file_tier.prefetcher if hasattr(c, "file_tier") else c.prefetcher).wait_idle()
                 start = time.perf_counter()
             m = c.match_prefix(tokens + [1])
             times.append(time.perf_counter() - start)

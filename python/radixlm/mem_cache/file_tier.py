@@ -1,0 +1,184 @@
+"""The hierarchical cache's file tier (L3) as the radix tree uses it: which blocks of a key the
+store holds, reading them (ahead of need, on threads) into page-locked staging memory, copying
+them into device slots, and writing newly cached blocks behind the requests that made them.
+
+The tree's side (which device slots, eviction, inserting the loaded prefix) stays in
+hiradix_cache.py; the store itself (files, checksums, threads) is kv_storage.py; the staging
+memory is staging_arena.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from radixlm.mem_cache.kv_storage import (BackgroundWriter, FileStorage, KVStorage,
+                                          StoragePrefetcher, block_names)
+from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows
+from radixlm.mem_cache.pools import KVPool
+from radixlm.mem_cache.staging_arena import StagingArena
+
+# Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
+# recomputing it, small enough that a shared prefix wastes little of its last block.
+STORAGE_BLOCK = 64
+# The staging arena's size, at most (it is never larger than the device pool, since one fetch
+# cannot load more than that): the blocks read ahead for waiting requests and not yet matched,
+# and the most one match loads from the store (2 GiB: 16k tokens of an 8B model's KV). It is
+# page-locked for the server's life.
+STAGING_MAX_BYTES = 2 << 30
+
+
+def _scales_tag(scales: list[float]) -> str:
+    """A pool's per-layer scales in a file-tier namespace: the one value when every layer has
+    it (the names blocks had before scales were per layer), else every layer's."""
+    return repr(scales[0]) if len(set(scales)) == 1 else repr(tuple(scales))
+
+
+def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
+    """A function that returns `rows`' bytes. On a GPU the copy to (page-locked) host memory is
+    queued now, behind the forwards that wrote the rows, and the function, called on the file
+    tier's writer thread, waits for it there: a `.cpu()` here would make the scheduler's thread
+    wait for every step queued on the GPU."""
+    if rows.device.type != "cuda":
+        host = rows.contiguous()
+        return lambda: host.view(torch.uint8).numpy().tobytes()
+    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    host.copy_(rows, non_blocking=True)
+    copied = torch.cuda.Event(blocking=True)     # (the writer thread sleeps, not spins)
+    copied.record()
+
+    def wait_and_read() -> bytes:
+        copied.synchronize()
+        return host.view(torch.uint8).numpy().tobytes()
+    return wait_and_read
+
+
+@dataclass
+class StagedBlocks:
+    """Blocks of a key read from the store into the staging arena, in order."""
+    blocks: list[int]          # their staging blocks
+    read_ahead: int            # how many of them the prefetch threads had read
+
+
+class FileTier:
+    def __init__(self, directory: str, namespace: str, device_pool: KVPool, page_size: int,
+                 agree_on_blocks: Callable[[int], int] | None = None):
+        """`namespace`: what else names a block (the model, the TP rank; the pool's layout is
+        added here). `agree_on_blocks`: under tensor parallelism, how many blocks every rank
+        found (the smallest count), so that all load the same prefix."""
+        self.device_pool = device_pool
+        self.agree_on_blocks = agree_on_blocks
+        self.storage: KVStorage = FileStorage(directory)
+        self.writer = BackgroundWriter(self.storage)
+        self.block_size = -(-STORAGE_BLOCK // page_size) * page_size
+        pool = device_pool
+        self.block_bytes = self.block_size * KVPool.bytes_per_token(
+            pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+        num_blocks = max(1, min(STAGING_MAX_BYTES, pool.nbytes) // self.block_bytes)
+        self.arena = StagingArena(pool, self.block_size, num_blocks)
+        self.copier = TierCopier(pool, self.arena.pool)
+        # Reads are disk / page-cache copies and SHA-256 (~1.3 GB/s a core), both outside the
+        # GIL: a thread per two cores, 2 to 8.
+        threads = min(8, max(2, (os.cpu_count() or 2) // 2))
+        self.prefetcher = StoragePrefetcher(self.storage, self.arena, threads)
+        # fp8 blocks hold scaled values: only a pool with the same scales may read them.
+        scales = f"|ks{_scales_tag(pool.k_scales)}vs{_scales_tag(pool.v_scales)}" \
+            if pool.is_fp8 else ""
+        self.namespace = (f"{namespace}|{pool.dtype}{scales}"
+                          f"|L{pool.num_layers}H{pool.num_kv_heads}D{pool.head_dim}"
+                          f"|B{self.block_size}")
+        self._stored: set[str] = set()   # names known to be in the store
+        self.hit_tokens = 0              # store -> device, since start (metrics, tests)
+        self.prefetched_tokens = 0       # of those, in blocks read before the match
+
+    def names(self, key: Sequence[int]) -> list[str]:
+        return block_names(self.namespace, key, self.block_size)
+
+    def prefetch(self, key: Sequence[int], have: int) -> None:
+        """Read the blocks of `key` past its first `have` tokens (what the tree holds) on the
+        prefetch threads."""
+        names = self.names(key)[have // self.block_size:]
+        if names:
+            self.prefetcher.prefetch(names)
+
+    def read(self, key: Sequence[int], have: int) -> StagedBlocks:
+        """The staging blocks holding the store's consecutive blocks of `key` from the one
+        containing token `have` on (as many as it has, were read ahead, or fit the arena; under
+        tensor parallelism as many as every rank found). The caller copies them in
+        (`copy_in`) or gives them back (`release`)."""
+        names = self.names(key)[have // self.block_size:]
+        blocks: list[int] = []
+        read_ahead: list[bool] = []
+        for i, name in enumerate(names):
+            block = self.prefetcher.take(name)
+            read_ahead.append(block is not None)
+            if block is None:
+                block = self._read_here(name, names[i + 1:])
+            if block is None:
+                break
+            blocks.append(block)
+            self._stored.add(name)
+        if self.agree_on_blocks is not None:   # every rank calls it, found or not
+            agreed = self.agree_on_blocks(len(blocks))
+            self.arena.release(blocks[agreed:])
+            del blocks[agreed:]
+        return StagedBlocks(blocks, sum(read_ahead[:len(blocks)]))
+
+    def release(self, staged: StagedBlocks) -> None:
+        self.arena.release(staged.blocks)
+
+    def _read_here(self, name: str, later: Sequence[str]) -> int | None:
+        """Read one block on this thread (it was not read ahead) into a staging block: a free
+        one, else one a read ahead for another request gives up, else one a queued copy
+        frees (a host wait). None if it is not in the store or no staging block is left."""
+        block = self.arena.acquire()
+        if block is None and self.prefetcher.give_way(keep=set(later)):
+            block = self.arena.acquire()
+        if block is None:
+            block = self.arena.acquire(wait=True)
+        if block is None:
+            return None
+        if not self.storage.get_into(name, self.arena.pieces(block)):
+            self.arena.release([block])
+            return None
+        return block
+
+    def copy_in(self, staged: StagedBlocks, skip: int, slots: torch.Tensor) -> None:
+        """Copy the staged blocks' tokens, less the first block's first `skip`, into device
+        slots `slots` (one kernel reading the mapped staging memory, on the compute stream),
+        and give the blocks back once the copy is done."""
+        blocks = staged.blocks
+        rows = torch.tensor(self.arena.rows(blocks, skip), dtype=torch.int64)
+        if self.copier.on_gpu:
+            # (from page-locked memory: a pageable copy would make the host wait for the GPU)
+            rows = rows.pin_memory().to(slots.device, non_blocking=True)
+            self.copier.to_device(rows, slots)
+            done = torch.cuda.Event()
+            done.record()
+            self.arena.release(blocks, after=done)
+        else:
+            self.copier.to_device(rows, slots)
+            self.arena.release(blocks)
+        self.hit_tokens += len(slots)
+        self.prefetched_tokens += min(staged.read_ahead * self.block_size, len(slots))
+
+    def store(self, key: list[int], value: torch.Tensor) -> None:
+        """Queue every whole block of a freshly cached key (`value`: its device slots) that the
+        store does not have yet."""
+        bs = self.block_size
+        for i, name in enumerate(self.names(key)):
+            if name in self._stored:
+                continue
+            if not self.writer.has_room(self.block_bytes):
+                break       # (the writer is behind: the next insert of this key offers them again)
+            kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
+            if not self.writer.submit(name, _bytes_when_copied(kv), self.block_bytes):
+                break
+            self._stored.add(name)
+
+    def close(self) -> None:
+        self.prefetcher.close()
+        self.writer.flush()
