@@ -485,6 +485,34 @@ def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queu
     assert full.pending_bytes == 0 and full.dropped == 1
 
 
+def test_a_block_whose_write_failed_is_offered_again(tmp_path, monkeypatch):
+    """A write that fails (here: the disk is full) does not leave the block marked as stored:
+    the next time its key is cached it is written, and a restarted cache finds it."""
+    import errno
+    import os
+
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    real_replace = os.replace
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "replace", disk_full)
+    cache_tokens(first, pool, alloc, doc)
+    first.file_tier.writer.flush()
+    tier = first.file_tier
+    assert tier.storage.failed_writes == 3 and not tier._stored
+    monkeypatch.setattr(os, "replace", real_replace)
+    cache_tokens(first, pool, alloc, doc)        # the same key cached again: offered again
+    first.close()
+    assert tier.storage.failed_writes == 3
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    match = second.match_prefix(doc)
+    assert len(match.indices) == 192 and second.storage_hit_tokens == 192
+    check_content(pool2, match.indices, doc)
+    second.close()
+
+
 def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     import glob
 

@@ -72,7 +72,10 @@ class FileTier:
         self.device_pool = device_pool
         self.agree_on_blocks = agree_on_blocks
         self.storage: KVStorage = FileStorage(directory)
-        self.writer = BackgroundWriter(self.storage)
+        # Names known to be in the store, or queued to be written there; a write that fails
+        # (disk full, ...) takes its name out again, so that the block is offered again.
+        self._stored: set[str] = set()
+        self.writer = BackgroundWriter(self.storage, on_failed=self._stored.discard)
         self.block_size = -(-STORAGE_BLOCK // page_size) * page_size
         pool = device_pool
         self.block_bytes = self.block_size * KVPool.bytes_per_token(
@@ -90,7 +93,6 @@ class FileTier:
         self.namespace = (f"{namespace}|{pool.dtype}{scales}"
                           f"|L{pool.num_layers}H{pool.num_kv_heads}D{pool.head_dim}"
                           f"|B{self.block_size}")
-        self._stored: set[str] = set()   # names known to be in the store
         self.hit_tokens = 0              # store -> device, since start (metrics, tests)
         self.prefetched_tokens = 0       # of those, in blocks read before the match
 
@@ -175,9 +177,10 @@ class FileTier:
             if not self.writer.has_room(self.block_bytes):
                 break       # (the writer is behind: the next insert of this key offers them again)
             kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
+            self._stored.add(name)      # (before the write can fail and take it out)
             if not self.writer.submit(name, _bytes_when_copied(kv), self.block_bytes):
+                self._stored.discard(name)
                 break
-            self._stored.add(name)
 
     def close(self) -> None:
         self.prefetcher.close()

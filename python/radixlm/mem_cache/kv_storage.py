@@ -71,8 +71,8 @@ class KVStorage(ABC):
         """The block's bytes, or None (absent, unreadable or corrupt)."""
 
     @abstractmethod
-    def set(self, name: str, data: bytes) -> None:
-        """Store a block (a failure is counted and dropped, not raised)."""
+    def set(self, name: str, data: bytes) -> bool:
+        """Store a block; False if that failed (counted and dropped, not raised)."""
 
     @abstractmethod
     def exists(self, name: str) -> bool: ...
@@ -148,7 +148,7 @@ class FileStorage(KVStorage):
             return False
         return True
 
-    def set(self, name: str, data: bytes) -> None:
+    def set(self, name: str, data: bytes) -> bool:
         path = self._path(name)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -157,12 +157,14 @@ class FileStorage(KVStorage):
                 with os.fdopen(fd, "wb") as f:
                     f.write(MAGIC + hashlib.sha256(data).digest() + data)
                 os.replace(tmp, path)   # readers see the whole file or none
+                return True
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         except OSError as e:
             self.failed_writes += 1
             logger.warning("KV block not stored (%s): %s", e.strerror or e, path)
+            return False
 
 
 class BackgroundWriter:
@@ -172,8 +174,12 @@ class BackgroundWriter:
     (the hierarchical cache's device -> host copy: waited for there, not on the scheduler's)."""
 
     def __init__(self, storage: KVStorage, max_pending: int = 1024,
-                 max_pending_bytes: int = 1 << 30):
+                 max_pending_bytes: int = 1 << 30,
+                 on_failed: Callable[[str], None] | None = None):
+        """`on_failed(name)`: called on the writer's thread for a write that failed (the
+        file tier then offers the block again the next time its key is cached)."""
         self.storage = storage
+        self.on_failed = on_failed
         self.pending: queue.Queue = queue.Queue(max_pending)
         self.max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0
@@ -221,12 +227,16 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             name, data, size = self.pending.get()
+            stored = True
             try:
                 if not self.storage.exists(name):
-                    self.storage.set(name, data if isinstance(data, bytes) else data())
+                    stored = self.storage.set(name, data if isinstance(data, bytes) else data())
             except Exception:     # (a failed device copy: the block is not stored)
                 logger.exception("KV block %s not stored", name)
+                stored = False
             finally:
+                if not stored and self.on_failed is not None:
+                    self.on_failed(name)
                 with self._lock:
                     self.pending_bytes -= size
                 self.pending.task_done()
