@@ -266,23 +266,27 @@ def test_a_new_cache_on_the_same_directory_finds_the_blocks(tmp_path):
 
 def test_ranks_load_only_the_blocks_every_rank_found(tmp_path):
     """Under TP each rank asks the others how many blocks they found (the smallest count wins),
-    at every match, even one that found none itself, and loads only those."""
+    at every round of a match until a round agrees on none, even one that found none itself,
+    and loads only those."""
     first, pool, alloc = make_file_cache(tmp_path)
     doc = list(range(500, 700))                  # 3 whole blocks of 64
     cache_tokens(first, pool, alloc, doc)
     first.close()
-    asked = []
+    asked, other_has = [], [1]
 
-    def other_rank_found_one(n: int) -> int:
+    def other_rank_found_one(n: int) -> int:    # the other rank has block 0 only
         asked.append(n)
-        return min(n, 1)
+        agreed = min(n, other_has[0])
+        other_has[0] -= agreed
+        return agreed
     second, pool2, alloc2 = make_file_cache(tmp_path, agree_on_blocks=other_rank_found_one)
     match = second.match_prefix(doc)
-    assert asked == [3] and len(match.indices) == 64 and second.storage_hit_tokens == 64
+    assert asked == [3, 2] and len(match.indices) == 64 and second.storage_hit_tokens == 64
     check_content(pool2, match.indices, doc)
     check_accounting(second, alloc2)
+    assert second.file_tier.arena.available() == second.file_tier.arena.num_blocks
     match = second.match_prefix(list(range(9000, 9100)))    # nothing stored: still asks
-    assert asked == [3, 0] and len(match.indices) == 0
+    assert asked == [3, 2, 0] and len(match.indices) == 0
     none, pool3, alloc3 = make_file_cache(tmp_path, agree_on_blocks=lambda n: 0)
     assert len(none.match_prefix(doc).indices) == 0 and none.storage_hit_tokens == 0
     check_accounting(none, alloc3)
@@ -343,6 +347,38 @@ def test_a_match_takes_staging_room_from_other_requests_reads(tmp_path):
     second.close()
 
 
+def test_a_prefix_longer_than_the_staging_arena_loads_in_rounds(tmp_path, monkeypatch):
+    """With room for 2 blocks in the staging arena, a 3-block prefix loads in two rounds (the
+    first round's copy frees its blocks), whole; under TP each round's count is agreed on,
+    and the last round finds nothing."""
+    from radixlm.mem_cache import file_tier
+
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    monkeypatch.setattr(file_tier, "STAGING_MAX_BYTES", 2 * first.file_tier.block_bytes)
+    asked = []
+
+    def agree(n: int) -> int:
+        asked.append(n)
+        return n
+    second, pool2, alloc2 = make_file_cache(tmp_path, agree_on_blocks=agree)
+    assert second.file_tier.arena.num_blocks == 2
+    match = second.match_prefix(doc + [1])
+    assert len(match.indices) == 192 and second.storage_hit_tokens == 192
+    assert asked == [2, 1, 0]
+    check_content(pool2, match.indices, doc)
+    assert second.file_tier.arena.available() == 2
+    check_accounting(second, alloc2)
+    second.close()
+    alone, pool3, alloc3 = make_file_cache(tmp_path)       # one rank: no agreement to ask
+    match = alone.match_prefix(doc + [1])
+    assert len(match.indices) == 192 and alone.storage_hit_tokens == 192
+    check_content(pool3, match.indices, doc)
+    alone.close()
+
+
 def tiny_arena(num_blocks: int):
     """A staging arena of 100-byte blocks (one token of one layer: K and V of 50 bytes)."""
     from radixlm.mem_cache.staging_arena import StagingArena
@@ -387,9 +423,11 @@ def test_prefetcher_stops_at_a_miss_and_holds_at_most_its_arena(tmp_path, monkey
     prefetcher.wait_idle()
     assert prefetcher.held == 2 and prefetcher.take("c") is None and arena.available() == 0
     # A match that needs room takes it from the newest block read ahead, not from its own.
-    assert prefetcher.give_way(keep={"b"}) and arena.available() == 1
+    given = prefetcher.give_way(keep={"b"})        # (handed over, not freed: a)
+    assert given is not None and arena.available() == 0
+    arena.release([given])
     assert prefetcher.take("a") is None and prefetcher.held == 1
-    assert not prefetcher.give_way(keep={"b"})
+    assert prefetcher.give_way(keep={"b"}) is None
     # Blocks never taken give way once stale.
     monkeypatch.setattr(kv_storage, "PREFETCH_STALE_S", 0.0)
     prefetcher.prefetch(["a", "e"])

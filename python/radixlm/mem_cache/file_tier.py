@@ -9,6 +9,7 @@ memory is staging_arena.py.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -21,13 +22,15 @@ from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows
 from radixlm.mem_cache.pools import KVPool
 from radixlm.mem_cache.staging_arena import StagingArena
 
+logger = logging.getLogger(__name__)
+
 # Tokens per L3 block (rounded up to whole pages): big enough that a file read costs less than
 # recomputing it, small enough that a shared prefix wastes little of its last block.
 STORAGE_BLOCK = 64
-# The staging arena's size, at most (it is never larger than the device pool, since one fetch
-# cannot load more than that): the blocks read ahead for waiting requests and not yet matched,
-# and the most one match loads from the store (2 GiB: 16k tokens of an 8B model's KV). It is
-# page-locked for the server's life.
+# The staging arena's size, at most (and never larger than the device pool): what the blocks
+# read ahead for waiting requests and not yet matched can take, and what a match loads from the
+# store in one go (a longer prefix loads in several: 2 GiB is 16k tokens of an 8B model's KV).
+# It is page-locked for the server's life.
 STAGING_MAX_BYTES = 2 << 30
 
 
@@ -51,7 +54,8 @@ def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
     copied.record()
 
     def wait_and_read() -> bytes:
-        copied.synchronize()
+        with torch.cuda.device(rows.device):   # (the writer thread's device may be another)
+            copied.synchronize()
         return host.view(torch.uint8).numpy().tobytes()
     return wait_and_read
 
@@ -60,7 +64,9 @@ def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
 class StagedBlocks:
     """Blocks of a key read from the store into the staging arena, in order."""
     blocks: list[int]          # their staging blocks
-    read_ahead: int            # how many of them the prefetch threads had read
+    read_ahead: int            # how many of them the prefetch threads had read (the first ones
+                               # or not: a count for the metrics)
+    cut_short: bool = False    # the reads stopped for want of a staging block, not at a miss
 
 
 class FileTier:
@@ -106,47 +112,61 @@ class FileTier:
         if names:
             self.prefetcher.prefetch(names)
 
-    def read(self, key: Sequence[int], have: int) -> StagedBlocks:
+    def read(self, key: Sequence[int], start: int) -> StagedBlocks:
         """The staging blocks holding the store's consecutive blocks of `key` from the one
-        containing token `have` on (as many as it has, were read ahead, or fit the arena; under
-        tensor parallelism as many as every rank found). The caller copies them in
-        (`copy_in`) or gives them back (`release`)."""
-        names = self.names(key)[have // self.block_size:]
-        blocks: list[int] = []
-        read_ahead: list[bool] = []
-        for i, name in enumerate(names):
+        containing token `start` on: as many as the store has, or as fit the arena now (the
+        caller copies them in and asks again from where they end); under tensor parallelism
+        as many as every rank found. The caller copies them in (`copy_in`) or gives them back
+        (`release`)."""
+        names = self.names(key)[start // self.block_size:]
+        keep = set(names)         # (this request's: not taken from its own read-ahead)
+        staged = StagedBlocks([], 0)
+        for name in names:
             block = self.prefetcher.take(name)
-            read_ahead.append(block is not None)
-            if block is None:
-                block = self._read_here(name, names[i + 1:])
-            if block is None:
-                break
-            blocks.append(block)
+            if block is not None:
+                staged.read_ahead += 1
+            else:
+                block = self._free_block(keep)
+                if block is None:
+                    staged.cut_short = True
+                    break
+                if not self._read_into(name, block):
+                    break
+            staged.blocks.append(block)
             self._stored.add(name)
         if self.agree_on_blocks is not None:   # every rank calls it, found or not
-            agreed = self.agree_on_blocks(len(blocks))
-            self.arena.release(blocks[agreed:])
-            del blocks[agreed:]
-        return StagedBlocks(blocks, sum(read_ahead[:len(blocks)]))
+            agreed = self.agree_on_blocks(len(staged.blocks))
+            self.arena.release(staged.blocks[agreed:])
+            staged.read_ahead = min(staged.read_ahead, agreed)
+            del staged.blocks[agreed:]
+        return staged
 
     def release(self, staged: StagedBlocks) -> None:
         self.arena.release(staged.blocks)
 
-    def _read_here(self, name: str, later: Sequence[str]) -> int | None:
-        """Read one block on this thread (it was not read ahead) into a staging block: a free
-        one, else one a read ahead for another request gives up, else one a queued copy
-        frees (a host wait). None if it is not in the store or no staging block is left."""
+    def _free_block(self, keep: set[str]) -> int | None:
+        """A staging block for a read on this thread: a free one, else one a read ahead for
+        another request gives up, else one a queued copy frees (a host wait); None if no
+        staging block is left."""
         block = self.arena.acquire()
-        if block is None and self.prefetcher.give_way(keep=set(later)):
-            block = self.arena.acquire()
+        if block is None:
+            block = self.prefetcher.give_way(keep)
         if block is None:
             block = self.arena.acquire(wait=True)
-        if block is None:
-            return None
-        if not self.storage.get_into(name, self.arena.pieces(block)):
-            self.arena.release([block])
-            return None
         return block
+
+    def _read_into(self, name: str, block: int) -> bool:
+        """Read a block on this thread into staging block `block`; False (and the block given
+        back) if it is not in the store or unreadable: a miss, never an exception, so that
+        the ranks' agreement is always reached."""
+        try:
+            found = self.storage.get_into(name, self.arena.pieces(block))
+        except Exception:
+            logger.exception("reading KV block %s failed", name)
+            found = False
+        if not found:
+            self.arena.release([block])
+        return found
 
     def copy_in(self, staged: StagedBlocks, skip: int, slots: torch.Tensor) -> None:
         """Copy the staged blocks' tokens, less the first block's first `skip`, into device
@@ -158,7 +178,7 @@ class FileTier:
             # (from page-locked memory: a pageable copy would make the host wait for the GPU)
             rows = rows.pin_memory().to(slots.device, non_blocking=True)
             self.copier.to_device(rows, slots)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)   # (a host that waits for it sleeps)
             done.record()
             self.arena.release(blocks, after=done)
         else:

@@ -308,26 +308,37 @@ class HiRadixCache(RadixCache):
             self.file_tier.prefetch(key, self.peek_prefix(key)[0])
 
     def _fetch_from_storage(self, key: Sequence[int], match: MatchResult) -> bool:
-        """Load the blocks that follow `match` from the store into fresh device slots and cache
-        them in the tree. Returns whether any was found."""
+        """Load the blocks that follow `match` from the store into fresh device slots, a
+        staging arena's worth at a time, and cache them in the tree. Returns whether any was
+        found. (Under tensor parallelism every round's block count is agreed on, so the ranks
+        run the same rounds, evictions and allocations.)"""
         tier = self.file_tier
-        have = len(match.indices)
-        staged = tier.read(key, have)
-        if not staged.blocks:
+        have = end = len(match.indices)
+        parts = [match.indices]
+        while True:
+            staged = tier.read(key, end)
+            if not staged.blocks:
+                break
+            skip = end % tier.block_size       # (tokens of the first block the tree holds)
+            need = len(staged.blocks) * tier.block_size - skip
+            short = need - self.allocator.available_size()
+            if short > 0:     # (the slots of earlier rounds are not in the tree: not evicted)
+                self.inc_lock_ref(match.last_node)
+                self.evict(short)
+                self.dec_lock_ref(match.last_node)
+            slots = self.allocator.alloc(need)
+            if slots is None:
+                tier.release(staged)
+                break
+            tier.copy_in(staged, skip, slots)
+            parts.append(slots)
+            end += need
+            if not staged.cut_short and tier.agree_on_blocks is None:
+                break     # (a miss: the next round would only find it again; under TP the
+                          # ranks' rounds end alike only where they agree on none)
+        if end == have:
             return False
-        skip = have % tier.block_size       # (tokens of the first block the tree holds)
-        need = len(staged.blocks) * tier.block_size - skip
-        short = need - self.allocator.available_size()
-        if short > 0:
-            self.inc_lock_ref(match.last_node)
-            self.evict(short)
-            self.dec_lock_ref(match.last_node)
-        slots = self.allocator.alloc(need)
-        if slots is None:
-            tier.release(staged)
-            return False
-        tier.copy_in(staged, skip, slots)
-        already = self.insert(list(key[:have + need]), torch.cat([match.indices, slots]))
+        already = self.insert(list(key[:end]), torch.cat(parts))
         assert already == have, "the tree changed under a storage fetch"
         return True
 

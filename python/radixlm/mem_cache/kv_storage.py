@@ -306,10 +306,11 @@ class StoragePrefetcher:
                 self.taken += 1
         return block
 
-    def give_way(self, keep: Collection[str] = ()) -> bool:
-        """Free the arena block of the most recently queued block read ahead and not taken
-        (a request further back in the queue reads it again), none named in `keep`. False if
-        there is none."""
+    def give_way(self, keep: Collection[str] = ()) -> int | None:
+        """The arena block of the most recently queued block read ahead and not taken (a
+        request further back in the queue reads it again), none named in `keep`: now the
+        caller's (handed over, not freed, so that no prefetch thread can take it first).
+        None if there is none."""
         with self._lock:
             for name in reversed(self._reads):
                 read = self._reads[name][0]
@@ -317,9 +318,8 @@ class StoragePrefetcher:
                     continue
                 del self._reads[name]
                 self.held -= 1
-                self.arena.release([read.result()])
-                return True
-        return False
+                return read.result()
+        return None
 
     def wait_idle(self) -> None:
         """Wait until every queued read is done (tests)."""
@@ -368,7 +368,9 @@ class StoragePrefetcher:
                     block = None
                 else:
                     self.held += 1
-            read.set_result(block)              # (always: `take` may be waiting for it)
+                # (always, and under the lock: `take` may be waiting for it, and a `close`
+                # between the count and the result would find it neither done nor cancelable)
+                read.set_result(block)
 
     def _drop_stale(self) -> None:
         """Free the blocks read more than PREFETCH_STALE_S ago and never taken (lock held)."""
