@@ -53,10 +53,6 @@ class StagingArena:
         self._copying: deque[tuple[torch.cuda.Event, list[int]]] = deque()
         self._lock = threading.Lock()
 
-    @property
-    def block_bytes(self) -> int:
-        return self.pool.nbytes // self.num_blocks
-
     def available(self) -> int:
         """Blocks free now (copies seen done included)."""
         with self._lock:
