@@ -5,6 +5,8 @@ with and without it (same tokens; prefixes evicted from the device come back fro
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -327,6 +329,7 @@ def test_a_match_takes_staging_room_from_other_requests_reads(tmp_path):
     first, pool, alloc = make_file_cache(tmp_path)
     doc, other = list(range(500, 700)), list(range(2000, 2200))   # 3 whole blocks each
     cache_tokens(first, pool, alloc, doc)
+    first.file_tier.writer.flush()               # (the write staging holds 4 blocks here)
     cache_tokens(first, pool, alloc, other)
     first.close()
     second, pool2, alloc2 = make_file_cache(tmp_path)
@@ -466,6 +469,8 @@ def test_file_storage_reads_in_place_what_get_returns(tmp_path):
     pieces = [p for b in range(6) for p in arena.pieces(b)]       # 12 pieces of 50 bytes
     assert store.get_into("x", pieces) and b"".join(map(bytes, pieces)) == payload
     assert KVStorage.get_into(store, "x", pieces)                 # the interface's default
+    assert KVStorage.set_pieces(store, "y", pieces[:4]) and store.get("y") == payload[:200]
+    assert store.set_pieces("z", pieces[4:]) and store.get("z") == payload[200:]
     assert not store.get_into("x", pieces[:-1])                   # another size
     assert not KVStorage.get_into(store, "x", pieces[:-1])
     assert not store.get_into("missing", pieces) and store.corrupt == 1
@@ -474,6 +479,42 @@ def test_file_storage_reads_in_place_what_get_returns(tmp_path):
         f.write(b"X")
     assert not store.get_into("x", pieces) and store.corrupt == 2
     assert store.get("x") is None and store.corrupt == 3
+
+
+def test_file_storage_reads_files_of_the_sha256_format(tmp_path, monkeypatch):
+    """Blocks are written with a CRC32 now; files of earlier builds (magic RLMKV1, SHA-256)
+    are still read, by `get` and `get_into`, and checked against their own checksum. Reads
+    into many pieces go in preadv batches of at most IOV_MAX buffers."""
+    import hashlib
+
+    from radixlm.mem_cache import kv_storage
+    from radixlm.mem_cache.kv_storage import FileStorage
+
+    store = FileStorage(str(tmp_path))
+    payload = bytes(range(200)) * 3
+    os.makedirs(os.path.dirname(store._path("old")), exist_ok=True)
+    with open(store._path("old"), "wb") as f:
+        f.write(b"RLMKV1" + hashlib.sha256(payload).digest() + payload)
+    store.set("new", payload)
+    with open(store._path("new"), "rb") as f:
+        assert f.read(6) == b"RLMKV2"
+    monkeypatch.setattr(kv_storage, "_IOV_MAX", 5)                # 13 views: 3 calls
+    arena = tiny_arena(6)
+    pieces = [p for b in range(6) for p in arena.pieces(b)]       # 12 pieces of 50 bytes
+    for name in ("old", "new"):
+        assert store.get(name) == payload
+        for p in pieces:
+            p[:] = bytes(p.nbytes)
+        assert store.get_into(name, pieces) and b"".join(map(bytes, pieces)) == payload
+    with open(store._path("old"), "r+b") as f:                    # a flipped payload byte
+        f.seek(100)
+        f.write(b"X")
+    assert store.get("old") is None and not store.get_into("old", pieces)
+    assert store.corrupt == 2
+    with open(store._path("new"), "r+b") as f:                    # an unknown magic
+        f.write(b"RLMKV9")
+    assert store.get("new") is None and not store.get_into("new", pieces)
+    assert store.corrupt == 4
 
 
 def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queued(tmp_path):
@@ -547,6 +588,40 @@ def test_a_block_whose_write_failed_is_offered_again(tmp_path, monkeypatch):
     second, pool2, alloc2 = make_file_cache(tmp_path)
     match = second.match_prefix(doc)
     assert len(match.indices) == 192 and second.storage_hit_tokens == 192
+    check_content(pool2, match.indices, doc)
+    second.close()
+
+
+def test_blocks_wait_for_write_staging_and_are_offered_again(tmp_path, monkeypatch):
+    """Blocks being written are staged (one copy for all of an insert's new blocks) and hold
+    their staging block until written: with room for 2, a 3-block key queues 2 writes while
+    the writer is stuck, and the third is written when the key is cached again."""
+    import threading
+
+    from radixlm.mem_cache import file_tier
+
+    monkeypatch.setattr(file_tier, "WRITE_STAGING_MAX_BYTES", 2 * 64 * LAYERS * 2 * HEADS * DIM * 4)
+    first, pool, alloc = make_file_cache(tmp_path)
+    tier = first.file_tier
+    assert tier.write_arena.num_blocks == 2
+    gate, real = threading.Event(), tier.storage.set_pieces
+
+    def stuck(name, pieces):
+        gate.wait(10)
+        return real(name, pieces)
+    monkeypatch.setattr(tier.storage, "set_pieces", stuck)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    assert len(tier._stored) == 2 and tier.write_arena.available() == 0
+    gate.set()
+    tier.writer.flush()
+    assert tier.write_arena.available() == 2
+    cache_tokens(first, pool, alloc, doc)        # cached again: the third block now
+    first.close()
+    assert len(tier._stored) == 3 and tier.write_arena.available() == 2
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    match = second.match_prefix(doc)
+    assert len(match.indices) == 192
     check_content(pool2, match.indices, doc)
     second.close()
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
 from radixlm.mem_cache.kv_storage import (BackgroundWriter, FileStorage, KVStorage,
                                           StoragePrefetcher, block_names)
-from radixlm.mem_cache.kv_transfer import TierCopier, gather_rows
+from radixlm.mem_cache.kv_transfer import TierCopier
 from radixlm.mem_cache.pools import KVPool
 from radixlm.mem_cache.staging_arena import StagingArena
 
@@ -32,32 +33,15 @@ STORAGE_BLOCK = 64
 # store in one go (a longer prefix loads in several: 2 GiB is 16k tokens of an 8B model's KV).
 # It is page-locked for the server's life.
 STAGING_MAX_BYTES = 2 << 30
+# The same for the blocks being written: how far the writer may fall behind (a block finds no
+# room: not written now, offered again the next time its key is cached).
+WRITE_STAGING_MAX_BYTES = 1 << 30
 
 
 def _scales_tag(scales: list[float]) -> str:
     """A pool's per-layer scales in a file-tier namespace: the one value when every layer has
     it (the names blocks had before scales were per layer), else every layer's."""
     return repr(scales[0]) if len(set(scales)) == 1 else repr(tuple(scales))
-
-
-def _bytes_when_copied(rows: torch.Tensor) -> Callable[[], bytes]:
-    """A function that returns `rows`' bytes. On a GPU the copy to (page-locked) host memory is
-    queued now, behind the forwards that wrote the rows, and the function, called on the file
-    tier's writer thread, waits for it there: a `.cpu()` here would make the scheduler's thread
-    wait for every step queued on the GPU."""
-    if rows.device.type != "cuda":
-        host = rows.contiguous()
-        return lambda: host.view(torch.uint8).numpy().tobytes()
-    host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-    host.copy_(rows, non_blocking=True)
-    copied = torch.cuda.Event(blocking=True)     # (the writer thread sleeps, not spins)
-    copied.record()
-
-    def wait_and_read() -> bytes:
-        with torch.cuda.device(rows.device):   # (the writer thread's device may be another)
-            copied.synchronize()
-        return host.view(torch.uint8).numpy().tobytes()
-    return wait_and_read
 
 
 @dataclass
@@ -86,10 +70,14 @@ class FileTier:
         pool = device_pool
         self.block_bytes = self.block_size * KVPool.bytes_per_token(
             pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
-        num_blocks = max(1, min(STAGING_MAX_BYTES, pool.nbytes) // self.block_bytes)
-        self.arena = StagingArena(pool, self.block_size, num_blocks)
+        self.arena = self._arena(STAGING_MAX_BYTES)
         self.copier = TierCopier(pool, self.arena.pool)
-        # Reads are disk / page-cache copies and SHA-256 (~1.3 GB/s a core), both outside the
+        # Blocks being written are gathered there by one copy-kernel launch for all of an
+        # insert's new blocks (not a gather per layer and block on the scheduler's thread),
+        # and written from there.
+        self.write_arena = self._arena(WRITE_STAGING_MAX_BYTES)
+        self.write_copier = TierCopier(pool, self.write_arena.pool)
+        # Reads are disk / page-cache copies and a CRC32 (~3.6 GB/s a core), both outside the
         # GIL: a thread per two cores, 2 to 8.
         threads = min(8, max(2, (os.cpu_count() or 2) // 2))
         self.prefetcher = StoragePrefetcher(self.storage, self.arena, threads)
@@ -101,6 +89,11 @@ class FileTier:
                           f"|B{self.block_size}")
         self.hit_tokens = 0              # store -> device, since start (metrics, tests)
         self.prefetched_tokens = 0       # of those, in blocks read before the match
+
+    def _arena(self, max_bytes: int) -> StagingArena:
+        pool = self.device_pool
+        num_blocks = max(1, min(max_bytes, pool.nbytes) // self.block_bytes)
+        return StagingArena(pool, self.block_size, num_blocks)
 
     def names(self, key: Sequence[int]) -> list[str]:
         return block_names(self.namespace, key, self.block_size)
@@ -172,35 +165,71 @@ class FileTier:
         """Copy the staged blocks' tokens, less the first block's first `skip`, into device
         slots `slots` (one kernel reading the mapped staging memory, on the compute stream),
         and give the blocks back once the copy is done."""
-        blocks = staged.blocks
-        rows = torch.tensor(self.arena.rows(blocks, skip), dtype=torch.int64)
-        if self.copier.on_gpu:
-            # (from page-locked memory: a pageable copy would make the host wait for the GPU)
-            rows = rows.pin_memory().to(slots.device, non_blocking=True)
-            self.copier.to_device(rows, slots)
-            done = torch.cuda.Event(blocking=True)   # (a host that waits for it sleeps)
-            done.record()
-            self.arena.release(blocks, after=done)
-        else:
-            self.copier.to_device(rows, slots)
-            self.arena.release(blocks)
+        rows = self._rows_on(slots.device, self.arena.rows(staged.blocks, skip))
+        self.copier.to_device(rows, slots)
+        self.arena.release(staged.blocks, after=self._copied())
         self.hit_tokens += len(slots)
         self.prefetched_tokens += min(staged.read_ahead * self.block_size, len(slots))
 
     def store(self, key: list[int], value: torch.Tensor) -> None:
         """Queue every whole block of a freshly cached key (`value`: its device slots) that the
-        store does not have yet."""
+        store does not have yet, as far as the write staging has room (the rest is offered
+        again the next time the key is cached)."""
         bs = self.block_size
+        todo: list[tuple[str, int]] = []        # (name, write staging block)
+        slots: list[torch.Tensor] = []
         for i, name in enumerate(self.names(key)):
             if name in self._stored:
                 continue
-            if not self.writer.has_room(self.block_bytes):
-                break       # (the writer is behind: the next insert of this key offers them again)
-            kv = gather_rows(self.device_pool, value[i * bs:(i + 1) * bs])
+            block = self.write_arena.acquire()
+            if block is None:
+                break           # (the writer is behind)
+            todo.append((name, block))
+            slots.append(value[i * bs:(i + 1) * bs])
             self._stored.add(name)      # (before the write can fail and take it out)
-            if not self.writer.submit(name, _bytes_when_copied(kv), self.block_bytes):
-                self._stored.discard(name)
+        if not todo:
+            return
+        blocks = [block for _, block in todo]
+        self.write_copier.to_host(torch.cat(slots), self._rows_on(value.device,
+                                                                 self.write_arena.rows(blocks)))
+        copied = self._copied()
+        for k, (name, block) in enumerate(todo):
+            if not self.writer.submit(name, self._pieces_when_copied(block, copied),
+                                      self.block_bytes, partial(self._written, block)):
+                for name_left, _ in todo[k:]:
+                    self._stored.discard(name_left)
+                self.write_arena.release(blocks[k:], after=copied)
                 break
+
+    def _pieces_when_copied(self, block: int, copied: torch.cuda.Event | None
+                            ) -> Callable[[], list[memoryview]]:
+        """What the writer thread writes for `block`: its pieces, once the copy into them is
+        done (waited for there, not on the scheduler's thread)."""
+        def wait_and_read() -> list[memoryview]:
+            if copied is not None:
+                with torch.cuda.device(self.device_pool.device):   # (the thread's may differ)
+                    copied.synchronize()
+            return self.write_arena.pieces(block)
+        return wait_and_read
+
+    def _written(self, block: int) -> None:
+        self.write_arena.release([block])
+
+    def _rows_on(self, device: torch.device, rows: list[int]) -> torch.Tensor:
+        """Staging rows as the copy kernel's index tensor on `device`."""
+        t = torch.tensor(rows, dtype=torch.int64)
+        if device.type != "cuda":
+            return t
+        # (from page-locked memory: a pageable copy would make the host wait for the GPU)
+        return t.pin_memory().to(device, non_blocking=True)
+
+    def _copied(self) -> torch.cuda.Event | None:
+        """An event after the copies queued so far (None on the CPU: they are done)."""
+        if self.device_pool.device.type != "cuda":
+            return None
+        done = torch.cuda.Event(blocking=True)   # (a host that waits for it sleeps)
+        done.record()
+        return done
 
     def close(self) -> None:
         self.prefetcher.close()

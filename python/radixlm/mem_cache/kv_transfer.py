@@ -1,6 +1,7 @@
 """Moving KV between the device pool and the hierarchical cache's host pool
-(`TierCopier`), and the row gathers / scatters the file tier uses (`gather_rows`,
-`scatter_rows`: a block [layers, 2 (K, V), n, heads, dim]).
+(`TierCopier`, which the file tier also uses for its staging arenas), and the row gathers /
+scatters its CPU path is made of (`gather_rows`, `scatter_rows`: rows [layers, 2 (K, V), n,
+heads, dim]).
 
 On a GPU machine the copies between the tiers are one kernel each that reads or writes the
 page-locked host pool directly (kv_copy_kernel.py); on the CPU they are plain gathers/scatters.
