@@ -626,6 +626,26 @@ def test_blocks_wait_for_write_staging_and_are_offered_again(tmp_path, monkeypat
     second.close()
 
 
+def test_a_staging_copy_that_raises_leaks_no_block(tmp_path, monkeypatch):
+    """If the copy into the write staging raises, its blocks go back and their names are not
+    marked stored: the next insert of the key writes them."""
+    first, pool, alloc = make_file_cache(tmp_path, device_slots=512)
+    tier = first.file_tier
+    free = tier.write_arena.available()
+
+    def broken(*args):
+        raise RuntimeError("copy failed")
+    monkeypatch.setattr(tier.write_copier, "to_host", broken)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    with pytest.raises(RuntimeError, match="copy failed"):
+        cache_tokens(first, pool, alloc, doc)
+    assert tier.write_arena.available() == free and not tier._stored
+    monkeypatch.undo()
+    assert cache_tokens(first, pool, alloc, doc)  # (the failed insert's slots stay taken)
+    first.close()
+    assert len(tier._stored) == 3 and tier.write_arena.available() == free
+
+
 def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     import glob
 

@@ -34,7 +34,8 @@ STORAGE_BLOCK = 64
 # It is page-locked for the server's life.
 STAGING_MAX_BYTES = 2 << 30
 # The same for the blocks being written: how far the writer may fall behind (a block finds no
-# room: not written now, offered again the next time its key is cached).
+# room: not written now, offered again the next time its key is cached). With the read arena,
+# up to 3 GiB of page-locked host memory per TP rank, never more than twice the device pool.
 WRITE_STAGING_MAX_BYTES = 1 << 30
 
 
@@ -65,7 +66,6 @@ class FileTier:
         # Names known to be in the store, or queued to be written there; a write that fails
         # (disk full, ...) takes its name out again, so that the block is offered again.
         self._stored: set[str] = set()
-        self.writer = BackgroundWriter(self.storage, on_failed=self._stored.discard)
         self.block_size = -(-STORAGE_BLOCK // page_size) * page_size
         pool = device_pool
         self.block_bytes = self.block_size * KVPool.bytes_per_token(
@@ -77,6 +77,12 @@ class FileTier:
         # and written from there.
         self.write_arena = self._arena(WRITE_STAGING_MAX_BYTES)
         self.write_copier = TierCopier(pool, self.write_arena.pool)
+        # The write arena bounds what is queued: the writer's own bounds never drop a block
+        # that found room there.
+        self.writer = BackgroundWriter(
+            self.storage, max_pending=self.write_arena.num_blocks,
+            max_pending_bytes=self.write_arena.num_blocks * self.block_bytes,
+            on_failed=self._stored.discard)
         # Reads are disk / page-cache copies and a CRC32 (~3.6 GB/s a core), both outside the
         # GIL: a thread per two cores, 2 to 8.
         threads = min(8, max(2, (os.cpu_count() or 2) // 2))
@@ -190,12 +196,19 @@ class FileTier:
         if not todo:
             return
         blocks = [block for _, block in todo]
-        self.write_copier.to_host(torch.cat(slots), self._rows_on(value.device,
-                                                                 self.write_arena.rows(blocks)))
+        try:
+            self.write_copier.to_host(torch.cat(slots), self._rows_on(
+                value.device, self.write_arena.rows(blocks)))
+        except BaseException:
+            # (nothing queued: the blocks go back, and their names are offered again)
+            for name, _ in todo:
+                self._stored.discard(name)
+            self.write_arena.release(blocks)
+            raise
         copied = self._copied()
         for k, (name, block) in enumerate(todo):
             if not self.writer.submit(name, self._pieces_when_copied(block, copied),
-                                      self.block_bytes, partial(self._written, block)):
+                                      self.block_bytes, partial(self._written, block, copied)):
                 for name_left, _ in todo[k:]:
                     self._stored.discard(name_left)
                 self.write_arena.release(blocks[k:], after=copied)
@@ -212,8 +225,9 @@ class FileTier:
             return self.write_arena.pieces(block)
         return wait_and_read
 
-    def _written(self, block: int) -> None:
-        self.write_arena.release([block])
+    def _written(self, block: int, copied: torch.cuda.Event | None) -> None:
+        # (after the copy: a write skipped because the file exists never waited for it)
+        self.write_arena.release([block], after=copied)
 
     def _rows_on(self, device: torch.device, rows: list[int]) -> torch.Tensor:
         """Staging rows as the copy kernel's index tensor on `device`."""

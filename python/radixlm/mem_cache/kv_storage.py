@@ -70,15 +70,24 @@ FILE_FORMAT = _FileFormat(b"RLMKV2", 4, _crc32)
 _READ_FORMATS = {f.magic: f for f in (FILE_FORMAT, _FileFormat(b"RLMKV1", 32, _sha256))}
 MAGIC_BYTES = 6               # every format's magic has this length
 _MAX_HEAD = max(f.head for f in _READ_FORMATS.values())
-# (how many buffers one preadv call may take)
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _iov_max() -> int:
+    """How many buffers one preadv call may take."""
+    try:
+        return max(1, os.sysconf("SC_IOV_MAX"))
+    except (AttributeError, ValueError, OSError):
+        return 1024
+
+
+_IOV_MAX = _iov_max()
 
 
 def _read_exactly(fd: int, views: Sequence[memoryview], offset: int) -> bool:
     """Fill `views` in order from file descriptor `fd` at `offset`, with one preadv call for
     many views where the platform has it (a syscall a block, not a piece); False at an early
     end of file."""
-    todo = [v for v in views if v.nbytes]
+    todo = [v.cast("B") for v in views if v.nbytes]     # (a short read is counted in bytes)
     while todo:
         batch = todo[:_IOV_MAX]
         if hasattr(os, "preadv"):
@@ -230,10 +239,11 @@ class FileStorage(KVStorage):
 
 
 class BackgroundWriter:
-    """Runs `storage.set` on a thread so that disk writes never hold up a step. A write queued
-    beyond `max_pending` writes or `max_pending_bytes` is dropped (the block is simply not
-    stored). The data may be a function that makes the bytes, called on the writer's thread
-    (the hierarchical cache's device -> host copy: waited for there, not on the scheduler's)."""
+    """Runs `storage.set` / `set_pieces` on a thread so that disk writes never hold up a step.
+    A write queued beyond `max_pending` writes or `max_pending_bytes` is dropped (the block is
+    simply not stored). The data may be a function that returns the bytes or a list of pieces,
+    called on the writer's thread (the file tier's: it waits there for the device -> staging
+    copy, not on the scheduler's thread)."""
 
     def __init__(self, storage: KVStorage, max_pending: int = 1024,
                  max_pending_bytes: int = 1 << 30,
@@ -294,18 +304,22 @@ class BackgroundWriter:
             try:
                 if not self.storage.exists(name):
                     payload = data if isinstance(data, bytes) else data()
-                    stored = (self.storage.set(name, payload) if isinstance(payload, bytes)
-                              else self.storage.set_pieces(name, payload))
+                    stored = (self.storage.set_pieces(name, payload)
+                              if isinstance(payload, (list, tuple))
+                              else self.storage.set(name, bytes(payload)))
             except Exception:     # (a failed device copy: the block is not stored)
                 logger.exception("KV block %s not stored", name)
                 stored = False
             finally:
-                if not stored and self.on_failed is not None:
-                    self.on_failed(name)
-                if finished is not None:
-                    finished()
-                with self._lock:
+                with self._lock:    # (first: `finished` frees room a submit may take at once)
                     self.pending_bytes -= size
+                for callback, arg in ((self.on_failed if not stored else None, (name,)),
+                                      (finished, ())):
+                    if callback is not None:
+                        try:
+                            callback(*arg)
+                        except Exception:   # (the thread must live on: flush() waits for it)
+                            logger.exception("KV storage writer callback failed")
                 self.pending.task_done()
 
 
@@ -326,7 +340,7 @@ class StoragePrefetcher:
     ahead of the match that needs them, so that the scheduler's thread finds them in page-locked
     memory instead of waiting for the disk and the checksum (a block of an 8B model is 8 MiB to
     read and hash) while a batch could be scheduled. A request's blocks are read by `threads`
-    threads at once (unbuffered reads and hashlib let go of the GIL); once one is missing, or
+    threads at once (preadv and the checksum let go of the GIL); once one is missing, or
     the arena has no free block, the request's later blocks not yet started are not read (names
     are chained: nothing after a miss can match), and the match reads the rest itself. A block
     read and not yet taken holds its arena block; one never taken gives way after

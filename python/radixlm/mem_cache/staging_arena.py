@@ -1,5 +1,5 @@
-"""Where the file tier's reads land: block-sized places in one page-locked, GPU-mapped host
-allocation, laid out like a KV pool.
+"""Where the file tier's reads land, and where its writes are gathered (a second arena):
+block-sized places in one page-locked, GPU-mapped host allocation, laid out like a KV pool.
 
 A file-tier block is the KV of `block_size` tokens, every layer: [layers, 2 (K, V), tokens,
 heads, dim] in the file. The arena is a host `KVPool` of `num_blocks * block_size` rows (one
@@ -13,7 +13,8 @@ file, a slice past its header, a gather into a fresh pinned buffer, a DMA, a sca
 
 A block handed to a copy goes back to the free list once the copy is done: `release` takes the
 copy's CUDA event, and `acquire` reclaims blocks whose events have completed (or, asked to, waits
-for the oldest). Thread-safe: the prefetch threads and the scheduler's thread share it. (The
+for the oldest). Thread-safe: the prefetch threads (or the writer thread, which gives a block
+back once it is written) and the scheduler's thread share it. (The
 tiers' copy kernel's warm-up in TierCopier writes row 0 once, before any read.)
 """
 

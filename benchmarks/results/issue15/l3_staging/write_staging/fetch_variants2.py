@@ -1,6 +1,8 @@
 """Reads alone (prefetch of 8k tokens, 8B-shaped bf16 KV, 8 threads), after the GIL fix: a
-readinto per piece (the code) or one os.preadv per block, with SHA-256 or CRC32 as the
-checksum. From the repo root: PYTHONPATH=python python <this> [--device cuda]"""
+readinto per piece (the code then) or one os.preadv per block, with SHA-256 or CRC32 as the
+checksum. It ran against the tree between 15d7474 and e91a7b4 (write staging applied, files
+still SHA-256 with kv_storage.HEAD / MAGIC, which e91a7b4 replaced): a record of that
+experiment, not runnable on later code. PYTHONPATH=python python <this> [--device cuda]"""
 import hashlib, os, sys, tempfile, time, zlib
 import torch
 from radixlm.mem_cache import kv_storage
