@@ -262,6 +262,29 @@ def test_bad_input_raises_value_error(engine, kwargs, field):
     assert engine.generate("Hi", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
 
 
+def test_a_batch_whose_later_prompt_is_bad_fails_as_a_whole(engine):
+    """Each prompt of a batch goes to the scheduler as soon as it passes its checks (the GPU
+    starts on a big batch's first prompts meanwhile). A later prompt that fails aborts those
+    already sent: the request raises, nothing keeps running or holds KV, serving goes on."""
+    good = [[100 + i, 200, 300, 400] * 8 for i in range(3)]
+    for bad, field in (([1, 10**9], "outside the vocabulary"), ([1, True], "input_ids"),
+                       ([], "empty")):
+        with pytest.raises(ValueError, match=field):
+            engine.generate(None, {"max_new_tokens": 3000, **GREEDY}, input_ids=good + [bad])
+        deadline = time.time() + 30       # (3,000 tokens each would take minutes on the CPU)
+        while time.time() < deadline:
+            stats = engine.get_stats()
+            if not (stats.num_running_reqs or stats.num_waiting_reqs):
+                break
+            time.sleep(0.05)
+        assert_pool_empty(engine)
+    same = [{"max_new_tokens": 2, **GREEDY}] * 2
+    with pytest.raises(ValueError, match="repeats a `rid`"):
+        engine.generate(None, same, input_ids=good[:2], rid=["r1", "r1"])
+    out = engine.generate(None, same, input_ids=good[:2], rid=["r1", "r2"])
+    assert [o["meta_info"]["completion_tokens"] for o in out] == [2, 2]
+
+
 def test_generate_after_shutdown_raises(make_engine):
     from radixlm.managers.tokenizer_manager import EngineDeadError
     e = make_engine(max_total_tokens=512)

@@ -121,6 +121,20 @@ def test_deeply_nested_json_is_a_400(url, path):
     assert_serving(url)
 
 
+@pytest.mark.parametrize("ids", [
+    b"[[1, 2], [3, [4]]]", b"[[1, 2], [1.5]]", b"[[1, 2], [true]]", b'[[1, 2], ["3"]]',
+    b"[[1, 2], [18446744073709551616]]", b"[[1, 2], [NaN]]",
+    b"[[1, 2], " + b"[" * 150 + b"]" * 150 + b"]", b"[[1, 2], " + b"[" * 5000 + b"]" * 5000 + b"]",
+])
+def test_bad_ids_in_a_batch_are_a_400(url, ids):
+    """/generate leaves the type scan of a batch's id lists to the request's own check (one scan
+    of 1M ids, not two): whatever they hold besides ints is still a 400."""
+    error = assert_error(post_raw(url, "/generate", b'{"input_ids": ' + ids + b"}"), 400)
+    assert any(word in error["message"] for word in ("input_ids", "nested", "finite",
+                                                     "vocabulary")), error["message"]
+    assert_serving(url)
+
+
 def test_body_over_the_size_limit_is_a_413(url):
     big = json.dumps({"text": "x" * (2 * 1024 * 1024)}).encode()
     assert_error(post_raw(url, "/generate", big), 413, "--max-request-body-mb")

@@ -41,6 +41,31 @@ def test_parse_json_bounds_nesting_and_reports_malformed_input():
     assert parse_json(b"") == {}
 
 
+@pytest.mark.parametrize("raw", [
+    b'{"input_ids": [[1, 2, 3], [4, 5]], "sampling_params": {"temperature": 0.7}}',
+    b'{"seed": 18446744073709551616, "ids": [1, -9223372036854775809]}',   # beyond 64 bits
+    b'{"a": 9223372036854775807, "b": -9223372036854775808, "c": 1e20, "d": [2.5e19]}',
+    b'{"a": 1, "a": 2, "t": "\\u00e9\\ud83d\\ude00", "x": -0.0, "y": 1.0000000000000002}',
+    b'{"x": NaN}', b'{"x": 1e999}', b'{"t": "\\ud800"}', b'{"a": ', b'\xef\xbb\xbf{}',
+    '{"t": "x"}'.encode("utf-16"), b"[" * 101 + b"]" * 101, b"", b"[]", b"7",
+])
+def test_parse_json_gives_what_json_gives_with_or_without_orjson(raw, monkeypatch):
+    """orjson (when installed) parses bodies; whatever it refuses or could render otherwise
+    (integers beyond 64 bits, which it makes floats) goes to json: the result, or the error,
+    is the same as json's alone."""
+    from radixlm.entrypoints import request_body
+
+    def outcome():
+        try:
+            got = parse_json(raw)
+            return "ok", got, [type(v) for v in (got.values() if isinstance(got, dict) else [])]
+        except BodyError as e:
+            return "error", str(e), e.status
+    fast = outcome()
+    monkeypatch.setattr(request_body, "orjson", None)
+    assert fast == outcome()
+
+
 def test_generate_limits_count_prompts_n_and_stops():
     args = ServerArgs(max_n_per_request=2, max_prompts_per_request=3, max_stop_strings=1)
 

@@ -31,7 +31,8 @@ def sse(obj: Any) -> str:
 async def generate(request: Request):
     engine = request.app.state.engine
     try:
-        body = await read_json_body(request)
+        # (`input_ids` lists: GenerateReqInput checks that they hold ints only)
+        body = await read_json_body(request, id_lists=("input_ids",))
         if not isinstance(body, dict):
             raise ValueError("the request body must be a JSON object")
         obj = GenerateReqInput.from_dict(body)

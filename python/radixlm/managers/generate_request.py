@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from radixlm.sampling.params import SamplingParams
 
@@ -71,25 +71,26 @@ class GenerateReqInput:
 
     def expand(self) -> list[list[SingleGenerate]]:
         """One group per prompt; each group holds its n sequences. Raises ValueError."""
+        return list(self.groups())
+
+    def groups(self) -> Iterator[list[SingleGenerate]]:
+        """`expand` one prompt at a time: what concerns the whole request is checked before the
+        first group, each prompt's own fields (its ids' types, its sampling parameters) just
+        before its group. The tokenizer manager sends each prompt on as soon as it passes, so
+        the first prefill of a big batch starts while later prompts are still being checked."""
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of `text` and `input_ids` must be given")
         if self.text is not None:
             texts = self.text if isinstance(self.text, list) else [self.text]
             if not all(isinstance(t, str) for t in texts):
                 raise ValueError("`text` must be a string or a list of strings")
-            prompts: list[tuple[str | None, list[int] | None]] = [(t, None) for t in texts]
+            batch: list = texts
         else:
             ids = self.input_ids
             if not isinstance(ids, list):
                 raise ValueError("`input_ids` must be a list of token ids or a list of lists")
             batch = ids if ids and isinstance(ids[0], list) else [ids]
-            for one in batch:
-                # (type(), not isinstance: a bool is an int subclass but no token id; the set
-                # of types is built in C, a per-element check costs ~0.1 s per 1M ids.)
-                if not isinstance(one, list) or not set(map(type, one)) <= {int}:
-                    raise ValueError("`input_ids` must contain integer token ids")
-            prompts = [(None, list(one)) for one in batch]
-        n_prompts = len(prompts)
+        n_prompts = len(batch)
         if n_prompts == 0:
             raise ValueError("the batch is empty")
         params = _per_prompt(self.sampling_params, n_prompts, "sampling_params", None)
@@ -100,8 +101,9 @@ class GenerateReqInput:
             else [self.rid if n_prompts == 1 else None] * n_prompts
         if not all(r is None or (isinstance(r, str) and r) for r in rids):
             raise ValueError("`rid` must be a non-empty string (or a list of them for a batch)")
-        groups, index = [], 0
-        for i, (text, ids) in enumerate(prompts):
+        index = 0
+        for i, prompt in enumerate(batch):
+            text, ids = (prompt, None) if self.text is not None else (None, _token_ids(prompt))
             if not isinstance(params[i], (dict, type(None))):
                 raise ValueError("`sampling_params` must be an object")
             sp = SamplingParams.from_dict(params[i])
@@ -122,8 +124,17 @@ class GenerateReqInput:
                 group.append(SingleGenerate(rid, text, ids, child, bool(want_lp[i]), starts[i],
                                             tops[i], index))
                 index += 1
-            groups.append(group)
-        return groups
+            yield group
+
+
+def _token_ids(one: Any) -> list[int]:
+    """A prompt's `input_ids`, checked to be a list of ints (copied: the request's own list
+    stays the caller's)."""
+    # (type(), not isinstance: a bool is an int subclass but no token id; the set of types is
+    # built in C, a per-element check costs ~0.1 s per 1M ids.)
+    if not isinstance(one, list) or not set(map(type, one)) <= {int}:
+        raise ValueError("`input_ids` must contain integer token ids")
+    return list(one)
 
 
 def _per_prompt(value: Any, n: int, name: str, default: Any) -> list[Any]:

@@ -93,29 +93,9 @@ class TokenizerManager:
         streaming); for a batch, either the final list, or per-sequence snapshots with an
         `index` field when streaming. Raises ValueError for bad input."""
         self._check_alive()
-        groups = obj.expand()
-        prompts = [self.tokenize(g[0]) for g in groups]
-        for g, ids in zip(groups, prompts):
-            for s in g:
-                # Everything else was validated when the request was expanded.
-                s.sampling_params.check_token_ids(self.ready.vocab_size)
-                # As SGLang: a budget beyond what the context leaves is clamped to it (the
-                # finish reason then says "length" with the budget that applied).
-                params = s.sampling_params
-                params.max_new_tokens = min(params.max_new_tokens, self.context_len - len(ids))
-        rids = [s.rid for g in groups for s in g]
-        if len(set(rids)) != len(rids):
-            raise ValueError("the request repeats a `rid`; each sequence needs its own")
-        for rid in rids:
-            if rid in self.states:
-                raise ValueError(f"a request with rid {rid!r} is already running")
-        if any(s.top_logprobs_num > self.ready.vocab_size for g in groups for s in g):
-            raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
-                             f"({self.ready.vocab_size})")
-        states = [self._new_state(s, ids, obj.return_text_in_logprobs)
-                  for g, ids in zip(groups, prompts) for s in g]
+        states, warm = self._check_and_send(obj)
         try:
-            await self._submit(groups, prompts, obj.stream)
+            await self._submit_after_warm_up(warm, obj.stream)
             if obj.stream:
                 async for out in self._stream(states, batch=obj.is_batch or len(states) > 1):
                     yield out
@@ -130,24 +110,74 @@ class TokenizerManager:
                     self.send(AbortReq(st.single.rid))
                 self.states.pop(st.single.rid, None)
 
+    def _check_and_send(self, obj: GenerateReqInput
+                        ) -> tuple[list[ReqState], list[tuple[list[SingleGenerate], list[int]]]]:
+        """Check the request prompt by prompt and send each to the scheduler as soon as it
+        passes: the checks of a batch of 256 prompts of 4k ids take ~0.1 s, during which the GPU
+        already works on the first ones. A prompt that fails aborts those sent before it, so
+        the request fails as a whole (ValueError). Returns every sequence's state, and the
+        groups of n > 1 samples, which are sent only once their shared prompt is cached."""
+        states: list[ReqState] = []
+        warm: list[tuple[list[SingleGenerate], list[int]]] = []
+        seen: set[str] = set()
+        sent: list[str] = []
+        try:
+            for group in obj.groups():
+                ids = self.tokenize(group[0])
+                for s in group:
+                    self._check_sequence(s, ids, seen)
+                states += [self._new_state(s, ids, obj.return_text_in_logprobs) for s in group]
+                if len(group) > 1:
+                    warm.append((group, ids))
+                else:
+                    self._send_sequence(group[0], ids, obj.stream)
+                    sent.append(group[0].rid)
+        except BaseException:
+            for rid in sent:
+                self.send(AbortReq(rid))
+            for st in states:
+                self.states.pop(st.single.rid, None)
+            raise
+        return states, warm
+
+    def _check_sequence(self, s: SingleGenerate, ids: list[int], seen: set[str]) -> None:
+        """What `GenerateReqInput.groups` could not check (it has no vocabulary, context
+        length or running requests); also clamps the budget to the context."""
+        if s.rid in seen:
+            raise ValueError("the request repeats a `rid`; each sequence needs its own")
+        seen.add(s.rid)
+        if s.rid in self.states:
+            raise ValueError(f"a request with rid {s.rid!r} is already running")
+        if s.top_logprobs_num > self.ready.vocab_size:
+            raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
+                             f"({self.ready.vocab_size})")
+        s.sampling_params.check_token_ids(self.ready.vocab_size)
+        # As SGLang: a budget beyond what the context leaves is clamped to it (the finish
+        # reason then says "length" with the budget that applied).
+        params = s.sampling_params
+        params.max_new_tokens = min(params.max_new_tokens, self.context_len - len(ids))
+
     def _new_state(self, single: SingleGenerate, ids: list[int], text_in_lp: bool) -> ReqState:
         st = ReqState(single, ids, text_in_lp)
         self.states[single.rid] = st
         return st
 
-    async def _submit(self, groups: list[list[SingleGenerate]], prompts: list[list[int]],
-                      stream: bool) -> None:
+    def _send_sequence(self, s: SingleGenerate, ids: list[int], stream: bool) -> None:
+        self.send(TokenizedGenerateReq(
+            rid=s.rid, input_ids=ids, sampling_params=s.sampling_params,
+            return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
+            top_logprobs_num=s.top_logprobs_num, stream=stream))
+
+    async def _submit_after_warm_up(self, warm: list[tuple[list[SingleGenerate], list[int]]],
+                                    stream: bool) -> None:
         # n > 1: prefill the shared prompt once (max_new_tokens 0), then the n samples all find
         # it in the radix cache instead of computing it n times in one batch.
-        warm = [(g, ids) for g, ids in zip(groups, prompts) if len(g) > 1]
-        if warm:
-            await asyncio.gather(*(self._prefill_only(ids, g[0].rid) for g, ids in warm))
-        for g, ids in zip(groups, prompts):
+        if not warm:
+            return
+        await asyncio.gather(*(self._prefill_only(ids, g[0].rid) for g, ids in warm))
+        for g, ids in warm:
             for s in g:
-                self.send(TokenizedGenerateReq(
-                    rid=s.rid, input_ids=ids, sampling_params=s.sampling_params,
-                    return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
-                    top_logprobs_num=s.top_logprobs_num, stream=stream))
+                self._send_sequence(s, ids, stream)
 
     async def _prefill_only(self, ids: list[int], rid: str) -> None:
         obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
