@@ -215,6 +215,8 @@ def test_file_storage_checksums_and_failures(tmp_path, monkeypatch):
     with open(path, "wb") as f:           # truncated
         f.write(b"RLM")
     assert store.get("ab" * 32) is None and store.corrupt == 2
+    assert not store.exists("ab" * 32)    # removed: the block is written again
+    store.set("ab" * 32, b"payload")
 
     def disk_full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -471,14 +473,20 @@ def test_file_storage_reads_in_place_what_get_returns(tmp_path):
     assert KVStorage.get_into(store, "x", pieces)                 # the interface's default
     assert KVStorage.set_pieces(store, "y", pieces[:4]) and store.get("y") == payload[:200]
     assert store.set_pieces("z", pieces[4:]) and store.get("z") == payload[200:]
-    assert not store.get_into("x", pieces[:-1])                   # another size
-    assert not KVStorage.get_into(store, "x", pieces[:-1])
+    assert not KVStorage.get_into(store, "x", pieces[:-1])        # another size
+    assert not store.get_into("x", pieces[:-1])
     assert not store.get_into("missing", pieces) and store.corrupt == 1
+    # A file that fails its checks is removed, so that the writer writes the block again.
+    assert not store.exists("x") and store.set("x", payload)
     with open(store._path("x"), "r+b") as f:
         f.seek(-1, 2)
         f.write(b"X")
-    assert not store.get_into("x", pieces) and store.corrupt == 2
-    assert store.get("x") is None and store.corrupt == 3
+    assert not store.get_into("x", pieces) and store.corrupt == 2 and not store.exists("x")
+    store.set("x", payload[:-1] + b"X")                           # get: the same checks
+    with open(store._path("x"), "r+b") as f:
+        f.seek(-1, 2)
+        f.write(b"Y")
+    assert store.get("x") is None and store.corrupt == 3 and not store.exists("x")
 
 
 def test_file_storage_reads_files_of_the_sha256_format(tmp_path, monkeypatch):
@@ -510,11 +518,11 @@ def test_file_storage_reads_files_of_the_sha256_format(tmp_path, monkeypatch):
         f.seek(100)
         f.write(b"X")
     assert store.get("old") is None and not store.get_into("old", pieces)
-    assert store.corrupt == 2
+    assert store.corrupt == 1 and not store.exists("old")        # (removed: written again)
     with open(store._path("new"), "r+b") as f:                    # an unknown magic
         f.write(b"RLMKV9")
-    assert store.get("new") is None and not store.get_into("new", pieces)
-    assert store.corrupt == 4
+    assert not store.get_into("new", pieces) and store.get("new") is None
+    assert store.corrupt == 2 and not store.exists("new")
 
 
 def test_background_writer_makes_the_bytes_on_its_thread_and_bounds_what_is_queued(tmp_path):
@@ -666,9 +674,14 @@ def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
         with open(f, "r+b") as fh:
             fh.seek(-2, 2)
             fh.write(b"??")
-    third = make_engine(**kwargs).generate(prompt, params)
+    third_engine = make_engine(**kwargs)
+    third = third_engine.generate(prompt, params)
     assert third["output_ids"] == plain["output_ids"]
     assert third["meta_info"]["cached_tokens"] == 0
+    third_engine.shutdown()           # the broken files were removed, and the blocks written again
+    fourth = make_engine(**kwargs).generate(prompt, params)
+    assert fourth["output_ids"] == plain["output_ids"]
+    assert fourth["meta_info"]["cached_tokens"] == 128
 
 
 @pytest.mark.slow

@@ -164,6 +164,18 @@ class FileStorage(KVStorage):
         self.directory = directory
         self.corrupt = 0          # files that failed their checksum (counted as misses)
         self.failed_writes = 0
+        self._count_lock = threading.Lock()     # (prefetch threads count at once)
+
+    def _broken(self, name: str) -> None:
+        """A file that failed its checks is counted and removed, so that the block is written
+        again (the writer skips names whose file exists): left in place, a file cut short by a
+        crash would be a miss for every server on the directory, forever."""
+        with self._count_lock:
+            self.corrupt += 1
+        try:
+            os.unlink(self._path(name))
+        except OSError:
+            pass
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name[:2], name + ".kv")
@@ -180,7 +192,7 @@ class FileStorage(KVStorage):
         fmt = _READ_FORMATS.get(blob[:MAGIC_BYTES])
         if fmt is None or len(blob) < fmt.head or (
                 fmt.checksum([memoryview(blob)[fmt.head:]]) != blob[MAGIC_BYTES:fmt.head]):
-            self.corrupt += 1
+            self._broken(name)
             return None
         return blob[fmt.head:]
 
@@ -200,14 +212,14 @@ class FileStorage(KVStorage):
             if (fmt is None or os.fstat(fd).st_size != fmt.head + size
                     or not _read_exactly(fd, [head[MAGIC_BYTES:fmt.head], *pieces],
                                          MAGIC_BYTES)):
-                self.corrupt += 1
+                self._broken(name)
                 return False
         except OSError:
             return False
         finally:
             os.close(fd)
         if fmt.checksum(pieces) != bytes(head[MAGIC_BYTES:fmt.head]):
-            self.corrupt += 1
+            self._broken(name)
             return False
         return True
 
