@@ -750,6 +750,50 @@ def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():
     check_accounting(cache, alloc)
 
 
+def test_admission_loads_a_stored_prefix_only_for_a_request_that_fits(tmp_path):
+    """The file tier's part of a prefix counts in the admission check as the host tier's does:
+    a request whose stored blocks would not fit with its new tokens is turned away before
+    anything is read or loaded (no device cache evicted for it); under TP the ranks agree on
+    the count (once per peek, only when the key has a whole block past the tree's part)."""
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.prefill import AddResult, PrefillAdder
+    from radixlm.scheduler.request import Req
+
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    asked: list[int] = []
+
+    def agree(n: int) -> int:
+        asked.append(n)
+        return n
+    cache, pool, alloc = make_file_cache(tmp_path, agree_on_blocks=agree)
+    peek = cache.peek_load(doc + [1])
+    assert (peek.cached, peek.to_load, asked) == (192, 192, [3])
+    assert cache.peek_load(doc[:60]).to_load == 0 and asked == [3]     # no whole block
+    other = list(range(2000, 2100))
+    assert cache_tokens(cache, pool, alloc, other)                     # 100 cached tokens
+    held = alloc.alloc(alloc.available_size())   # a running request holds the free slots
+
+    def admit() -> AddResult:
+        req = Req(rid="q", origin_input_ids=doc + list(range(900, 910)),
+                  sampling_params=SamplingParams(max_new_tokens=4), seed=0, arrival=0)
+        adder = PrefillAdder(cache, alloc, [], 0.0, 1 << 20, None, 4)
+        result = adder.add(req)
+        for r in adder.added:
+            cache.dec_lock_ref(r.last_node)
+        return result
+
+    # 192 tokens to load + 10 new do not fit the 100 evictable ones: nothing is read.
+    assert admit() == AddResult.NO_ROOM
+    assert cache.file_tier.hit_tokens == 0 and cache.peek_prefix(other)[0] == 100
+    alloc.free(held)
+    assert admit() == AddResult.ADDED
+    assert cache.file_tier.hit_tokens == 192
+    cache.close()
+
+
 def _admit(cache, alloc, tokens: list[int], chunk: int | None = None,
            before: list[int] | None = None):
     """PrefillAdder.add for one request (after one that takes `before` new tokens, if given);

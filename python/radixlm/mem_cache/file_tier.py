@@ -111,6 +111,25 @@ class FileTier:
         if names:
             self.prefetcher.prefetch(names)
 
+    def peek(self, key: Sequence[int], start: int) -> int:
+        """How many tokens past `start` a match would load from the store, without reading:
+        the consecutive blocks of `key` from the one holding token `start` that the store has
+        (a file that turns out corrupt counts here: an overestimate, which only makes the
+        admission check stricter); under tensor parallelism as many as every rank has. The
+        ranks are asked only where `key` has a whole block from there on, which they all
+        judge alike (their trees are the same)."""
+        names = self.names(key)[start // self.block_size:]
+        if not names:
+            return 0
+        found = 0
+        for name in names:
+            if not self.storage.exists(name):
+                break
+            found += 1
+        if self.agree_on_blocks is not None:
+            found = self.agree_on_blocks(found)
+        return max(0, found * self.block_size - start % self.block_size)
+
     def read(self, key: Sequence[int], start: int) -> StagedBlocks:
         """The staging blocks holding the store's consecutive blocks of `key` from the one
         containing token `start` on: as many as the store has, or as fit the arena now (the

@@ -244,10 +244,16 @@ class HiRadixCache(RadixCache):
     # ---------------------------------------------------------------- RadixCache overrides
 
     def peek_load(self, key: Sequence[int]) -> LoadPeek:
+        """What matching `key` would copy into device slots: its host-tier part, and the
+        blocks after the tree's part that the file tier has."""
         path = self._peek_path(key)
+        cached = sum(n for _, n in path)
+        to_load = sum(n for node, n in path if node.value is None)
+        if self.file_tier is not None:
+            stored = self.file_tier.peek(key, cached)
+            cached, to_load = cached + stored, to_load + stored
         return LoadPeek(
-            cached=sum(n for _, n in path),
-            to_load=sum(n for node, n in path if node.value is None),
+            cached=cached, to_load=to_load,
             unlocked_on_device=sum(n for node, n in path
                                    if node.value is not None and node.lock_ref == 0))
 

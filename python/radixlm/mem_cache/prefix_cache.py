@@ -70,8 +70,9 @@ class PrefixCache(ABC):
 
     def peek_load(self, key: Sequence[int]) -> LoadPeek | None:
         """What `match_prefix(key)` would copy back into device slots from a lower tier (the
-        hierarchical cache's host pool), with no side effects; None for a cache that lives
-        on the device only."""
+        hierarchical cache's host pool or file tier), with no side effects but a collective
+        under tensor parallelism (the file tier's ranks agree on what they have); None for a
+        cache that lives on the device only."""
         return None
 
     @property
