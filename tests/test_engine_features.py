@@ -283,6 +283,22 @@ def test_a_batch_whose_later_prompt_is_bad_fails_as_a_whole(engine):
         engine.generate(None, same, input_ids=good[:2], rid=["r1", "r1"])
     out = engine.generate(None, same, input_ids=good[:2], rid=["r1", "r2"])
     assert [o["meta_info"]["completion_tokens"] for o in out] == [2, 2]
+    # The 400 comes once the prompts sent before the bad one have ended: the same batch sent
+    # again at once, with the same rids, gets its own outputs, not the aborted ones' (the
+    # scheduler is kept busy by a long request meanwhile, so aborts take a step to land).
+    busy = threading.Thread(target=engine.generate, args=(
+        "Count to a thousand:", {"max_new_tokens": 300, **GREEDY}))
+    busy.start()
+    rids = [f"q{i}" for i in range(3)]
+    for _ in range(3):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            engine.generate(None, {"max_new_tokens": 16, **GREEDY}, input_ids=good + [[1, 10**9]],
+                            rid=rids + ["q3"])
+        out = engine.generate(None, {"max_new_tokens": 16, **GREEDY}, input_ids=good, rid=rids)
+        assert [o["meta_info"]["finish_reason"]["type"] for o in out] == ["length"] * 3
+        assert [len(o["output_ids"]) for o in out] == [16] * 3
+    busy.join(timeout=120)
+    assert_pool_empty(engine)
 
 
 def test_generate_after_shutdown_raises(make_engine):

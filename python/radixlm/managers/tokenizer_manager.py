@@ -47,6 +47,11 @@ class ReqState:
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
+    submitted: bool = False         # sent to the scheduler
+    # Given up by its caller (an error, a disconnect) before the scheduler ended it: it keeps
+    # its rid until its last output arrives, so that a new request reusing the rid gets none
+    # of its outputs (and is told the rid is still running).
+    abandoned: bool = False
 
     @property
     def finished(self) -> bool:
@@ -93,7 +98,17 @@ class TokenizerManager:
         streaming); for a batch, either the final list, or per-sequence snapshots with an
         `index` field when streaming. Raises ValueError for bad input."""
         self._check_alive()
-        states, warm = self._check_and_send(obj)
+        states: list[ReqState] = []
+        try:
+            warm = self._check_and_send(obj, states)
+        except BaseException as e:
+            for st in states:
+                self._release(st)
+            if isinstance(e, ValueError):
+                # (the 400 leaves nothing behind: a client may resend the batch at once,
+                # with the same rids; the scheduler ends what was sent within a step)
+                await self._until_ended([st for st in states if st.abandoned])
+            raise
         try:
             await self._submit_after_warm_up(warm, obj.stream)
             if obj.stream:
@@ -106,39 +121,49 @@ class TokenizerManager:
                 yield outs if (obj.is_batch or len(outs) > 1) else outs[0]
         finally:
             for st in states:
-                if not st.finished:
-                    self.send(AbortReq(st.single.rid))
-                self.states.pop(st.single.rid, None)
+                self._release(st)
 
-    def _check_and_send(self, obj: GenerateReqInput
-                        ) -> tuple[list[ReqState], list[tuple[list[SingleGenerate], list[int]]]]:
+    def _check_and_send(self, obj: GenerateReqInput, states: list[ReqState]
+                        ) -> list[tuple[list[ReqState], list[int]]]:
         """Check the request prompt by prompt and send each to the scheduler as soon as it
         passes: the checks of a batch of 256 prompts of 4k ids take ~0.1 s, during which the GPU
-        already works on the first ones. A prompt that fails aborts those sent before it, so
-        the request fails as a whole (ValueError). Returns every sequence's state, and the
-        groups of n > 1 samples, which are sent only once their shared prompt is cached."""
-        states: list[ReqState] = []
-        warm: list[tuple[list[SingleGenerate], list[int]]] = []
+        already works on the first ones. Every sequence's state goes into `states` as it is
+        made (the caller releases them, which aborts those sent, if a later prompt fails: the
+        request fails as a whole, ValueError). Returns the groups of n > 1 samples, which are
+        sent only once their shared prompt is cached."""
+        warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
-        sent: list[str] = []
-        try:
-            for group in obj.groups():
-                ids = self.tokenize(group[0])
-                for s in group:
-                    self._check_sequence(s, ids, seen)
-                states += [self._new_state(s, ids, obj.return_text_in_logprobs) for s in group]
-                if len(group) > 1:
-                    warm.append((group, ids))
-                else:
-                    self._send_sequence(group[0], ids, obj.stream)
-                    sent.append(group[0].rid)
-        except BaseException:
-            for rid in sent:
-                self.send(AbortReq(rid))
-            for st in states:
-                self.states.pop(st.single.rid, None)
-            raise
-        return states, warm
+        for group in obj.groups():
+            ids = self.tokenize(group[0])
+            for s in group:
+                self._check_sequence(s, ids, seen)
+            group_states = [self._new_state(s, ids, obj.return_text_in_logprobs) for s in group]
+            states += group_states
+            if len(group) > 1:
+                warm.append((group_states, ids))
+            else:
+                self._send_sequence(group_states[0], obj.stream)
+        return warm
+
+    def _release(self, st: ReqState) -> None:
+        """The caller is done with `st` (answered, failed or gone): a sequence the scheduler
+        still runs is aborted and keeps its rid until its last output (`abandoned`)."""
+        if st.submitted and not st.finished and self.dead_reason is None:
+            self.send(AbortReq(st.single.rid))
+            st.abandoned = True
+        elif self.states.get(st.single.rid) is st:
+            del self.states[st.single.rid]
+
+    async def _until_ended(self, states: list[ReqState], timeout_s: float = 30.0) -> None:
+        """Wait until the scheduler has ended these (aborted) sequences, at most `timeout_s`
+        (a scheduler that is stuck: the rids stay taken, "already running")."""
+        async def ended(st: ReqState) -> None:
+            while not st.finished and self.dead_reason is None:
+                await st.updated.wait()
+                st.updated.clear()
+        if states:
+            await asyncio.wait([asyncio.ensure_future(ended(st)) for st in states],
+                               timeout=timeout_s)
 
     def _check_sequence(self, s: SingleGenerate, ids: list[int], seen: set[str]) -> None:
         """What `GenerateReqInput.groups` could not check (it has no vocabulary, context
@@ -162,22 +187,24 @@ class TokenizerManager:
         self.states[single.rid] = st
         return st
 
-    def _send_sequence(self, s: SingleGenerate, ids: list[int], stream: bool) -> None:
+    def _send_sequence(self, st: ReqState, stream: bool) -> None:
+        s = st.single
         self.send(TokenizedGenerateReq(
-            rid=s.rid, input_ids=ids, sampling_params=s.sampling_params,
+            rid=s.rid, input_ids=st.prompt_ids, sampling_params=s.sampling_params,
             return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
             top_logprobs_num=s.top_logprobs_num, stream=stream))
+        st.submitted = True
 
-    async def _submit_after_warm_up(self, warm: list[tuple[list[SingleGenerate], list[int]]],
+    async def _submit_after_warm_up(self, warm: list[tuple[list[ReqState], list[int]]],
                                     stream: bool) -> None:
         # n > 1: prefill the shared prompt once (max_new_tokens 0), then the n samples all find
         # it in the radix cache instead of computing it n times in one batch.
         if not warm:
             return
-        await asyncio.gather(*(self._prefill_only(ids, g[0].rid) for g, ids in warm))
-        for g, ids in warm:
-            for s in g:
-                self._send_sequence(s, ids, stream)
+        await asyncio.gather(*(self._prefill_only(ids, g[0].single.rid) for g, ids in warm))
+        for group_states, _ in warm:
+            for st in group_states:
+                self._send_sequence(st, stream)
 
     async def _prefill_only(self, ids: list[int], rid: str) -> None:
         obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
@@ -244,6 +271,8 @@ class TokenizerManager:
         st.output_top_logprobs.extend(out.output_top_logprobs)
         if finished:
             st.finish_reason = out.finish_reason
+            if st.abandoned and self.states.get(st.single.rid) is st:
+                del self.states[st.single.rid]      # (its caller is gone: the rid is free)
         if self.metrics is not None:
             self._observe(st, out, finished)
         st.updated.set()
@@ -266,10 +295,12 @@ class TokenizerManager:
     def mark_dead(self, reason: str) -> None:
         """The scheduler is gone: fail every request instead of letting callers hang."""
         self.dead_reason = reason
-        for st in self.states.values():
+        for rid, st in list(self.states.items()):
             if not st.finished:
                 st.finish_reason = FinishReason("abort", message=f"engine died: {reason}",
                                                 status_code=503)
+            if st.abandoned:
+                del self.states[rid]
             st.updated.set()
         for futs in self._pending.values():
             for f in futs:
