@@ -721,31 +721,20 @@ def test_engine_restart_hits_the_file_tier_at_tp2(make_engine, tmp_path, smollm_
 def test_admission_loads_a_host_prefix_only_for_a_request_that_fits():
     """Matching copies a host-tier prefix into device slots, evicting others for room: the
     scheduler must not match (load) for a request it then turns away, as it would every step."""
-    from radixlm.sampling.params import SamplingParams
-    from radixlm.scheduler.prefill import AddResult, PrefillAdder
-    from radixlm.scheduler.request import Req
+    from radixlm.scheduler.prefill import AddResult
 
     cache, pool, alloc = make_cache(device_slots=48, ratio=4.0, policy="write_back")
     a, b = list(range(100, 130)), list(range(200, 230))
     assert cache_tokens(cache, pool, alloc, a) and cache_tokens(cache, pool, alloc, b)
     assert cache.peek_load(a + [1]).to_load == 30 and cache.peek_load(b).to_load == 0
     held = alloc.alloc(alloc.available_size())     # a running request holds the free slots
-
-    def admit() -> AddResult:
-        req = Req(rid="q", origin_input_ids=a + list(range(300, 310)),
-                  sampling_params=SamplingParams(max_new_tokens=4), seed=0, arrival=0)
-        adder = PrefillAdder(cache, alloc, [], 0.0, 1 << 20, None, 4)
-        result = adder.add(req)
-        for r in adder.added:
-            cache.dec_lock_ref(r.last_node)
-        return result
-
+    prompt = a + list(range(300, 310))
     # 30 tokens to load + 10 new do not fit the 30 evictable ones: nothing is loaded.
-    assert admit() == AddResult.NO_ROOM
+    assert _admit(cache, alloc, prompt) == AddResult.NO_ROOM
     assert cache.loaded_tokens == 0 and cache.peek_prefix(b)[0] == 30
     assert alloc.available_size() == 0 and cache.evictable_size() == 30   # b still on device
     alloc.free(held)
-    assert admit() == AddResult.ADDED
+    assert _admit(cache, alloc, prompt) == AddResult.ADDED
     assert cache.loaded_tokens == 30
     check_accounting(cache, alloc)
 
@@ -755,9 +744,7 @@ def test_admission_loads_a_stored_prefix_only_for_a_request_that_fits(tmp_path):
     a request whose stored blocks would not fit with its new tokens is turned away before
     anything is read or loaded (no device cache evicted for it); under TP the ranks agree on
     the count (once per peek, only when the key has a whole block past the tree's part)."""
-    from radixlm.sampling.params import SamplingParams
-    from radixlm.scheduler.prefill import AddResult, PrefillAdder
-    from radixlm.scheduler.request import Req
+    from radixlm.scheduler.prefill import AddResult
 
     first, pool, alloc = make_file_cache(tmp_path)
     doc = list(range(500, 700))                  # 3 whole blocks of 64
@@ -775,21 +762,12 @@ def test_admission_loads_a_stored_prefix_only_for_a_request_that_fits(tmp_path):
     other = list(range(2000, 2100))
     assert cache_tokens(cache, pool, alloc, other)                     # 100 cached tokens
     held = alloc.alloc(alloc.available_size())   # a running request holds the free slots
-
-    def admit() -> AddResult:
-        req = Req(rid="q", origin_input_ids=doc + list(range(900, 910)),
-                  sampling_params=SamplingParams(max_new_tokens=4), seed=0, arrival=0)
-        adder = PrefillAdder(cache, alloc, [], 0.0, 1 << 20, None, 4)
-        result = adder.add(req)
-        for r in adder.added:
-            cache.dec_lock_ref(r.last_node)
-        return result
-
+    prompt = doc + list(range(900, 910))
     # 192 tokens to load + 10 new do not fit the 100 evictable ones: nothing is read.
-    assert admit() == AddResult.NO_ROOM
+    assert _admit(cache, alloc, prompt) == AddResult.NO_ROOM
     assert cache.file_tier.hit_tokens == 0 and cache.peek_prefix(other)[0] == 100
     alloc.free(held)
-    assert admit() == AddResult.ADDED
+    assert _admit(cache, alloc, prompt) == AddResult.ADDED
     assert cache.file_tier.hit_tokens == 192
     cache.close()
 
