@@ -162,8 +162,10 @@ class TokenizerManager:
                 await st.updated.wait()
                 st.updated.clear()
         if states:
-            await asyncio.wait([asyncio.ensure_future(ended(st)) for st in states],
-                               timeout=timeout_s)
+            waits = [asyncio.ensure_future(ended(st)) for st in states]
+            _, late = await asyncio.wait(waits, timeout=timeout_s)
+            for w in late:
+                w.cancel()
 
     def _check_sequence(self, s: SingleGenerate, ids: list[int], seen: set[str]) -> None:
         """What `GenerateReqInput.groups` could not check (it has no vocabulary, context
