@@ -162,6 +162,17 @@ def run_file_under_interpreter(path: str, unset_env: tuple[str, ...] = ()) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
 
 
+def run_cpu_interpreter_cases(path: str) -> None:
+    """A kernel test file's own cases (its __main__) in a child under TRITON_INTERPRET=1, on a
+    machine without a GPU (with one, the file's GPU tests cover the kernels)."""
+    import pytest
+    import torch
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests cover the kernels")
+    run_file_under_interpreter(path)
+
+
 def sync_checked_backend(calls: list):
     """A TritonAttnBackend subclass whose forward_decode raises on any host-device sync (CUDA
     sync debug mode "error") and appends to `calls` each time it ran."""

@@ -116,15 +116,17 @@ def checkpoint_tensors(fmt: str, w: torch.Tensor, group: int
 def write_quantized_checkpoint(state: dict[str, torch.Tensor], config: dict, path, fmt: str,
                                group: int = 32) -> dict[str, torch.Tensor]:
     """Write `state` (an HF state dict) as a `fmt` checkpoint in `path` (config.json with its
-    quantization_config, model.safetensors); every *proj.weight is quantized. Returns the
-    state dict of the weights the checkpoint stands for (to load into a reference model)."""
+    quantization_config, model.safetensors); every *proj.weight (and MLA's
+    kv_a_proj_with_mqa) is quantized, routed experts' included, MoE routers (mlp.gate) not.
+    Returns the state dict of the weights the checkpoint stands for (to load into a reference
+    model)."""
     import json
     import os
 
     from safetensors.torch import save_file
     out, reference = {}, {}
     for name, p in state.items():
-        if not name.endswith("proj.weight"):
+        if not name.endswith(("proj.weight", "proj_with_mqa.weight")):
             out[name] = reference[name] = p.contiguous()
             continue
         tensors, ref = checkpoint_tensors(fmt, p.float(), group)

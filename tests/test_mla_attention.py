@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import run_file_under_interpreter, run_interpreter_cases
+from helpers import run_cpu_interpreter_cases, run_interpreter_cases
 from radixlm.core.forward_batch import ForwardBatch, ForwardMode
 from radixlm.layers.attention.torch_native import TorchNativeAttnBackend
 from radixlm.mem_cache.pools import MLAKVPool, ReqToTokenPool
@@ -100,10 +100,7 @@ def _interpreter_cases():
 
 
 def test_interpreter_small_cases():
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests cover the kernels")
-    run_file_under_interpreter(__file__)
+    run_cpu_interpreter_cases(__file__)
 
 
 @pytest.mark.gpu

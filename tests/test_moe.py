@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_file_under_interpreter, run_interpreter_cases
+from helpers import run_cpu_interpreter_cases, run_interpreter_cases
 from radixlm.layers.moe.experts import experts_reference, fused_experts
 from radixlm.layers.moe.topk import RoutingConfig, select_experts
 
@@ -115,7 +115,10 @@ def test_fused_experts_falls_back_to_the_loop_on_cpu():
 # ------------------------------------------------------------------ the Triton kernels
 
 def _kernel_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int,
-                 dtype: torch.dtype, device: str, seed: int = 0) -> float:
+                 dtype: torch.dtype, device: str, seed: int = 0,
+                 pair_gemv: bool | None = None) -> float:
+    """`pair_gemv`: True / False force the per-pair GEMVs / the grouped GEMMs; None lets the
+    layer choose by the number of tokens."""
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
     w13 = (torch.randn(experts, 2 * inter, hidden, generator=g, device=device)
@@ -125,7 +128,7 @@ def _kernel_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int,
     logits = torch.randn(tokens, experts, generator=g, device=device)
     w, ids = select_experts(logits, RoutingConfig(top_k, renormalize=True))
     add = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
-    out = fused_experts(x, w13, w2, w, ids, add=add, force_triton=True)
+    out = fused_experts(x, w13, w2, w, ids, add=add, force_triton=True, pair_gemv=pair_gemv)
     ref = experts_reference(x.float(), w13.float(), w2.float(), w, ids) + add.float()
     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
     tol = 1e-4 if dtype == torch.float32 else 2e-2
@@ -174,16 +177,15 @@ def _interpreter_cases():
         # Not bf16: the interpreter's tl.dot multiplies bf16 operands as their raw uint16
         # bits (triton 3.9); the GPU tests run bf16.
         for dtype in (torch.float32, torch.float16):
-            desc = f"T={tokens} E={experts} k={top_k} H={hidden} I={inter} {str(dtype)[6:]}"
-            yield desc, lambda t=tokens, e=experts, k=top_k, h=hidden, i=inter, d=dtype: (
-                _kernel_case(t, e, k, h, i, d, "cpu"))
+            for gemv in (False, True):   # the grouped GEMMs, then the per-pair GEMVs
+                desc = (f"T={tokens} E={experts} k={top_k} H={hidden} I={inter} "
+                        f"{str(dtype)[6:]} {'pair gemv' if gemv else 'grouped'}")
+                yield desc, lambda a=(tokens, experts, top_k, hidden, inter, dtype), g=gemv: (
+                    _kernel_case(*a, "cpu", pair_gemv=g))
 
 
 def test_interpreter_small_cases():
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests cover the kernels")
-    run_file_under_interpreter(__file__)
+    run_cpu_interpreter_cases(__file__)
 
 
 @pytest.mark.gpu
@@ -196,6 +198,10 @@ def test_gpu_fused_experts_match_the_loop(shape, tokens):
     if experts == 8 and tokens == 512:
         inter = 2048          # keep the fp32 reference's memory small
     _kernel_case(tokens, experts, top_k, hidden, inter, torch.bfloat16, "cuda")
+    if tokens <= 7:           # both paths at decode sizes
+        for gemv in (False, True):
+            _kernel_case(tokens, experts, top_k, hidden, inter, torch.bfloat16, "cuda",
+                         pair_gemv=gemv)
 
 
 @pytest.mark.gpu
@@ -250,7 +256,8 @@ def test_a_checkpoint_missing_an_expert_is_refused(tmp_path):
         create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))
 
 
-def test_a_quantized_moe_checkpoint_is_refused(tmp_path):
+def test_a_4_bit_moe_checkpoint_is_refused(tmp_path):
+    """FP8 MoE checkpoints load (tests/test_moe_fp8.py); 4-bit experts are not implemented."""
     import json
 
     from helpers import tiny_checkpoint
@@ -258,9 +265,10 @@ def test_a_quantized_moe_checkpoint_is_refused(tmp_path):
     from radixlm.model_executor.runner_config import RunnerConfig
     path = tiny_checkpoint(tmp_path / "m", "deepseek-v3")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128,
+                                  "zero_point": True, "version": "gemm"}
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="--quantization: fp8 is not supported yet for mixture"):
+    with pytest.raises(ValueError, match="--quantization: awq is not supported yet for mixture"):
         create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))
 
 

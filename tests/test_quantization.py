@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import run_file_under_interpreter, run_interpreter_cases
+from helpers import run_cpu_interpreter_cases, run_interpreter_cases
 from quant_formats import checkpoint_tensors, write_quantized_checkpoint
 from radixlm.distributed.parallel_state import TPGroup
 from radixlm.layers.linear import QKVParallelLinear, RowParallelLinear
@@ -71,9 +71,26 @@ def test_fp8_needs_a_gpu_with_fp8(monkeypatch):
     assert resolve_quant_spec("w4a16", None, device=torch.device("cuda")).method == "int4"
 
 
-def test_moe_models_are_refused():
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        resolve_quant_spec("fp8", None, "MixtralForCausalLM", is_moe=True)
+def test_moe_models_take_fp8_and_refuse_4_bit():
+    """Experts are FP8 (layers/moe/fp8_experts.py, tests/test_moe_fp8.py); 4-bit experts are
+    not implemented, so a 4-bit request for a MoE model is refused, never served in bf16."""
+    assert resolve_quant_spec("fp8", None, "MixtralForCausalLM", is_moe=True).method == "fp8"
+    assert resolve_quant_spec(None, FP8_BLOCK, "DeepseekV3ForCausalLM", is_moe=True)
+    for flag, ckpt in (("w4a16", None), (None, AWQ), (None, GPTQ)):
+        with pytest.raises(ValueError, match="mixture-of-experts.*not 4-bit"):
+            resolve_quant_spec(flag, ckpt, "MixtralForCausalLM", is_moe=True)
+
+
+def test_routers_and_norms_may_be_listed_as_unconverted():
+    """Qwen's FP8 checkpoints list the MoE routers and norms in modules_to_not_convert: they
+    are full precision here anyway. A linear layer in that list is still refused."""
+    ok = {**FP8_BLOCK, "modules_to_not_convert": [
+        "lm_head", "model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate",
+        "model.layers.0.input_layernorm", "model.layers.0.self_attn.q_norm"]}
+    assert resolve_quant_spec(None, ok).fp8_block == (128, 128)
+    bad = {**FP8_BLOCK, "modules_to_not_convert": ["model.layers.0.mlp.gate_proj"]}
+    with pytest.raises(ValueError, match="unquantized"):
+        resolve_quant_spec(None, bad)
 
 
 def test_server_args_check_the_flags():
@@ -301,10 +318,7 @@ def _interpreter_cases():
 
 
 def test_interpreter_small_cases():
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the GPU tests cover the kernels")
-    run_file_under_interpreter(__file__)
+    run_cpu_interpreter_cases(__file__)
 
 
 @pytest.mark.gpu

@@ -79,6 +79,22 @@ def test_awq_checkpoint_tp2_equals_tp1(make_engine, tmp_path, smollm_dir):
     assert_same(run(make_engine, 1, **kwargs), run(make_engine, 2, **kwargs))
 
 
+def test_fp8_moe_mla_checkpoint_tp2_equals_tp1(make_engine, tmp_path, smollm_dir):
+    """A DeepSeek-V3 FP8 block-scaled checkpoint: experts split by whole scale blocks, MLA's
+    projections sharded with their block scales, kv_b_proj widened per rank."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from quant_formats import write_quantized_checkpoint
+    tiny_checkpoint(tmp_path / "v3", "deepseek-v3", 4)
+    config = json.loads((tmp_path / "v3" / "config.json").read_text())
+    state = load_file(str(tmp_path / "v3" / "model.safetensors"))
+    write_quantized_checkpoint(state, config, tmp_path / "fp8", "fp8-block")
+    kwargs = dict(model_path=str(tmp_path / "fp8"), tokenizer_path=smollm_dir)
+    assert_same(run(make_engine, 1, **kwargs), run(make_engine, 2, **kwargs))
+
+
 def test_structured_and_overlap_under_tp(make_engine, tmp_path, smollm_dir, monkeypatch):
     """The overlap scheduler and a grammar (every rank fills the same mask) give what TP1
     gives."""

@@ -29,6 +29,14 @@ def disable_fused_ops() -> bool:
     return _flag("RADIXLM_DISABLE_FUSED_OPS")
 
 
+def disable_moe_fp8_activations() -> bool:
+    """RADIXLM_DISABLE_MOE_FP8_ACTIVATIONS=1: FP8 experts keep their inputs in the model's dtype
+    at every batch size (weight-only FP8), instead of quantizing them to FP8 (one scale per 128
+    inputs of a row) for batches with 4+ rows per expert, where W8A8 was measured faster
+    (layers/moe/experts.py). For accuracy checks; read at each call."""
+    return _flag("RADIXLM_DISABLE_MOE_FP8_ACTIVATIONS")
+
+
 def disable_gemv() -> bool:
     """RADIXLM_DISABLE_GEMV=1: batch-1 products of the linear layers run F.linear (cuBLAS) on
     CUDA too, instead of the Triton GEMV where it was measured faster

@@ -65,8 +65,22 @@ def graphed(fn: Callable[[], object], device: torch.device) -> Callable[[], None
 
 # ---------------------------------------------------------------------- kernel
 
+def _fp8_copy(w13: torch.Tensor, w2: torch.Tensor):
+    """FP8 copies of the experts with 128x128 block scales (the layout of DeepSeek-V3 and
+    Qwen3-FP8 checkpoints): (w13, w2, scales)."""
+    from radixlm.layers.moe.experts import Fp8ExpertScales
+    from radixlm.layers.moe.fp8_experts import quantize_experts
+    q13, s13 = quantize_experts(w13, (128, 128))
+    q2, s2 = quantize_experts(w2, (128, 128))
+    return q13, q2, Fp8ExpertScales(s13, s2, (128, 128))
+
+
+# Batch sizes up to which both kernel paths (per-pair GEMVs, grouped GEMMs) are timed.
+BOTH_PATHS_MAX_BS = 16
+
+
 def kernel_part(batch_sizes: list[int], shapes: list[str], device: torch.device,
-                bandwidth: float) -> list[dict]:
+                bandwidth: float, fp8: bool = False) -> list[dict]:
     from radixlm.layers.moe.experts import experts_reference, fused_experts
     from radixlm.layers.moe.topk import RoutingConfig, select_experts
 
@@ -102,6 +116,42 @@ def kernel_part(batch_sizes: list[int], shapes: list[str], device: torch.device,
                 "fraction_of_copy_bandwidth": bytes_read / graph_s / bandwidth,
                 "max_rel_error_vs_loop": err})
             r = rows[-1]
+            fp8_weights = _fp8_copy(w13, w2) if fp8 else None
+            if bs <= BOTH_PATHS_MAX_BS:     # each kernel path forced, graphed
+                variants = [("bf16", w13, w2, None)]
+                if fp8_weights:
+                    variants.append(("fp8", *fp8_weights))
+                for label, a, b, sc in variants:
+                    for path, forced in (("grouped", False), ("pair_gemv", True)):
+                        fn = (lambda a=a, b=b, sc=sc, forced=forced: fused_experts(  # noqa: E731
+                            x, a, b, w, ids, scales=sc, pair_gemv=forced))
+                        r[f"{label}_{path}_graph_ms"] = time_fn(graphed(fn, device),
+                                                                device) * 1e3
+                    print(f"moe {name:17s} bs {bs:4d}: {label} grouped "
+                          f"{r[f'{label}_grouped_graph_ms']:.3f} ms, pair gemv "
+                          f"{r[f'{label}_pair_gemv_graph_ms']:.3f} ms", flush=True)
+            if fp8_weights:
+                q13, q2, sc = fp8_weights
+                if bs > BOTH_PATHS_MAX_BS:  # FP8 inputs (W8A8) on and off, forced
+                    for label, forced in (("weight_only", False), ("w8a8", True)):
+                        fn = (lambda forced=forced: fused_experts(  # noqa: E731
+                            x, q13, q2, w, ids, scales=sc, fp8_activations=forced))
+                        r[f"fp8_{label}_graph_ms"] = time_fn(graphed(fn, device), device) * 1e3
+                    print(f"moe {name:17s} bs {bs:4d}: fp8 weight-only "
+                          f"{r['fp8_weight_only_graph_ms']:.3f} ms, w8a8 "
+                          f"{r['fp8_w8a8_graph_ms']:.3f} ms", flush=True)
+                fp8_fn = lambda: fused_experts(x, q13, q2, w, ids, scales=sc)  # noqa: E731
+                fp8_s = time_fn(graphed(fp8_fn, device), device)
+                r.update(fp8_graph_ms=fp8_s * 1e3, fp8_speedup_vs_bf16_graph=graph_s / fp8_s,
+                         fp8_weight_gb_s=bytes_read / 2 / fp8_s / 1e9,
+                         fp8_fraction_of_copy_bandwidth=bytes_read / 2 / fp8_s / bandwidth,
+                         fp8_max_rel_error_vs_bf16_loop=(
+                             (fp8_fn().float() - loop().float()).abs().max()
+                             / loop().float().abs().max()).item())
+                print(f"moe {name:17s} bs {bs:4d}: fp8 graphed {r['fp8_graph_ms']:.3f} ms "
+                      f"(x{r['fp8_speedup_vs_bf16_graph']:.2f} vs bf16), "
+                      f"{r['fp8_weight_gb_s']:.0f} GB/s "
+                      f"({r['fp8_fraction_of_copy_bandwidth']:.0%} of copy)", flush=True)
             print(f"moe {name:17s} bs {bs:4d}: loop {r['loop_ms']:.3f} ms, fused "
                   f"{r['fused_ms']:.3f} ms ({r['speedup_vs_loop']:.1f}x), graphed "
                   f"{r['fused_graph_ms']:.3f} ms ({r['speedup_graph_vs_loop']:.1f}x), "
@@ -109,6 +159,119 @@ def kernel_part(batch_sizes: list[int], shapes: list[str], device: torch.device,
                   f"({r['fraction_of_copy_bandwidth']:.0%} of copy)", flush=True)
         del w13, w2
         torch.cuda.empty_cache()
+    return rows
+
+
+def gemv_sweep_part(shapes: list[str], device: torch.device) -> list[dict]:
+    """Tiles of the per-pair GEMVs at batch 1, bf16 and FP8 (block scales), each GEMM alone:
+    the data behind pair_gemv.pair_gemv_tiles."""
+    import itertools
+
+    from radixlm.layers.moe.pair_gemv import PairGemvTiles, pair_gemv
+    from radixlm.layers.moe.topk import RoutingConfig, select_experts
+
+    rows = []
+    for name in shapes:
+        experts, top_k, hidden, inter = EXPERT_SHAPES[name]
+        g = torch.Generator(device=device).manual_seed(0)
+        w13 = (torch.randn(experts, 2 * inter, hidden, device=device, generator=g) * 0.02
+               ).to(torch.bfloat16)
+        w2 = (torch.randn(experts, hidden, inter, device=device, generator=g) * 0.02
+              ).to(torch.bfloat16)
+        q13, q2, sc = _fp8_copy(w13, w2)
+        x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
+        _, ids = select_experts(torch.randn(1, experts, device=device),
+                                RoutingConfig(top_k, renormalize=True))
+        ids = ids.reshape(-1).to(torch.int32)
+        gate_up = torch.randn(top_k, 2 * inter, device=device, dtype=torch.bfloat16)
+        out_up = torch.empty(top_k, 2 * inter, device=device, dtype=torch.bfloat16)
+        out_down = torch.empty(top_k, hidden, device=device, dtype=torch.bfloat16)
+        for label, b13, b2, s13, s2, block in (("bf16", w13, w2, None, None, None),
+                                               ("fp8", q13, q2, sc.w13, sc.w2, sc.block)):
+            for gemm, call in (
+                    ("gate_up", lambda t: pair_gemv(x, b13, out_up, ids, top_k, b_scale=s13,
+                                                    scale_block=block, tiles=t)),
+                    ("down", lambda t: pair_gemv(gate_up, b2, out_down, ids, 1, gated=True,
+                                                 b_scale=s2, scale_block=block, tiles=t))):
+                timed = []
+                for bn, bk, warps, stages in itertools.product((8, 16, 32), (512, 1024, 2048),
+                                                               (4, 8), (3,)):
+                    tiles = PairGemvTiles(bn, bk, warps, stages)
+                    try:
+                        timed.append((time_fn(graphed(lambda t=tiles: call(t), device), device,
+                                              iters=10), tiles))
+                    except Exception:  # out of registers / shared memory: skip
+                        continue
+                best_s, best = min(timed, key=lambda st: st[0])
+                b = b13 if gemm == "gate_up" else b2
+                weight_bytes = top_k * b[0].numel() * b.element_size()
+                rows.append({"shape": name, "weights": label, "gemm": gemm,
+                             "best_us": best_s * 1e6, "best": best.__dict__,
+                             "gb_s": weight_bytes / best_s / 1e9,
+                             "all": [(s * 1e6, t.__dict__) for s, t in sorted(
+                                 timed, key=lambda st: st[0])[:8]]})
+                print(f"gemv {name:17s} {label} {gemm:7s}: best {best_s * 1e6:.1f} us "
+                      f"({rows[-1]['gb_s']:.0f} GB/s) {best}", flush=True)
+    return rows
+
+
+def w8a8_sweep_part(shapes: list[str], batch_sizes: list[int], device: torch.device
+                    ) -> list[dict]:
+    """Tiles of the W8A8 grouped GEMMs (FP8 experts with block scales, FP8 inputs) at
+    prefill-sized batches, each GEMM alone: the data behind fused_moe_kernel.w8a8_tile_config."""
+    import itertools
+
+    from radixlm.layers.moe import fused_moe_kernel as kern
+    from radixlm.layers.moe.topk import RoutingConfig, select_experts
+    from radixlm.layers.quantization.fp8_kernels import quantize_per_token_group
+
+    rows = []
+    for name in shapes:
+        experts, top_k, hidden, inter = EXPERT_SHAPES[name]
+        g = torch.Generator(device=device).manual_seed(0)
+        w13 = torch.randn(experts, 2 * inter, hidden, device=device, generator=g) * 0.02
+        w2 = torch.randn(experts, hidden, inter, device=device, generator=g) * 0.02
+        q13, q2, sc = _fp8_copy(w13.to(torch.bfloat16), w2.to(torch.bfloat16))
+        del w13, w2
+        for bs in batch_sizes:
+            x = torch.randn(bs, hidden, device=device, dtype=torch.bfloat16)
+            _, ids = select_experts(torch.randn(bs, experts, device=device),
+                                    RoutingConfig(top_k, renormalize=True))
+            xq, xs = quantize_per_token_group(x, 128)
+            act = torch.randn(bs * top_k, inter, device=device, dtype=torch.bfloat16)
+            aq, as_ = quantize_per_token_group(act, 128)
+            gate_up = torch.empty(bs * top_k, 2 * inter, device=device, dtype=torch.bfloat16)
+            down = torch.empty(bs * top_k, hidden, device=device, dtype=torch.bfloat16)
+            pw = torch.rand(bs * top_k, device=device)
+            aligned: dict[int, object] = {}
+
+            def pairs(block_m):
+                if block_m not in aligned:
+                    aligned[block_m] = kern.align_pairs_to_blocks(ids, experts, block_m)
+                return aligned[block_m]
+
+            for gemm, call in (
+                    ("gate_up", lambda c: kern.grouped_gemm(
+                        xq, q13, gate_up, pairs(c.block_m), top_k, c, b_scale=sc.w13,
+                        scale_block=sc.block, a_scale=xs, a_group=128)),
+                    ("down", lambda c: kern.grouped_gemm(
+                        aq, q2, down, pairs(c.block_m), 1, c, pair_weights=pw, b_scale=sc.w2,
+                        scale_block=sc.block, a_scale=as_, a_group=128))):
+                timed = []
+                for bm, bn, warps, stages in itertools.product((64, 128), (128, 256), (4, 8),
+                                                               (3, 4)):
+                    cfg = kern.MoETileConfig(bm, bn, 128, 8, warps, stages)
+                    try:
+                        timed.append((time_fn(lambda c=cfg: call(c), device, iters=10), cfg))
+                    except Exception:  # out of shared memory / registers: skip
+                        continue
+                timed.sort(key=lambda st: st[0])
+                best_s, best = timed[0]
+                rows.append({"shape": name, "batch_size": bs, "gemm": gemm,
+                             "best_us": best_s * 1e6, "best": best.__dict__,
+                             "top": [(s * 1e6, c.__dict__) for s, c in timed[:6]]})
+                print(f"w8a8 {name:17s} bs {bs:5d} {gemm:7s}: best {best_s * 1e6:.0f} us "
+                      f"{best}", flush=True)
     return rows
 
 
@@ -300,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixlm bench moe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="kernel,mla",
-                   help="kernel, mla, mla-extend, model (comma list)")
+                   help="kernel, gemv-sweep, w8a8-sweep, mla, mla-extend, model (comma list)")
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--shapes", default=",".join(EXPERT_SHAPES))
     p.add_argument("--mla-batch-size", type=int, default=64)
@@ -308,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mla-heads", default="16,128")
     p.add_argument("--mla-tile-sweep", action="store_true",
                    help="mla part: also time a grid of decode tiles")
+    p.add_argument("--fp8", action="store_true",
+                   help="kernel part: also the fused path on FP8 experts (128x128 block scales)")
     p.add_argument("--model-path", default=None, help="a config dir (random weights)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)
@@ -319,7 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = set(parts) - {"kernel", "mla", "mla-extend", "model"}
+    unknown = set(parts) - {"kernel", "gemv-sweep", "w8a8-sweep", "mla", "mla-extend",
+                            "model"}
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}")
     if "model" in parts and not args.model_path:
@@ -334,7 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict = {"copy_bandwidth_gb_s": bandwidth / 1e9}
     if "kernel" in parts:
         result["kernel"] = kernel_part(args.batch_sizes, args.shapes.split(","), device,
-                                       bandwidth)
+                                       bandwidth, fp8=args.fp8)
+    if "gemv-sweep" in parts:
+        result["gemv_sweep"] = gemv_sweep_part(args.shapes.split(","), device)
+    if "w8a8-sweep" in parts:
+        result["w8a8_sweep"] = w8a8_sweep_part(args.shapes.split(","), args.batch_sizes,
+                                               device)
     if "mla-extend" in parts:
         result["mla_extend"] = mla_extend_part(device)
     if "mla" in parts:

@@ -8,6 +8,9 @@ rest of the grid at that BLOCK_M. The files go to --output-dir/<gpu>/ (default: 
 configs directory, so a tuned shape ships with the code; commit them).
 
     radixlm bench moe-tune --shapes qwen3-30b-a3b,deepseek-v2-lite --batch-sizes 1,16,64,256
+
+`--fp8` tunes FP8 experts with 128x128 block scales (as FP8 checkpoints ship them; online FP8's
+per-row scales use the same files), over a grid with deeper pipelines.
 """
 
 from __future__ import annotations
@@ -29,11 +32,17 @@ GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128), block_k=(64, 128), num_
             num_stages=(3, 4))
 
 
-def _configs(block_m: int | None = None):
+# FP8 tiles carry half the bytes: deeper pipelines keep as many in flight. BLOCK_K stays within
+# one 128-wide scale block.
+FP8_STAGES = (3, 4, 5)
+
+
+def _configs(block_m: int | None = None, fp8: bool = False):
     from radixlm.layers.moe.fused_moe_kernel import MoETileConfig
     ms = (block_m,) if block_m else GRID["block_m"]
+    stages = FP8_STAGES if fp8 else GRID["num_stages"]
     for m, n, k, w, s in itertools.product(ms, GRID["block_n"], GRID["block_k"],
-                                           GRID["num_warps"], GRID["num_stages"]):
+                                           GRID["num_warps"], stages):
         yield MoETileConfig(m, n, k, 8 if m >= 32 else 1, w, s)
 
 
@@ -49,7 +58,8 @@ def _best(run, configs, device) -> tuple[object, float]:
     return best, best_s
 
 
-def tune_shape(name: str, batch_sizes: list[int], device: torch.device) -> tuple[dict, dict]:
+def tune_shape(name: str, batch_sizes: list[int], device: torch.device,
+               fp8: bool = False) -> tuple[dict, dict]:
     from radixlm.layers.moe import fused_moe_kernel as kern
     from radixlm.layers.moe.topk import RoutingConfig, select_experts
 
@@ -57,6 +67,14 @@ def tune_shape(name: str, batch_sizes: list[int], device: torch.device) -> tuple
     dt = torch.bfloat16
     w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=dt) * 0.02
     w2 = torch.randn(experts, hidden, inter, device=device, dtype=dt) * 0.02
+    scaled: dict[str, dict] = {"up": {}, "down": {}}
+    if fp8:
+        from radixlm.layers.moe.fp8_experts import quantize_experts
+        block = (128, 128)
+        w13, s13 = quantize_experts(w13, block)
+        w2, s2 = quantize_experts(w2, block)
+        scaled = {"up": dict(b_scale=s13, scale_block=block),
+                  "down": dict(b_scale=s2, scale_block=block)}
     up_best, down_best = {}, {}
     for bs in batch_sizes:
         x = torch.randn(bs, hidden, device=device, dtype=dt)
@@ -74,13 +92,14 @@ def tune_shape(name: str, batch_sizes: list[int], device: torch.device) -> tuple
             return aligned[block_m]
 
         up_cfg, up_s = _best(lambda c: kern.grouped_gemm(x, w13, gate_up, pairs(c.block_m),
-                                                          top_k, c), _configs(), device)
+                                                          top_k, c, **scaled["up"]),
+                             _configs(fp8=fp8), device)
         if up_cfg is None:
             raise RuntimeError(f"{name} bs {bs}: no tile of the grid ran on this GPU")
         down_cfg, down_s = _best(
             lambda c: kern.grouped_gemm(act, w2, down, pairs(c.block_m), 1, c,
-                                        pair_weights=w.reshape(-1)),
-            _configs(up_cfg.block_m), device)
+                                        pair_weights=w.reshape(-1), **scaled["down"]),
+            _configs(up_cfg.block_m, fp8), device)
         if down_cfg is None:
             raise RuntimeError(f"{name} bs {bs}: no down-projection tile ran on this GPU")
         up_best[pairs_n], down_best[pairs_n] = up_cfg, down_cfg
@@ -98,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(EXPERT_SHAPES))
     p.add_argument("--batch-sizes", default="1,16,64,256")
     p.add_argument("--output-dir", default=str(PACKAGE_DIR))
+    p.add_argument("--fp8", action="store_true",
+                   help="tune FP8 experts (128x128 block scales): files *_fp8w.json")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -108,10 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name not in EXPERT_SHAPES:
             p.error(f"--shapes: unknown {name!r}; choose from {sorted(EXPERT_SHAPES)}")
         experts, _, hidden, inter = EXPERT_SHAPES[name]
-        up, down = tune_shape(name, [int(b) for b in args.batch_sizes.split(",")], device)
+        up, down = tune_shape(name, [int(b) for b in args.batch_sizes.split(",")], device,
+                              args.fp8)
         out = Path(args.output_dir) / gpu_slug(device)
         for (n, k), best in (((2 * inter, hidden), up), ((hidden, inter), down)):
-            path = out / config_file_name(experts, n, k, torch.bfloat16)
+            path = out / config_file_name(experts, n, k, torch.bfloat16, args.fp8)
             write_tuned(path, best)
             written.append(str(path))
     print_summary("bench moe-tune wrote " + ", ".join(written))

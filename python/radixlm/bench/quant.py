@@ -155,13 +155,14 @@ def model_part(args) -> dict:
     from radixlm.bench.one_batch import copy_bandwidth
     bandwidth = copy_bandwidth(torch.device("cuda"))
     out: dict[str, Any] = {"copy_bandwidth_gb_s": bandwidth / 1e9}
-    for flag in [None, *QUANTS]:
+    quants = args.quants.split(",")
+    for flag in [None, *quants]:
         args.quantization = flag
         out[flag or "bf16"] = run_model(args, torch.device("cuda"), bandwidth)
         gc.collect()
         torch.cuda.empty_cache()
     base = out["bf16"]["batches"]
-    for flag in QUANTS:
+    for flag in quants:
         for b, q in zip(base, out[flag]["batches"]):
             q["decode_speedup_vs_bf16"] = b["decode_step_ms"] / q["decode_step_ms"]
             q["prefill_speedup_vs_bf16"] = b["prefill_s"] / q["prefill_s"]
@@ -182,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-path", default=None,
                    help="model part: a config dir (random weights); accuracy: a checkpoint "
                         "(default: the bundled model)")
+    p.add_argument("--quants", default=",".join(QUANTS),
+                   help="model part: the quantizations timed against bf16 (MoE models: fp8)")
     p.add_argument("--batch-sizes", default="1,16")
     p.add_argument("--input-len", type=int, default=4096)
     p.add_argument("--output-len", type=int, default=16)
@@ -196,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--parts: unknown {sorted(unknown)}")
     if set(parts) - {"accuracy"} and not torch.cuda.is_available():
         p.error("the kernel, sweep and model parts need a CUDA GPU")
+    bad_quants = set(args.quants.split(",")) - set(QUANTS)
+    if bad_quants:
+        p.error(f"--quants: unknown {sorted(bad_quants)}; choose from {list(QUANTS)}")
     if "model" in parts and not args.model_path:
         p.error("--parts model needs --model-path")
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

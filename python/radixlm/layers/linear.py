@@ -137,6 +137,11 @@ def default_linear_method(method: LinearMethod | None) -> Iterator[None]:
         _default_method = old
 
 
+def current_linear_method() -> LinearMethod:
+    """The method layers built now get by default (what the loader set for this model)."""
+    return _default_method
+
+
 class _QuantizableLinear(nn.Module):
     """What the parallel linear layers share: their method, and its post-loading step."""
 

@@ -35,9 +35,11 @@ from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.attention.radix_attention import RadixAttention
-from radixlm.layers.linear import ColumnParallelLinear, RowParallelLinear
+from radixlm.layers.linear import (ColumnParallelLinear, RowParallelLinear,
+                                   current_linear_method)
 from radixlm.layers.moe.topk import RoutingConfig
 from radixlm.layers.norm import RMSNorm
+from radixlm.layers.quantization.full_precision import full_precision
 from radixlm.layers.rotary import RotaryEmbedding, yarn_mscale
 from radixlm.models.llama import LlamaForCausalLM, LlamaMLP
 from radixlm.models.moe_block import SparseMoeBlock
@@ -77,8 +79,11 @@ class DeepseekMLAAttention(nn.Module):
         self.kv_a_proj_with_mqa = ColumnParallelLinear(h, [self.lora + self.rope], bias=bias,
                                                        tp=SINGLE)
         self.kv_a_layernorm = RMSNorm(self.lora, config.rms_norm_eps)
-        self.kv_b_proj = ColumnParallelLinear(self.lora, [all_heads * (self.nope + self.v_dim)],
-                                              tp=tp)
+        # Read as the absorbed per-head matrices (torch.bmm), never through its linear
+        # method: kept in full precision in quantized models.
+        self.kv_b_proj = ColumnParallelLinear(
+            self.lora, [all_heads * (self.nope + self.v_dim)], tp=tp,
+            linear_method=full_precision(current_linear_method()))
         self.o_proj = RowParallelLinear(all_heads * self.v_dim, h, bias=bias, tp=tp)
         # Checkpoints with interleaved rope pairs get their rope rows permuted once at load
         # (process_weights_after_loading), so the forward uses the plain "halves" rotation
@@ -103,14 +108,15 @@ class DeepseekMLAAttention(nn.Module):
         perm = torch.cat([torch.arange(0, self.rope, 2), torch.arange(1, self.rope, 2)])
         q_layer = self.q_proj if self.q_proj is not None else self.q_b_proj
         head = self.nope + self.rope
-        for p in (q_layer.weight, q_layer.bias):
-            if p is not None:
-                rows = p.data.view(self.num_heads, head, -1)[:, self.nope:]
-                rows.copy_(rows[:, perm.to(p.device)].clone())
-        for p in (self.kv_a_proj_with_mqa.weight, self.kv_a_proj_with_mqa.bias):
-            if p is not None:
-                rows = p.data[self.lora:]
-                rows.copy_(rows[perm.to(p.device)].clone())
+        _check_rows_in_one_block(q_layer, [h * head + self.nope for h in range(self.num_heads)],
+                                 self.rope)
+        _check_rows_in_one_block(self.kv_a_proj_with_mqa, [self.lora], self.rope)
+        for p in _per_row_tensors(q_layer):
+            rows = p.data.view(self.num_heads, head, -1)[:, self.nope:]
+            rows.copy_(rows[:, perm.to(p.device)].clone())
+        for p in _per_row_tensors(self.kv_a_proj_with_mqa):
+            rows = p.data[self.lora:]
+            rows.copy_(rows[perm.to(p.device)].clone())
         self.interleaved_checkpoint = False
 
     def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,6 +143,29 @@ class DeepseekMLAAttention(nn.Module):
         o_lat = self.attn(q_full.reshape(t, -1), k_full, c, fb)          # [T, nh * lora]
         o = torch.bmm(o_lat.view(t, nh, self.lora).transpose(0, 1), w_uv.transpose(1, 2))
         return self.o_proj(o.transpose(0, 1).reshape(t, nh * self.v_dim))
+
+
+def _per_row_tensors(layer: nn.Module) -> list[nn.Parameter]:
+    """The parameters of a (not yet processed) linear layer with one row per output row: the
+    weight, the bias, and an FP8 checkpoint's per-channel scales. (Block scales cover 128
+    rows, and each head's 64 rope rows lie inside one block, so they stay as they are.)"""
+    params = [layer.weight, layer.bias]
+    spec = getattr(layer.linear_method, "spec", None)
+    if spec is not None and not spec.online and spec.fp8_scales == "channel":
+        params.append(layer.weight_scale)
+    return [p for p in params if p is not None]
+
+
+def _check_rows_in_one_block(layer: nn.Module, starts: list[int], count: int) -> None:
+    """Rows permuted in place must share their FP8 scale block (the permutation moves values,
+    not scales)."""
+    spec = getattr(layer.linear_method, "spec", None)
+    if spec is None or spec.fp8_block is None:
+        return
+    bn = spec.fp8_block[0]
+    if any(s // bn != (s + count - 1) // bn for s in starts):
+        raise ValueError(f"--model-path: this checkpoint's {bn}-row FP8 scale blocks split a "
+                         f"head's rope rows, which are reordered at load; not supported")
 
 
 def _check_routing(config: ModelConfig, scoring: str, methods: tuple[str, ...]) -> None:

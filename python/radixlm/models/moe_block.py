@@ -17,7 +17,8 @@ from torch import nn
 
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import TPGroup
-from radixlm.layers.moe.layer import FusedMoE
+from radixlm.layers.linear import current_linear_method
+from radixlm.layers.moe.build import build_experts
 from radixlm.layers.moe.topk import RoutingConfig, select_experts
 from radixlm.models.llama import LlamaMLP
 
@@ -50,8 +51,10 @@ class SparseMoeBlock(nn.Module):
         self.routing = routing
         self.gate = MoEGate(config.hidden_size, config.num_experts, correction_bias,
                             fp32_router)
-        self.experts = FusedMoE(config.num_experts, config.hidden_size,
-                                config.moe_intermediate_size, tp)
+        # FP8 experts when the model is served quantized (the router's gate never is).
+        self.experts = build_experts(config.num_experts, config.hidden_size,
+                                     config.moe_intermediate_size, tp,
+                                     getattr(current_linear_method(), "spec", None))
         shared = config.shared_expert_intermediate_size
         self.shared_experts = (LlamaMLP(config.hidden_size, shared, False, tp,
                                         reduce_results=False) if shared else None)

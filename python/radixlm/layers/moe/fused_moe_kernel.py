@@ -165,14 +165,26 @@ def _align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weight_ptr,
+    a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, as_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_pairs, a_rows_per_pair,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_se, stride_sn, stride_asm,
     MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PREC: tl.constexpr,
+    B_SCALES: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+    A_GROUP: tl.constexpr,
 ):
-    """C[pair] = A[pair // a_rows_per_pair] @ B[expert]^T (* weight[pair])."""
+    """C[pair] = A[pair // a_rows_per_pair] @ B[expert]^T (* weight[pair]).
+
+    B_SCALES: 0, B is in A's dtype; 1, B is FP8 with one scale per (expert, output row),
+    applied once at the end; 2, B is FP8 with one scale per (expert, SCALE_BN x SCALE_BK
+    block), applied to each K tile's partial product (BLOCK_K divides SCALE_BK). FP8 tiles are
+    widened to A's dtype in registers, so the weight bytes are read once, at one byte each.
+
+    A_GROUP > 0: A is FP8 too, with one scale per (row, A_GROUP inputs) at as_ptr, and the
+    tiles multiply as FP8 on the tensor cores (W8A8, for batches big enough to be compute
+    bound); BLOCK_K divides A_GROUP."""
     pid = tl.program_id(0)
     num_blocks_m = tl.cdiv(tl.load(num_padded_ptr), BLOCK_M)
     num_blocks_n = tl.cdiv(N, BLOCK_N)
@@ -199,13 +211,27 @@ def _grouped_gemm_kernel(
               + offs_k[None, :] * stride_bk)
     n_ok = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    s_ptrs = s_ptr + expert * stride_se + (offs_n // SCALE_BN) * stride_sn
+    as_ptrs = as_ptr + a_row.to(tl.int64) * stride_asm
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(b), input_precision=DOT_PREC)
+        if A_GROUP > 0:
+            part = tl.dot(a, tl.trans(b))
+            part = part * tl.load(as_ptrs + k0 // A_GROUP, mask=row_ok, other=0.0)[:, None]
+        else:
+            if B_SCALES != 0:
+                b = b.to(a.dtype)
+            part = tl.dot(a, tl.trans(b), input_precision=DOT_PREC)
+        if B_SCALES == 2:
+            acc += part * tl.load(s_ptrs + k0 // SCALE_BK, mask=n_ok, other=0.0)[None, :]
+        else:
+            acc += part
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    if B_SCALES == 1:
+        acc = acc * tl.load(s_ptrs, mask=n_ok, other=0.0)[None, :]
     if MUL_WEIGHT:
         w = tl.load(weight_ptr + pair, mask=row_ok, other=0.0)
         acc = acc * w[:, None]
@@ -215,21 +241,43 @@ def _grouped_gemm_kernel(
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, pairs: AlignedPairs,
                  a_rows_per_pair: int, tile: MoETileConfig,
-                 pair_weights: torch.Tensor | None = None) -> torch.Tensor:
+                 pair_weights: torch.Tensor | None = None,
+                 b_scale: torch.Tensor | None = None,
+                 scale_block: tuple[int, int] | None = None,
+                 a_scale: torch.Tensor | None = None, a_group: int = 0) -> torch.Tensor:
     """out[pair] = a[pair // a_rows_per_pair] @ b[expert(pair)]^T, times pair_weights[pair]
-    when given. a [rows, K], b [E, N, K], out [num_pairs, N]."""
+    when given. a [rows, K], b [E, N, K], out [num_pairs, N].
+
+    `b_scale`: b is FP8 and stands for b * scale, with scale [E, N] (one per output row) or,
+    given `scale_block` (bn, bk), [E, ceil(N/bn), ceil(K/bk)] (one per block). `a_scale`: a
+    is FP8 as well, standing for a * a_scale, [rows, ceil(K/a_group)]."""
     n, k = b.shape[1], b.shape[2]
     max_blocks = pairs.sorted_pair_ids.numel() // tile.block_m
     grid = (max_blocks * triton.cdiv(n, tile.block_n),)
     weights = pair_weights if pair_weights is not None else out   # unused when not multiplying
+    mode, scale_bn, scale_bk, block_k = 0, 1, 1, tile.block_k
+    if b_scale is not None:
+        mode = 1 if scale_block is None else 2
+        scale_bn, scale_bk = scale_block or (1, 1)
+        if scale_block is not None:       # a K tile must not straddle two scale blocks
+            block_k = min(block_k, scale_bk)
+    if a_scale is not None:
+        block_k = min(block_k, a_group)
+    scales = b_scale if b_scale is not None else out              # unused without scales
     _grouped_gemm_kernel[grid](
-        a, b, out, weights, pairs.sorted_pair_ids, pairs.block_expert, pairs.num_padded,
-        n, k, pairs.num_pairs, a_rows_per_pair,
+        a, b, out, weights, scales, a_scale if a_scale is not None else out,
+        pairs.sorted_pair_ids, pairs.block_expert,
+        pairs.num_padded, n, k, pairs.num_pairs, a_rows_per_pair,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
         out.stride(0), out.stride(1),
+        scales.stride(0) if b_scale is not None else 0,
+        scales.stride(1) if b_scale is not None else 0,
+        a_scale.stride(0) if a_scale is not None else 0,
         MUL_WEIGHT=pair_weights is not None, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        DOT_PREC="ieee" if a.dtype == torch.float32 else "tf32", num_warps=tile.num_warps,
+        BLOCK_K=block_k, GROUP_M=tile.group_m,
+        DOT_PREC="ieee" if a.dtype == torch.float32 else "tf32",
+        B_SCALES=mode, SCALE_BN=scale_bn, SCALE_BK=scale_bk,
+        A_GROUP=a_group if a_scale is not None else 0, num_warps=tile.num_warps,
         num_stages=tile.num_stages)
     return out
 

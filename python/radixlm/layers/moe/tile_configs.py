@@ -6,6 +6,9 @@ several batch sizes and writes `configs/<gpu>/E<E>_N<N>_K<K>_<dtype>.json`:
 
     {"1": {"block_m": 16, "block_n": 64, ...}, "64": {...}, ...}
 
+FP8 expert weights (layers/moe/fp8_experts.py) have their own files, `..._<dtype>_fp8w.json`
+(`bench moe-tune --fp8`): half the bytes per tile move the best tiles.
+
 keyed by the number of tokens x top_k pairs it was tuned at. A lookup takes the entry tuned at
 the nearest pair count. Files live in the package, so a tuned shape ships with the wheel;
 RADIXLM_MOE_CONFIG_DIR points somewhere else (tuning your own GPU without a reinstall).
@@ -33,8 +36,10 @@ def gpu_slug(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def config_file_name(num_experts: int, n: int, k: int, dtype: torch.dtype) -> str:
-    return f"E{num_experts}_N{n}_K{k}_{str(dtype).removeprefix('torch.')}.json"
+def config_file_name(num_experts: int, n: int, k: int, dtype: torch.dtype,
+                     fp8_weights: bool = False) -> str:
+    suffix = "_fp8w" if fp8_weights else ""
+    return f"E{num_experts}_N{n}_K{k}_{str(dtype).removeprefix('torch.')}{suffix}.json"
 
 
 def config_dir() -> Path:
@@ -52,11 +57,11 @@ def _load(directory: str, slug: str, name: str) -> dict[int, MoETileConfig] | No
 
 @functools.lru_cache(maxsize=1024)
 def tile_config_for(num_pairs: int, num_experts: int, n: int, k: int, dtype: torch.dtype,
-                    device: torch.device) -> MoETileConfig:
+                    device: torch.device, fp8_weights: bool = False) -> MoETileConfig:
     """Memoised: eager steps ask twice per MoE layer (RADIXLM_MOE_CONFIG_DIR is read on the
-    first ask for a shape)."""
+    first ask for a shape). `dtype`: the activations'; `fp8_weights`: the experts are FP8."""
     tuned = _load(str(config_dir()), gpu_slug(device),
-                  config_file_name(num_experts, n, k, dtype))
+                  config_file_name(num_experts, n, k, dtype, fp8_weights))
     if tuned:
         nearest = min(tuned, key=lambda p: abs(p - num_pairs))
         return tuned[nearest]

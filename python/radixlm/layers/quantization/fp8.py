@@ -82,6 +82,11 @@ class Fp8LinearMethod(QuantizedLinearMethod):
         # cuBLASLt's FP8 GEMM wants both dimensions in multiples of 16.
         layer.fp8_scaled_mm_ok = spec.fp8_block is None and n % 16 == 0 and k % 16 == 0
 
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The processed FP8 weight widened to `dtype` [N, K] (layers kept in full precision,
+        quantization/full_precision.py)."""
+        return dequantize_fp8(layer.weight, layer.weight_scale, layer.fp8_block, dtype)
+
     def matmul(self, layer: nn.Module, x: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
         w, scale, block = layer.weight, layer.weight_scale, layer.fp8_block

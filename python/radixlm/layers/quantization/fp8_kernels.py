@@ -212,6 +212,44 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s
 
 
+@triton.jit
+def _quantize_per_token_group_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+                                     FP8_MAX: tl.constexpr, GROUP: tl.constexpr):
+    """One (row, group of GROUP inputs): scale = max|x| / FP8_MAX, q = x / scale in FP8."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    offs = g * GROUP + tl.arange(0, GROUP)
+    ok = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FP8_MAX
+    tl.store(s_ptr + row * stride_s + g, scale)
+    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def quantize_per_token_group(x: torch.Tensor, group: int = 128
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (FP8 [M, K], fp32 scales [M, ceil(K/group)]): each row's runs of `group`
+    inputs scaled on their own (DeepSeek-V3's activation quantization for block-scaled
+    weights; finer than one scale per row)."""
+    m, k = x.shape
+    x = x if x.stride(1) == 1 else x.contiguous()
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    groups = triton.cdiv(k, group)
+    s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_per_token_group_kernel[(m, groups)](
+            x, q, s, k, x.stride(0), q.stride(0), s.stride(0), FP8_MAX=FP8_MAX, GROUP=group)
+    return q, s
+
+
+def dequantize_per_token_group(q: torch.Tensor, s: torch.Tensor, group: int,
+                               dtype: torch.dtype) -> torch.Tensor:
+    """The reference inverse of quantize_per_token_group."""
+    k = q.shape[1]
+    return (q.float() * s.repeat_interleave(group, dim=1)[:, :k]).to(dtype)
+
+
 def scaled_mm_per_token(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                         bias: torch.Tensor | None) -> torch.Tensor:
     """The large-batch path: FP8 activations (per-token scales) x FP8 weight (per-channel

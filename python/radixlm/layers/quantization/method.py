@@ -23,3 +23,7 @@ class QuantizedLinearMethod(LinearMethod):
                bias: torch.Tensor | None) -> torch.Tensor:
         """x [M, K] times the layer's weight, plus `bias` when given: [M, N]."""
         raise NotImplementedError
+
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The processed weight as a [N, K] matrix in `dtype`."""
+        raise NotImplementedError

@@ -63,9 +63,10 @@ def resolve_quant_spec(flag: str | None, checkpoint: dict[str, Any] | None,
     spec = _spec_of(flag, checkpoint)
     if spec is None:
         return None
-    if is_moe:
+    if is_moe and spec.method != "fp8":
         raise _bad(f"{spec.name} is not supported yet for mixture-of-experts models "
-                   f"({architecture}): the experts are not quantized")
+                   f"({architecture}): their experts can be FP8 (--quantization fp8, or an "
+                   f"FP8 checkpoint), not 4-bit")
     if spec.method == "fp8" and device is not None and device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (8, 9):
@@ -105,10 +106,16 @@ def _spec_of(flag: str | None, checkpoint: dict[str, Any] | None) -> QuantSpec |
     return _int4(method, checkpoint)
 
 
+# Modules a checkpoint may list as left in full precision because they are so here too: the
+# LM head and embeddings, MoE routers (`mlp.gate`, Qwen2-MoE's shared_expert_gate) and norms.
+_ALWAYS_FULL_PRECISION = ("lm_head", "embed_tokens", "gate", "shared_expert_gate")
+
+
 def _check_unconverted(names: list[str] | None) -> None:
-    """Layers a checkpoint leaves in full precision. The LM head always is here; any other
+    """Layers a checkpoint leaves in full precision. Those above always are here; any other
     linear layer would need a per-layer method, which the loader does not do."""
-    others = [n for n in names or () if n.split(".")[-1] not in ("lm_head", "embed_tokens")]
+    others = [n for n in names or () if n.split(".")[-1] not in _ALWAYS_FULL_PRECISION
+              and "norm" not in n.split(".")[-1]]
     if others:
         raise _bad(f"checkpoints that leave some linear layers unquantized are not supported "
                    f"yet (modules_to_not_convert / ignore: {others[:4]})")

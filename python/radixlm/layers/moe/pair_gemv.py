@@ -1,0 +1,146 @@
+"""The routed experts of a decode step with a handful of tokens: one GEMV per (token, expert)
+pair, on the CUDA cores, with no sorting by expert.
+
+With one or a few tokens, each expert a token picks gets one row. The grouped GEMM
+(fused_moe_kernel.py) pads that row to a 16-row tensor-core block and first sorts the pairs by
+expert (two more launches); here each program instead takes one pair and a BLOCK_N-row strip of
+that pair's expert weight, reads the strip once with wide K-contiguous loads, widens it (FP8 or
+bf16) to fp32, multiplies by the pair's activation row and reduces along K. The down projection
+reads its input as [gate | up] and applies SiLU-and-mul on the fly, so no activation tensor is
+written between the two GEMVs.
+
+    gate_up[pair] = x[pair // k] @ w13[e]^T                       [P, 2I]
+    down[pair]    = (silu(gate) * up)[pair] @ w2[e]^T * weight     [P, H]
+
+Expert weights must be K-contiguous ([E, N, K] with stride 1 along K), as they are stacked.
+A pair whose expert was also picked by another token of the step reads its strip again (from
+L2 if it fits), which is why the MoE layer uses this only for a few tokens
+(`use_pair_gemv`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Up to this many tokens a step's experts may run as per-pair GEMVs (bench moe --parts kernel,
+# both paths forced, H200: at 4 tokens still ahead on Qwen3-30B-A3B, even on DeepSeek-V2-Lite;
+# at 16 behind on every shape).
+PAIR_GEMV_MAX_TOKENS = 4
+# A bf16 down projection longer than this runs too few programs, each a long serial reduction
+# (Mixtral's 14336: 0.221 vs 0.197 ms at batch 1); FP8 reads half the bytes and stays ahead.
+PAIR_GEMV_MAX_BF16_K = 4096
+
+
+def use_pair_gemv(num_tokens: int, num_pairs: int, num_experts: int, down_k: int,
+                  fp8: bool) -> bool:
+    """Few tokens, and few enough pairs that most pick an expert nobody else in the step did."""
+    if num_tokens > PAIR_GEMV_MAX_TOKENS or 2 * num_pairs > max(num_experts, 4):
+        return False
+    return fp8 or down_k <= PAIR_GEMV_MAX_BF16_K
+
+
+@dataclass(frozen=True)
+class PairGemvTiles:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
+    """From `bench moe --parts gemv-sweep` (H200, batch 1, Qwen3-30B-A3B and DeepSeek-V2-Lite
+    experts): 16-row strips with K tiles of 16 KiB (bf16) or 32 KiB (FP8) are within 15% of
+    the best tile of each GEMM, except the FP8 down projection (short K), which wants 32-row
+    strips of 512 and 8 warps (14 vs 16-18 us)."""
+    if weight_bytes == 1 and gated:
+        return PairGemvTiles(32, min(512, triton.next_power_of_2(k)), 8)
+    block_k = min(triton.next_power_of_2(k), 1024 if weight_bytes > 1 else 2048)
+    return PairGemvTiles(16, max(block_k, 16))
+
+
+@triton.jit
+def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
+                      N, K, a_rows_per_pair, stride_am, stride_be, stride_bn, stride_cm,
+                      stride_se, stride_sn,
+                      MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr, B_SCALES: tl.constexpr,
+                      SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """c[pair, n-strip] = a_row(pair) . b[expert(pair), n-strip, :] (* weight[pair]).
+
+    B_SCALES as in the grouped GEMM: 0 none, 1 one scale per (expert, row), 2 one per
+    (expert, SCALE_BN x SCALE_BK block); a K tile spanning several blocks reduces per block
+    first. GATED: a's row is [gate (K) | up (K)] and the input is silu(gate) * up, rounded to
+    a's dtype as the separate activation kernel would store it."""
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    a_row = a_ptr + (pair // a_rows_per_pair).to(tl.int64) * stride_am
+    b_rows = b_ptr + expert * stride_be + offs_n[:, None].to(tl.int64) * stride_bn
+    s_rows = s_ptr + expert * stride_se + (offs_n // SCALE_BN) * stride_sn
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        if GATED:
+            gate = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            up = tl.load(a_row + K + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            x = tl.load(a_row + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(b_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        prod = w.to(tl.float32) * x[None, :]
+        if B_SCALES == 2:
+            if BLOCK_K > SCALE_BK:
+                per_block = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // SCALE_BK, SCALE_BK)),
+                                   axis=2)
+                offs_kb = k0 // SCALE_BK + tl.arange(0, BLOCK_K // SCALE_BK)
+                kb_ok = offs_kb < tl.cdiv(K, SCALE_BK)
+                s = tl.load(s_rows[:, None] + offs_kb[None, :],
+                            mask=n_ok[:, None] & kb_ok[None, :], other=0.0)
+                acc += tl.sum(per_block * s, axis=1)
+            else:
+                acc += tl.sum(prod, axis=1) * tl.load(s_rows + k0 // SCALE_BK, mask=n_ok,
+                                                      other=0.0)
+        else:
+            acc += tl.sum(prod, axis=1)
+    if B_SCALES == 1:
+        acc = acc * tl.load(s_rows, mask=n_ok, other=0.0)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(weight_ptr + pair)
+    tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n,
+             acc.to(c_ptr.dtype.element_ty), mask=n_ok)
+
+
+def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: torch.Tensor,
+              a_rows_per_pair: int, gated: bool = False,
+              pair_weights: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
+              scale_block: tuple[int, int] | None = None,
+              tiles: PairGemvTiles | None = None) -> torch.Tensor:
+    """out[p] = in(p) @ b[expert_ids[p]]^T (* pair_weights[p]), in(p) = a[p // a_rows_per_pair]
+    or, `gated`, silu(gate) * up of a[p] = [gate | up]. b [E, N, K] K-contiguous; `b_scale` /
+    `scale_block`: FP8 b, as in fused_moe_kernel.grouped_gemm."""
+    n, k = b.shape[1], b.shape[2]
+    if b.stride(2) != 1:
+        raise ValueError("pair_gemv needs K-contiguous expert weights")
+    tiles = tiles or pair_gemv_tiles(k, b.element_size(), gated)
+    mode, scale_bn, scale_bk = 0, 1, 1
+    if b_scale is not None:
+        mode = 1 if scale_block is None else 2
+        scale_bn, scale_bk = scale_block or (1, 1)
+    scales = b_scale if b_scale is not None else out
+    weights = pair_weights if pair_weights is not None else out
+    grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))
+    _pair_gemv_kernel[grid](
+        a, b, out, weights, scales, expert_ids, n, k, a_rows_per_pair, a.stride(0),
+        b.stride(0), b.stride(1), out.stride(0),
+        scales.stride(0) if b_scale is not None else 0,
+        scales.stride(1) if b_scale is not None else 0,
+        MUL_WEIGHT=pair_weights is not None, GATED=gated, B_SCALES=mode, SCALE_BN=scale_bn,
+        SCALE_BK=scale_bk, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return out
