@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from radixlm.bench.common import print_summary
-from radixlm.bench.moe import EXPERT_SHAPES, time_fn
+from radixlm.bench.moe_common import EXPERT_SHAPES, time_fn
 
 # Narrow N tiles matter at small batches: with one row per expert, a wide tile leaves too few
 # programs to keep every SM streaming weights.
