@@ -32,18 +32,33 @@ from radixlm.layers.moe.topk import RoutingConfig, select_experts
 from radixlm.layers.quantization import resolve_quant_spec
 
 FORMATS = ["fp8-tensor", "fp8-channel", "fp8-block"]
+# Block formats with rows != columns, so that a loader swapping the two cannot pass.
+BLOCKS = {"fp8-block": (16, 16), "fp8-block-16x32": (16, 32), "fp8-block-32x16": (32, 16)}
 
 
 def _spec(fmt: str):
+    if fmt in BLOCKS:
+        bn, bk = BLOCKS[fmt]
+        return resolve_quant_spec(None, {**QUANT_CONFIGS["fp8-block"],
+                                         "weight_block_size": [bn, bk]})
     return resolve_quant_spec(None, QUANT_CONFIGS[fmt])
+
+
+def _tensors(fmt: str, w: torch.Tensor):
+    """(checkpoint tensors of fmt for w, the weight they stand for)."""
+    from quant_formats import fp8_tensors
+    if fmt in BLOCKS:
+        return fp8_tensors(w, "block", BLOCKS[fmt])
+    return checkpoint_tensors(fmt, w, 32)
 
 
 # ---------------------------------------------------------------------- the loader
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS[:2] + list(BLOCKS))
 @pytest.mark.parametrize("rank, size", [(0, 1), (0, 2), (1, 2)])
 def test_expert_tensors_load_whole_and_sharded(fmt, rank, size):
-    experts, hidden, inter = 3, 48, 64          # 64 / 2 ranks = two 16-row blocks each
+    experts, hidden, inter = 3, 80, 64      # 64 / 2 ranks = one or two blocks each; 80: a
+    #                                         partial last block of hidden
     torch.manual_seed(rank + 10 * size)
     moe = build_experts(experts, hidden, inter, TPGroup(rank=rank, size=size), _spec(fmt))
     params = dict(moe.named_parameters())
@@ -52,7 +67,7 @@ def test_expert_tensors_load_whole_and_sharded(fmt, rank, size):
     for e in range(experts):
         parts = []
         for part, shape in ((0, (inter, hidden)), (1, (inter, hidden)), (None, (hidden, inter))):
-            tensors, ref = checkpoint_tensors(fmt, torch.randn(shape), 32)
+            tensors, ref = _tensors(fmt, torch.randn(shape))
             for kind, t in tensors.items():
                 name = {"weight": "w13_weight", "weight_scale": "w13_weight_scale",
                         "weight_scale_inv": "w13_weight_scale"}[kind]
@@ -86,6 +101,23 @@ def test_scale_blocks_split_by_a_shard_are_refused():
     # 48 intermediate rows over 2 ranks: 24 rows each, not whole 16-row blocks.
     with pytest.raises(ValueError, match="--tp-size 2: moe_intermediate_size 48"):
         build_experts(2, 32, 48, TPGroup(rank=0, size=2), _spec("fp8-block"))
+    # One rank: the gate and up halves must each be whole blocks of rows.
+    with pytest.raises(ValueError, match="--model-path: moe_intermediate_size 48"):
+        build_experts(2, 32, 48, TPGroup(rank=0, size=1), _spec("fp8-block-32x16"))
+    # A K tail in a partial block is fine with one rank.
+    build_experts(2, 32, 48, TPGroup(rank=0, size=1), _spec("fp8-block-16x32"))
+
+
+def test_scale_blocks_that_are_not_powers_of_two_are_refused():
+    """Every kernel steps through K in tiles that divide a scale block: a 24-wide block would
+    be read with the wrong scales, so it is refused for both checkpoint formats."""
+    ct = QUANT_CONFIGS["fp8-channel"]
+    group = dict(ct["config_groups"]["group_0"])
+    group["weights"] = {**group["weights"], "strategy": "block", "block_structure": [16, 24]}
+    with pytest.raises(ValueError, match="--quantization: compressed-tensors block_structure"):
+        resolve_quant_spec(None, {**ct, "config_groups": {"group_0": group}})
+    with pytest.raises(ValueError, match="--quantization: FP8 weight_block_size"):
+        resolve_quant_spec(None, {**QUANT_CONFIGS["fp8-block"], "weight_block_size": [16, 24]})
 
 
 # ---------------------------------------------------------------------- whole models vs HF
@@ -294,12 +326,15 @@ def _interpreter_cases():
                         f"block={block} {str(dtype)[6:]} {'pair gemv' if gemv else 'grouped'}")
                 yield desc, lambda a=(tokens, experts, top_k, hidden, inter, block, dtype), \
                     g=gemv: _kernel_case(*a, "cpu", pair_gemv=g, fp8_activations=False)
-    # FP8 inputs (W8A8), channel and block scales.
-    for block in (None, (16, 32)):
-        for dtype in (torch.float32, torch.float16):
-            yield f"W8A8 T=24 E=3 k=2 H=256 I=160 block={block} {str(dtype)[6:]}", (
-                lambda b=block, d=dtype: _kernel_case(24, 3, 2, 256, 160, b, d, "cpu",
-                                                      pair_gemv=False, fp8_activations=True))
+    # FP8 inputs (W8A8), channel and block scales; 128 pairs on 2 experts take the large
+    # prefill tile (64+ rows per expert).
+    for tokens, experts, top_k in ((24, 3, 2), (128, 2, 1)):
+        for block in (None, (16, 32)):
+            for dtype in (torch.float32, torch.float16):
+                yield (f"W8A8 T={tokens} E={experts} k={top_k} H=256 I=160 block={block} "
+                       f"{str(dtype)[6:]}"), (
+                    lambda a=(tokens, experts, top_k, 256, 160, block, dtype): _kernel_case(
+                        *a, "cpu", pair_gemv=False, fp8_activations=True))
     # The per-pair GEMV with K tiles wider than a scale block (one sum per block inside a
     # tile), and a K that is not a multiple of the tile.
     from radixlm.layers.moe import pair_gemv as pg
@@ -369,8 +404,9 @@ def test_interpreter_small_cases():
 @pytest.mark.parametrize("shape", [(128, 8, 2048, 768), (64, 6, 2048, 1408)],
                          ids=["qwen3-30b-a3b", "deepseek-v2-lite"])
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block"])
-@pytest.mark.parametrize("tokens", [1, 7, 64, 512])
+@pytest.mark.parametrize("tokens", [1, 7, 64, 512, 1024])
 def test_gpu_fp8_experts_match_the_loop(shape, block, tokens):
+    """1024 tokens: 64+ rows per expert on both shapes, the large W8A8 tile."""
     experts, top_k, hidden, inter = shape
     _kernel_case(tokens, experts, top_k, hidden, inter, block, torch.bfloat16, "cuda")
     if tokens >= 64:      # FP8 activations (prefill-sized batches), forced
@@ -382,13 +418,17 @@ def test_gpu_fp8_experts_match_the_loop(shape, block, tokens):
 def test_gpu_per_token_group_quantization_round_trips():
     from radixlm.layers.quantization.fp8_kernels import (dequantize_per_token_group,
                                                          quantize_per_token_group)
-    x = torch.randn(37, 300, device="cuda", dtype=torch.bfloat16) * 3
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(37, 300, device="cuda", generator=g).to(torch.bfloat16) * 3
     q, s = quantize_per_token_group(x, 128)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (37, 3)
     back = dequantize_per_token_group(q, s, 128, torch.float32)
     groups = torch.nn.functional.pad(x.float(), (0, 84)).view(37, 3, 128)
     torch.testing.assert_close(s, groups.abs().amax(2) / 448.0, atol=0, rtol=1e-6)
-    assert ((back - x.float()).abs() <= x.float().abs() / 16 + 1e-6).all()
+    # Half a step of e4m3: 1/16 of the value for normal numbers, half the subnormal spacing
+    # (2^-9 of the scale) below 2^-6.
+    step = s.repeat_interleave(128, dim=1)[:, :300]
+    assert ((back - x.float()).abs() <= x.float().abs() / 16 + step * 2 ** -10 + 1e-9).all()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ def disable_moe_fp8_activations() -> bool:
     """RADIXLM_DISABLE_MOE_FP8_ACTIVATIONS=1: FP8 experts keep their inputs in the model's dtype
     at every batch size (weight-only FP8), instead of quantizing them to FP8 (one scale per 128
     inputs of a row) for batches with 4+ rows per expert, where W8A8 was measured faster
-    (layers/moe/experts.py). For accuracy checks; read at each call."""
+    (layers/moe/experts.py). For accuracy checks. Read at each call; decode CUDA graphs keep the
+    path active when they were captured (W8A8 is captured for decode batches of 4 * experts /
+    top_k tokens and more: 16 on Mixtral)."""
     return _flag("RADIXLM_DISABLE_MOE_FP8_ACTIVATIONS")
 
 

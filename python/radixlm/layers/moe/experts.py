@@ -99,7 +99,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         if pair_gemv:
             return _pair_gemvs(x, w13, w2, topk_weights, topk_ids, add, scales)
         if fp8_activations is None:
-            fp8_activations = scales is not None and takes_fp8_inputs(t * top_k, w13.shape[0])
+            fp8_activations = takes_fp8_inputs(t * top_k, w13.shape[0])
+        fp8_activations = fp8_activations and scales is not None   # W8A8 needs FP8 weights
         return _grouped_gemms(x, w13, w2, topk_weights, topk_ids, add, scales,
                               fp8_activations)
     out = experts_reference(x, w13, w2, topk_weights, topk_ids, scales)

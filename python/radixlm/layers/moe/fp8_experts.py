@@ -13,7 +13,8 @@ How each source gets there:
   channel      one scale per row, as stored ([rows, 1]);
   block        as stored (HF calls it weight_scale_inv). The gate and up halves of w13 must each
                be whole blocks, so moe_intermediate_size / tp must be a multiple of the block.
-Static `input_scale` tensors are read and not used: the kernels never quantize activations.
+Static `input_scale` tensors are read and not used: where the kernels quantize activations
+(W8A8, layers/moe/experts.py), they scale each row's groups of 128 inputs at run time.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ class Fp8Experts(FusedMoE):
             shapes = (e, 2 * shard), (e, h)
         else:
             bn, bk = spec.fp8_block  # type: ignore[misc]
-            if shard % bn or (tp.size > 1 and shard % bk):
+            if tp.size == 1 and shard % bn:
+                raise ValueError(
+                    f"--model-path: moe_intermediate_size {intermediate_size} is not a whole "
+                    f"number of the checkpoint's {bn}-row FP8 scale blocks (the gate and up "
+                    f"halves of the stacked experts must each be whole blocks)")
+            if tp.size > 1 and (shard % bn or shard % bk):
                 raise ValueError(
                     f"--tp-size {tp.size}: moe_intermediate_size {intermediate_size} gives "
                     f"{shard} rows per rank, not a whole number of the checkpoint's "

@@ -261,6 +261,8 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, pairs: Ali
         scale_bn, scale_bk = scale_block or (1, 1)
         if scale_block is not None:       # a K tile must not straddle two scale blocks
             block_k = min(block_k, scale_bk)
+            if scale_bk % block_k:
+                raise ValueError(f"K tile {block_k} does not divide the scale block {scale_bk}")
     if a_scale is not None:
         block_k = min(block_k, a_group)
     scales = b_scale if b_scale is not None else out              # unused without scales

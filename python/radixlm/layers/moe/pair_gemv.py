@@ -132,6 +132,9 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
     if b_scale is not None:
         mode = 1 if scale_block is None else 2
         scale_bn, scale_bk = scale_block or (1, 1)
+        if scale_bk % tiles.block_k and tiles.block_k % scale_bk:
+            raise ValueError(f"K tile {tiles.block_k} and scale block {scale_bk}: neither "
+                             f"divides the other")
     scales = b_scale if b_scale is not None else out
     weights = pair_weights if pair_weights is not None else out
     grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))

@@ -129,10 +129,17 @@ def _hf_fp8(cfg: dict[str, Any]) -> QuantSpec:
     block = cfg.get("weight_block_size")
     if block is None:
         return QuantSpec("fp8", "fp8", fp8_scales="tensor", static_input_scales=static)
-    if len(block) != 2 or any(int(b) < 16 or int(b) & (int(b) - 1) for b in block):
-        raise _bad(f"FP8 weight_block_size {block} is not supported (two powers of two >= 16)")
-    return QuantSpec("fp8", "fp8", fp8_scales="block", fp8_block=(int(block[0]), int(block[1])),
+    return QuantSpec("fp8", "fp8", fp8_scales="block",
+                     fp8_block=_scale_block(block, "FP8 weight_block_size"),
                      static_input_scales=static)
+
+
+def _scale_block(block: Any, what: str) -> tuple[int, int]:
+    """The kernels step through K in tiles that divide a scale block, or span whole ones:
+    only powers of two are served (a 24-wide block would be read with the wrong scales)."""
+    if len(block) != 2 or any(int(b) < 16 or int(b) & (int(b) - 1) for b in block):
+        raise _bad(f"{what} {block} is not supported (two powers of two >= 16)")
+    return int(block[0]), int(block[1])
 
 
 def _compressed_tensors_fp8(cfg: dict[str, Any]) -> QuantSpec:
@@ -154,7 +161,8 @@ def _compressed_tensors_fp8(cfg: dict[str, Any]) -> QuantSpec:
     if strategy == "block":
         block = weights.get("block_structure") or [128, 128]
         return QuantSpec("fp8", "compressed-tensors", fp8_scales="block",
-                         fp8_block=(int(block[0]), int(block[1])), static_input_scales=static)
+                         fp8_block=_scale_block(block, "compressed-tensors block_structure"),
+                         static_input_scales=static)
     raise _bad(f"compressed-tensors FP8 strategy {strategy!r} is not supported "
                f"(tensor, channel, block)")
 
