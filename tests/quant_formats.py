@@ -97,7 +97,7 @@ QUANT_CONFIGS = {
     "fp8-channel": {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "dynamic": True},
-        "targets": ["Linear"]}}, "ignore": ["lm_head"]},
+        "targets": ["Linear"]}}, "ignore": ["lm_head", "re:.*mlp.gate$"]},
 }
 
 

@@ -81,6 +81,36 @@ def test_moe_models_take_fp8_and_refuse_4_bit():
             resolve_quant_spec(flag, ckpt, "MixtralForCausalLM", is_moe=True)
 
 
+def test_a_pattern_naming_a_quantized_layer_is_refused_at_load(tmp_path):
+    """compressed-tensors `re:` ignore entries are matched against the checkpoint's modules
+    at load: a router matches harmlessly (the fp8-channel checkpoints of the other tests list
+    "re:.*mlp.gate$"), a layer this model quantizes is refused, named."""
+    import json
+
+    from radixlm.model_executor.model_runner import create_runner_and_kv
+    from radixlm.model_executor.runner_config import RunnerConfig
+    from safetensors.torch import load_file, save_file
+    hf, path = _quantized_llama(tmp_path, "fp8-channel")
+    # As a checkpoint that left layer 1's o_proj unquantized stores it: full precision.
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.1.self_attn.o_proj"
+    del tensors[f"{name}.weight_scale"]
+    tensors[f"{name}.weight"] = hf.state_dict()[f"{name}.weight"].contiguous()
+    save_file(tensors, path / "model.safetensors")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] = ["lm_head", r"re:.*layers\.1\..*o_proj$"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"leaves model\.layers\.1\.self_attn\.o_proj "
+                                         r"unquantized \(ignore entry"):
+        create_runner_and_kv(RunnerConfig(model_path=str(path), device="cpu",
+                                          max_total_tokens=256))
+    cfg["quantization_config"]["ignore"] = ["lm_head", "re:[unclosed"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="not a valid pattern"):
+        create_runner_and_kv(RunnerConfig(model_path=str(path), device="cpu",
+                                          max_total_tokens=256))
+
+
 def test_routers_and_norms_may_be_listed_as_unconverted():
     """Qwen's FP8 checkpoints list the MoE routers and norms in modules_to_not_convert: they
     are full precision here anyway. A linear layer in that list is still refused."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -42,7 +44,11 @@ def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device:
     if load_format == "dummy":
         _init_dummy(model, seed)
     else:
-        model.load_weights(iter_safetensors_weights(hf_dir))
+        weights = iter_safetensors_weights(hf_dir)
+        if spec is not None and spec.unconverted_patterns:
+            weights = _refuse_quantized_but_unconverted(model, spec.unconverted_patterns,
+                                                        weights)
+        model.load_weights(weights)
     # Layouts that differ from the checkpoint's are made once here (DeepSeek's rope rows,
     # quantized weights repacked or quantized).
     for module in model.modules():
@@ -50,6 +56,31 @@ def load_model(model_config: ModelConfig, hf_dir: str, load_format: str, device:
         if hook is not None:
             hook()
     return model.eval()
+
+
+def _refuse_quantized_but_unconverted(model: nn.Module, patterns: tuple[str, ...],
+                                      weights: Iterator[tuple[str, torch.Tensor]]
+                                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Pass the checkpoint's tensors through, refusing one whose module a `re:` ignore entry
+    names (the checkpoint keeps it in full precision) where this model holds it quantized:
+    a per-layer method is not supported. Routers, norms and the like match harmlessly."""
+    params = dict(model.named_parameters())
+    compiled = [re.compile(p) for p in patterns]
+    for name, tensor in weights:
+        if name.endswith(".weight"):
+            module = name.removesuffix(".weight")
+            hit = next((p for p in compiled if p.match(module)), None)
+            ours, _ = (model.checkpoint_to_param(name.removeprefix("model."))
+                       if hit is not None else (None, None))
+            if ours is not None:        # (None: a tensor the model does not serve)
+                held = params.get(ours)
+                if held is None or held.element_size() < tensor.element_size():
+                    raise ValueError(
+                        f"--quantization: the checkpoint leaves {module} unquantized (ignore "
+                        f"entry 're:{hit.pattern}'), and this model quantizes that layer; "
+                        f"checkpoints with some linear layers unquantized are not supported "
+                        f"yet")
+        yield name, tensor
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:

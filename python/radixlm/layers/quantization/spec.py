@@ -17,6 +17,8 @@ precision than asked.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,10 @@ class QuantSpec:
     # INT4
     group_size: int = ONLINE_INT4_GROUP
     gptq_zero_offset: int = 0           # GPTQ v1 stores each zero point minus one
+    # The checkpoint's `re:` entries of modules left unquantized (compressed-tensors `ignore`,
+    # e.g. "re:.*mlp.gate$"): which modules they match is known only at load, where a
+    # quantized layer they match is refused (model_executor/loader.py).
+    unconverted_patterns: tuple[str, ...] = ()
 
     @property
     def online(self) -> bool:
@@ -98,12 +104,15 @@ def _spec_of(flag: str | None, checkpoint: dict[str, Any] | None) -> QuantSpec |
     if flag is not None and flag != expected[method]:
         raise _bad(f"{flag} does not match the checkpoint's quantization_config (quant_method "
                    f"{method!r}); leave the flag out or pass --quantization {expected[method]}")
-    _check_unconverted(checkpoint.get("modules_to_not_convert") or checkpoint.get("ignore"))
+    patterns = _check_unconverted(checkpoint.get("modules_to_not_convert")
+                                  or checkpoint.get("ignore"))
     if method == "fp8":
-        return _hf_fp8(checkpoint)
-    if method == "compressed-tensors":
-        return _compressed_tensors_fp8(checkpoint)
-    return _int4(method, checkpoint)
+        spec = _hf_fp8(checkpoint)
+    elif method == "compressed-tensors":
+        spec = _compressed_tensors_fp8(checkpoint)
+    else:
+        spec = _int4(method, checkpoint)
+    return dataclasses.replace(spec, unconverted_patterns=patterns)
 
 
 # Modules a checkpoint may list as left in full precision because they are so here too: the
@@ -111,14 +120,23 @@ def _spec_of(flag: str | None, checkpoint: dict[str, Any] | None) -> QuantSpec |
 _ALWAYS_FULL_PRECISION = ("lm_head", "embed_tokens", "gate", "shared_expert_gate")
 
 
-def _check_unconverted(names: list[str] | None) -> None:
+def _check_unconverted(names: list[str] | None) -> tuple[str, ...]:
     """Layers a checkpoint leaves in full precision. Those above always are here; any other
-    linear layer would need a per-layer method, which the loader does not do."""
-    others = [n for n in names or () if n.split(".")[-1] not in _ALWAYS_FULL_PRECISION
+    linear layer would need a per-layer method, which the loader does not do. Returns the
+    `re:` entries (checked against the real module names at load)."""
+    patterns = tuple(n.removeprefix("re:") for n in names or () if n.startswith("re:"))
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise _bad(f"checkpoint ignore entry 're:{p}' is not a valid pattern: {e}")
+    others = [n for n in names or () if not n.startswith("re:")
+              and n.split(".")[-1] not in _ALWAYS_FULL_PRECISION
               and "norm" not in n.split(".")[-1]]
     if others:
         raise _bad(f"checkpoints that leave some linear layers unquantized are not supported "
                    f"yet (modules_to_not_convert / ignore: {others[:4]})")
+    return patterns
 
 
 def _hf_fp8(cfg: dict[str, Any]) -> QuantSpec:
