@@ -10,7 +10,9 @@ import pytest
 
 from radixlm.scheduler.request import Req
 from radixlm.sampling.params import SamplingParams
-from radixlm.scheduler.speculation import COOLDOWN_STEPS, NgramDrafter, Speculator
+from radixlm.scheduler.spec_policy import (FIRST_PAUSE_STEPS, MAX_PAUSE_STEPS, DraftPolicy,
+                                           StepTimes)
+from radixlm.scheduler.speculation import NgramDrafter, Speculator
 from radixlm.speculative.ngram import NgramIndex
 
 # ---------------------------------------------------------------------- drafter
@@ -54,31 +56,73 @@ def test_accept_keeps_drafts_up_to_the_first_mismatch_then_the_targets_token():
     assert (t.verify_steps, t.proposed, t.accepted, t.emitted) == (3, 7, 3, 5)
 
 
-def test_rejected_drafts_pause_drafting():
+def test_rejected_drafts_pause_drafting_for_longer_each_time():
     spec, req = Speculator(NgramDrafter(1, 4), 2), _req()
     req.output_ids = [1, 2, 3]                       # the text repeats: drafts are proposed
-    for _ in range(10):
-        assert spec.plan([req], free_tokens=100, max_rows=None, context_len=512) > 0
-        spec.accept(req, [0] * (len(req.spec_drafts) + 1))    # the target never agrees
-        if req.spec_cooldown:
-            break
-    assert req.spec_cooldown == COOLDOWN_STEPS
-    assert spec.plan([req], 100, None, 512) == 0 and req.spec_cooldown == COOLDOWN_STEPS - 1
+    pauses = []
+    for _ in range(200):
+        if spec.plan([req], free_tokens=100, max_rows=None, context_len=512):
+            spec.accept(req, [0] * (len(req.spec_drafts) + 1))    # the target never agrees
+            if req.spec_cooldown:
+                pauses.append(req.spec_cooldown)
+    assert pauses[:5] == [FIRST_PAUSE_STEPS << i for i in range(5)]
+    assert max(pauses) == MAX_PAUSE_STEPS
+    # Rejected drafts cost a waiting step each: a few per pause, far fewer than the steps.
+    assert spec.totals.verify_steps < 200 // 8
 
 
 def test_a_pause_runs_down_while_steps_overlap():
     """Under the overlap scheduler a paused request has a token in flight at every plan (its
-    steps overlap because it may not draft); the pause must still end after COOLDOWN_STEPS."""
+    steps overlap because it may not draft); the pause must still end."""
     spec, req = Speculator(NgramDrafter(1, 4), 2), _req()
     req.output_ids = [1, 2, 3]
-    req.spec_cooldown = COOLDOWN_STEPS
+    req.spec_cooldown = FIRST_PAUSE_STEPS
     assert not spec.may_draft([req])
-    for _ in range(COOLDOWN_STEPS):
+    for _ in range(FIRST_PAUSE_STEPS):
         req.num_pending = 1
         assert spec.plan([req], 100, None, 512) == 0
     assert req.spec_cooldown == 0 and spec.may_draft([req])
     req.num_pending = 0          # the scheduler processes the pending step first
     assert spec.plan([req], 100, None, 512) > 0
+
+
+def test_drafts_that_pay_never_pause_and_a_paying_attempt_resets_the_pauses():
+    spec, req = Speculator(NgramDrafter(1, 4), 4), _req(max_new=1000)
+    req.output_ids = [1, 2, 3, 1, 2, 3, 1]
+    for _ in range(50):      # two drafts kept every time: 3 tokens a 1.5x step
+        assert spec.plan([req], 100, None, 4096) == 3
+        spec.accept(req, req.spec_drafts[:2] + [9, 9])
+    assert req.spec_cooldown == 0 and req.spec_pauses == 0
+    req.spec_pauses = 3
+    spec.plan([req], 100, None, 4096)
+    spec.accept(req, list(req.spec_drafts) + [9])          # all kept: 5 tokens
+    assert req.spec_pauses == 0
+
+
+def test_the_measured_cost_ratio_sets_the_bar():
+    """A verify step timed at 3x a plain overlapped one: 2 tokens an attempt no longer pay,
+    where at the default ratio (1.5) they would."""
+    times = StepTimes()
+    t = 0.0
+    for verify, dt in [(False, 1.0)] * 3 + [(True, 3.0)] * 3:
+        t += dt
+        times.on_processed(True, 1, verify, waited=verify, now=t)
+    assert times.cost_ratio == pytest.approx(3.0)
+    # A prefill between two steps, or another batch size, is not a step's time.
+    times.on_processed(False, 1, False, waited=True, now=t + 50)
+    times.on_processed(True, 1, True, waited=True, now=t + 53)
+    times.on_processed(True, 2, False, waited=False, now=t + 90)
+    assert times.cost_ratio == pytest.approx(3.0)
+    for ratio_times, pauses in ((StepTimes(), False), (times, True)):
+        policy, req = DraftPolicy(ratio_times), _req()
+        for _ in range(10):
+            policy.after_attempt(req, 2)
+        assert (req.spec_cooldown > 0) == pauses
+    # A batch: one request's drafts must pay for everyone's waiting step.
+    policy, a, b = DraftPolicy(times), _req(), _req()
+    a.spec_gain, b.spec_gain = 5.0, 1.0
+    assert policy.batch_pays([a], 1) and policy.batch_pays([a, b], 2)
+    assert not policy.batch_pays([a], 3) and not policy.batch_pays([], 1)
 
 
 def test_drafts_respect_limits_and_eligibility():

@@ -33,7 +33,7 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         generated_tokens_total=sched.gen_throughput.total_tokens,
         last_gen_throughput=sched.gen_throughput.read(),
         weight_bytes=sched.runner.weight_bytes, kv_cache_bytes=sched.runner.kv_pool.nbytes,
-        **(sched.speculator.totals.as_stats() if sched.speculator else {}),
+        **(sched.speculator.stats() if sched.speculator else {}),
         **_hicache_stats(sched.prefix_cache))
 
 

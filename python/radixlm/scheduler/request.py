@@ -58,16 +58,18 @@ class Req:
     input_on_host: bool = False
 
     # Speculative decoding (scheduler/speculation.py): the drafts the next decode step
-    # verifies, the drafter's index of this request's text, and the accept-rate policy state.
+    # verifies, the drafter's index of this request's text, and the policy's state.
     spec_drafts: list[int] = field(default_factory=list)
     # The drafts' tree: node j + 1 (spec_drafts[j]) hangs under node spec_parents[j], node 0
     # being the last sampled token (speculative/ngram.DraftTree); None: a chain.
     spec_parents: list[int] | None = None
     spec_index: "NgramIndex | None" = None
     spec_verify_ct: int = 0                # verify steps (SGLang's meta_info spec_verify_ct)
-    spec_accept_avg: float = 0.5
+    # The adaptive policy (scheduler/spec_policy.py): tokens an attempt to draft gave, on
+    # average (None: no attempt yet), the steps left in a pause, pauses in a row.
+    spec_gain: float | None = None
     spec_cooldown: int = 0
-    spec_misses: int = 0                   # proposals in a row without a match
+    spec_pauses: int = 0
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache

@@ -99,6 +99,8 @@ class Scheduler:
         self.check_invariants = envs.check_invariants()
         self.overlap = (not config.disable_overlap_schedule
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
+        if self.speculator is not None:   # (the plain loop: every step waits for its results)
+            self.speculator.policy.times.plain_waits = not self.overlap
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
         # A prefill of at least this many new tokens overlaps the next prefill (its GPU time
         # hides the host's work for the next); a smaller one is processed first.
@@ -139,7 +141,7 @@ class Scheduler:
         for msg in self.recv(0.05 if (block and idle) else 0.0):
             self.handle_message(msg)
         if self.pending is not None and self._must_process_before_scheduling():
-            self._process_pending()
+            self._process_pending(waited=True)
         batch = self.next_batch()
         launched = None
         if batch is not None:
@@ -147,16 +149,17 @@ class Scheduler:
                 self.overlapped_steps += 1
             if self._defers_sampling(batch):
                 launched = self.launch_forward(batch)
-                self._process_pending()
+                self._process_pending(waited=False)
                 self.launch_sampling(launched)
             else:
                 launched = self.launch(batch)
-        self._process_pending()
+        self._process_pending(waited=launched is None)
         if launched is not None:
             if self.overlap:
                 self.pending = launched
             else:
                 self._apply(self.results.process(launched))
+                self._timed(launched, waited=True)
         if self.check_invariants:
             self.check_memory_invariant()
         if launched is not None:
@@ -171,10 +174,20 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked_req or self.pending)
 
-    def _process_pending(self) -> None:
+    def _process_pending(self, waited: bool = True) -> None:
+        """Process the pending step's results; `waited`: no later step was launched before
+        them (the host waits for the GPU)."""
         if self.pending is not None:
             step, self.pending = self.pending, None
             self._apply(self.results.process(step))
+            self._timed(step, waited)
+
+    def _timed(self, step: LaunchedStep, waited: bool) -> None:
+        """Speculation's step timer (scheduler/spec_policy.py), told a step was processed."""
+        if self.speculator is not None:
+            batch = step.batch
+            self.speculator.policy.times.on_processed(
+                batch.forward_mode.is_decode, batch.batch_size, bool(batch.verify_rows), waited)
 
     def _apply(self, result: StepResult) -> None:
         """Step 4's outcome on the scheduler's own state: finished requests leave the running

@@ -36,11 +36,10 @@ child holding the target's token, and the accepted nodes' slots are renumbered t
 they take in the text (KVCacheManager.reorder_slots), the others released. Grammar requests
 keep the tree's main chain.
 Policy: no drafts while more than `max_batch` requests run (a large batch is compute-bound, a
-verify row costs as much as a real one); a request whose drafts keep being rejected (accept-rate
-average below `MIN_ACCEPT_RATE`), or whose text offers no match `MAX_MISSES` times in a row,
-stops drafting for `COOLDOWN_STEPS` steps (its steps overlap host and GPU work again). Drafts
-never exceed the tokens the request may still produce, the context, the largest CUDA graph or
-free KV.
+verify row costs as much as a real one); otherwise a request drafts while its drafts pay for
+the overlap of host and GPU work its steps give up, measured as the engine runs
+(scheduler/spec_policy.py). Drafts never exceed the tokens the request may still produce, the
+context, the largest CUDA graph or free KV.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from radixlm.sampling.sampler import SampleOutput, Sampler
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
+from radixlm.scheduler.spec_policy import DraftPolicy
 from radixlm.speculative.ngram import DraftTree, NgramIndex, weighted_tree
 
 if TYPE_CHECKING:
@@ -69,10 +69,6 @@ if TYPE_CHECKING:
 _UNREAD_ROW = SamplingRequest(SamplingParams(temperature=0.0), seed=0, prompt_ids=(),
                               output_ids=())
 
-MIN_ACCEPT_RATE = 0.15      # below this running average of accepted / proposed, pause drafting
-COOLDOWN_STEPS = 16
-MAX_MISSES = 4              # proposals in a row that found no match before a pause
-EMA_WEIGHT = 0.3            # weight of the newest verify step in the running average
 DEFAULT_MAX_BATCH = 8       # requests running beyond which no request drafts
 
 
@@ -152,6 +148,11 @@ class Speculator:
         self.k = num_draft_tokens
         self.max_batch = max_batch
         self.totals = SpecTotals()
+        self.policy = DraftPolicy()
+
+    def stats(self) -> dict[str, float]:
+        """SchedulerStats' speculative fields."""
+        return {**self.totals.as_stats(), "spec_cost_ratio": self.policy.cost_ratio}
 
     @staticmethod
     def eligible(req: Req) -> bool:
@@ -161,7 +162,11 @@ class Speculator:
         """Whether the next decode step may carry drafts (the scheduler then processes the
         pending step first: drafts are read from the text the host has seen)."""
         return (len(reqs) <= self.max_batch
-                and any(self.eligible(r) and r.spec_cooldown == 0 for r in reqs))
+                and self.policy.batch_pays(self._candidates(reqs), len(reqs)))
+
+    def _candidates(self, reqs: list[Req]) -> list[Req]:
+        """The requests that would try to draft (not paused; a jump's forced tokens do not)."""
+        return [r for r in reqs if self.eligible(r) and r.spec_cooldown == 0]
 
     def plan_step(self, reqs: list[Req], kv: KVCacheManager, max_rows: int | None,
                   context_len: int) -> None:
@@ -188,6 +193,8 @@ class Speculator:
         rows = len(reqs) + sum(r.num_decode_tokens - 1 for r in reqs if r.input_on_host)
         rows_left = (max_rows - rows) if max_rows is not None else 1 << 30
         budget = min(free_tokens, rows_left)
+        # Decided before the pauses run down, as `may_draft` decided it.
+        pays = self.policy.batch_pays(self._candidates(reqs), len(reqs))
         drafting, ks = [], []
         for req in reqs:
             # A pause counts every decode step, overlapped ones included: under the overlap
@@ -198,7 +205,12 @@ class Speculator:
                 continue
             # (A token still in flight: the drafter would not see it; the scheduler processes
             # pending steps first whenever `may_draft`.)
-            if not self.eligible(req) or req.num_pending:
+            if not self.eligible(req):
+                continue
+            if not self.policy.pays(req):   # (the measured ratio overtook its gain)
+                self.policy.pause(req)
+                continue
+            if not pays or req.num_pending:
                 continue
             k = min(self.k, req.remaining_new_tokens - 1, context_len - req.seq_len - 1,
                     budget)
@@ -218,11 +230,8 @@ class Speculator:
             if req.grammar is not None:
                 drafts = _grammar_prefix(req.grammar, drafts)
             req.spec_drafts = drafts
-            # Text that does not repeat itself gets no drafts, yet each step it might costs
-            # the overlap of host and GPU work: after a few misses in a row, pause as well.
-            req.spec_misses = 0 if drafts else req.spec_misses + 1
-            if req.spec_misses >= MAX_MISSES:
-                req.spec_misses, req.spec_cooldown = 0, COOLDOWN_STEPS
+            if not drafts:  # (no match: the step waited for nothing, an attempt of 1 token)
+                self.policy.after_attempt(req, 1)
             total += len(drafts)
         return total
 
@@ -249,15 +258,8 @@ class Speculator:
             if nxt is None:
                 break
             rows.append(nxt)
-        a = len(rows) - 1
         req.spec_verify_ct += 1
-        # Of what the best guess (the main chain) offered; a chain's whole length. (Against
-        # a tree's deepest branch, unlikely alternatives would pause drafting sooner.)
-        rate = min(1.0, a / len(tree.main_chain()))
-        req.spec_accept_avg = (1 - EMA_WEIGHT) * req.spec_accept_avg + EMA_WEIGHT * rate
-        if req.spec_accept_avg < MIN_ACCEPT_RATE:
-            req.spec_cooldown = COOLDOWN_STEPS
-            req.spec_accept_avg = 0.5       # a fresh chance after the pause
+        self.policy.after_attempt(req, len(rows))
         self.totals.verify_steps += 1
         self.totals.proposed += len(drafts)
         return [drafts[j - 1] for j in rows[1:]] + [targets[rows[-1]]], rows
