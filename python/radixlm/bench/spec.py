@@ -166,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {r['off_tok_s']:.1f} -> {r['spec_tok_s']:.1f} tok/s "
               f"(x{r['speedup']:.2f}; decode alone {r['off_decode_tok_s']:.1f} -> "
               f"{r['spec_decode_tok_s']:.1f}, x{r['decode_speedup']:.2f}; verify step "
-              f"{r['cost_ratio'] or 0:.2f}x a plain one), accept length {r['accept_length'] or 0:.2f} over "
+              f"{r['cost_ratio'] or 0:.2f}x a plain one), accept length "
+              f"{r['accept_length'] or 0:.2f} over "
               f"{r['verify_steps']} verify steps ({r['share_from_verify_steps']:.0%} of the "
               f"tokens), identical text: {r['identical_text']}",
               flush=True)
