@@ -80,7 +80,7 @@ def test_gpu_graphs_and_overlap_match_plain_paths(make_engine, model_path, monke
 
 def test_gpu_draft_trees_match_plain_paths(make_engine, smollm_dir, monkeypatch):
     """NGRAM draft trees, verified through the decode graphs captured with tree masks (and
-    eagerly), give the tokens of the plain loop without drafts."""
+    eagerly), and pipelined chains give the tokens of the plain loop without drafts."""
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     plain = _generate(make_engine, smollm_dir, disable_cuda_graph=True,
                       disable_overlap_schedule=True)
@@ -88,6 +88,12 @@ def test_gpu_draft_trees_match_plain_paths(make_engine, smollm_dir, monkeypatch)
                  speculative_ngram_max_bfs_breadth=3)
     assert _generate(make_engine, smollm_dir, **trees) == plain
     assert _generate(make_engine, smollm_dir, disable_cuda_graph=True, **trees) == plain
+    # Chains: under overlap, verify steps are pipelined (built on the guess that the step in
+    # flight accepts every draft, dropped where it does not).
+    monkeypatch.setenv("RADIXLM_SPEC_PIPELINE", "1")
+    monkeypatch.setenv("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0")
+    chains = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8)
+    assert _generate(make_engine, smollm_dir, **chains) == plain
 
 
 CHARACTER = {"type": "object",

@@ -221,6 +221,46 @@ def test_greedy_outputs_equal_the_engine_without_speculation(make_engine, monkey
     assert copy["completion_tokens"] / copy["spec_verify_ct"] >= 1.5, copy
 
 
+def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
+    """Under the overlap scheduler (with RADIXLM_SPEC_PIPELINE=1) a verify step of greedy n-gram
+    chains is followed by one built before its results are read, on the guess that it accepts
+    every draft; where it does not, the step built on the guess is dropped for that request
+    (its KV released, its input corrected). Outputs equal the engine's without speculation
+    and without pipelining, batch 1 and mixed batches (stops, short max_new_tokens, a sampled
+    request), KV accounting checked after every step, nothing leaked."""
+    from helpers import assert_pool_empty
+    monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    monkeypatch.setenv("RADIXLM_CHECK_INVARIANTS", "1")
+    # Pipelined whatever the accept rate, so that many steps built on the guess are dropped.
+    monkeypatch.setenv("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0")
+    greedy = {"max_new_tokens": 48, "temperature": 0}
+    prompts = [COPY, CODE, COPY, PROMPTS[3], "The capital of France is", COPY]
+    params = [greedy, {**greedy, "stop": ["mul"]}, {**greedy, "max_new_tokens": 9}, greedy,
+              {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 3},
+              {**greedy, "stop": ["river"]}]
+    outs, stats = {}, {}
+    for name, spec, pipeline in (("off", None, True), ("waits", "NGRAM", False),
+                                 ("pipelined", "NGRAM", True)):
+        if pipeline:
+            monkeypatch.setenv("RADIXLM_SPEC_PIPELINE", "1")
+        else:
+            monkeypatch.delenv("RADIXLM_SPEC_PIPELINE", raising=False)
+        engine = make_engine(max_total_tokens=4096, speculative_algorithm=spec,
+                             speculative_num_draft_tokens=4)
+        alone = [engine.generate(p, q) for p, q in zip(prompts[:2] + prompts[5:],
+                                                       params[:2] + params[5:])]
+        outs[name] = alone + engine.generate(prompts, params)
+        stats[name] = engine.get_stats()
+        assert_pool_empty(engine)
+        engine.shutdown()
+    for name in ("waits", "pipelined"):
+        for a, b in zip(outs["off"], outs[name]):
+            assert b["output_ids"] == a["output_ids"], name
+            assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"], name
+    assert stats["waits"].spec_pipelined_steps == 0
+    assert stats["pipelined"].spec_pipelined_steps > 5, stats["pipelined"]
+
+
 def test_sampled_outputs_equal_the_engine_without_speculation(make_engine, monkeypatch):
     """A sampled request keeps a draft exactly when sampling would have drawn it (the noise is
     a function of seed and position), so with the same seeds the texts are the same token for

@@ -142,3 +142,17 @@ def fused_all_reduce_norm_enabled() -> bool:
     """RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM=1: tensor-parallel decoder layers all-reduce and then
     normalise in two kernels, not in distributed/fused_all_reduce_norm.py's one (A/B runs)."""
     return not _flag("RADIXLM_DISABLE_FUSED_ALL_REDUCE_NORM")
+
+
+def spec_pipeline() -> bool:
+    """RADIXLM_SPEC_PIPELINE=1: pipelined n-gram verify steps (scheduler/speculation.py), each
+    built before the previous one's results are read. Off by default: on the bundled model on an
+    H200 it was as fast as waiting, within the runs' spread (benchmarks/RESULTS.md)."""
+    return _flag("RADIXLM_SPEC_PIPELINE")
+
+
+def spec_pipeline_min_full_rate() -> float:
+    """RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE (default 0.5): a request's verify steps are pipelined
+    while they accepted every draft at least this often (scheduler/speculation.py; 0: always,
+    as the tests do to exercise dropped steps)."""
+    return float(os.environ.get("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0.5") or 0.5)

@@ -185,6 +185,7 @@ class SchedulerStats:
     spec_accept_rate: float = 0.0
     spec_verify_steps: int = 0
     spec_cost_ratio: float = 0.0     # a verify step's time over a plain one's (spec_policy.py)
+    spec_pipelined_steps: int = 0    # verify steps built before the previous one was read
     # The hierarchical cache since start (0 without it), in tokens: copied host -> device,
     # device -> host, and read from the file tier (of those, read ahead of the match while
     # their requests waited)

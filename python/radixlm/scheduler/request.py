@@ -70,6 +70,13 @@ class Req:
     spec_gain: float | None = None
     spec_cooldown: int = 0
     spec_pauses: int = 0
+    # Pipelined verify steps (speculation.py): the drafter's continuation past the drafts in
+    # flight (its first token: the guess for their bonus token), the tokens a launched,
+    # unread verify step adds to the text if it accepts every draft (its rows), and how often
+    # its verify steps accepted every draft (a running average; pipelining needs it high).
+    spec_followup: list[int] = field(default_factory=list)
+    spec_inflight: int = 0
+    spec_full_avg: float = 0.5
 
     # Reporting
     cached_tokens: int = 0                 # prompt tokens that came from the prefix cache
@@ -128,8 +135,10 @@ class Req:
     def num_decode_tokens(self) -> int:
         """Tokens the next decode step computes for this request: one (its last sampled token),
         or, after a jump-forward, every forced token whose KV is not computed yet; plus the
-        drafts a verify step checks."""
-        return self.seq_len + self.num_pending - self.kv_allocated_len + len(self.spec_drafts)
+        drafts a verify step checks. (A verify step in flight counts as accepted whole: the
+        step after it is built on that guess, `spec_inflight`.)"""
+        return (self.seq_len + self.num_pending + self.spec_inflight - self.kv_allocated_len
+                + len(self.spec_drafts))
 
     def count_prompt_once(self) -> tuple[int, int]:
         """(prompt tokens, of them cached) for the cache-hit statistics the first time the
@@ -208,7 +217,7 @@ class Req:
         self.kv_allocated_len = 0
         self.extend_input_len = 0
         self.input_on_host = False
-        self._forget_launched_steps()
+        self.forget_launched_steps()
 
     def jump_to(self, num_replaced: int, new_tokens: list[int], kv_kept: int) -> None:
         """Jump-forward: the last num_replaced output tokens become new_tokens, and only the
@@ -218,9 +227,11 @@ class Req:
         self.output_ids.extend(new_tokens)
         self.kv_allocated_len = kv_kept
         self.input_on_host = True
-        self._forget_launched_steps()
+        self.forget_launched_steps()
 
-    def _forget_launched_steps(self) -> None:
+    def forget_launched_steps(self) -> None:
         # Launched steps that sampled for the old tokens no longer count (LaunchedStep.epochs).
         self.kv_epoch += 1
         self.num_pending = 0
+        self.spec_inflight = 0
+        self.spec_followup = []

@@ -66,7 +66,8 @@ class ResultProcessor:
             if step.is_stale(i):
                 continue  # jumped (or retracted) while this step ran: the row is moot
             if i in batch.verify_rows:
-                self._accept_verified(req, step.verified(i), result, outputs, released_tails)
+                self._accept_verified(req, step.verified(i), batch.verify_drafts[i],
+                                      step.kv_lens[i], result, outputs, released_tails)
                 continue
             j = row_of.get(i)
             if j is not None:
@@ -130,19 +131,22 @@ class ResultProcessor:
             self.send(BatchReqOutput(outputs))
         return result
 
-    def _accept_verified(self, req: Req, verified: "RowTokens", result: StepResult,
-                         outputs: list[ReqOutput],
+    def _accept_verified(self, req: Req, verified: "RowTokens",
+                         drafted: tuple[list[int], list[int] | None], kv_len: int,
+                         result: StepResult, outputs: list[ReqOutput],
                          released_tails: list[tuple[int, int, int]]) -> None:
         """A verify step's outcome for one request: append the accepted tokens (up to a stop
         condition, or a grammar's jump-forward, tried after each token as one token a step
         would) with their logprobs, keep the KV of the rows whose inputs stay in the text,
-        release the rest."""
+        release the rest. `kv_len`: the request's KV length once the step was built (a
+        pipelined step built since holds the positions after it)."""
         if req.finished:    # ended while the step ran (its KV went to the cache then)
             return
         targets = verified.token_ids
-        last_position = req.kv_allocated_len - len(targets)   # row 0's input
+        req.spec_inflight -= len(targets)
+        last_position = kv_len - len(targets)   # row 0's input
         reason, appended, jumped = None, 0, False
-        tokens, rows = self.speculator.accept_rows(req, targets)
+        tokens, rows = self.speculator.accept_rows(req, targets, drafted)
         for k, token in enumerate(tokens):
             # Token k is the target of row rows[k] (a chain's: row k): its logprobs are that
             # row's.
@@ -171,10 +175,17 @@ class ResultProcessor:
             assert not jumped, "a grammar request drafts chains only"
             self.kv.reorder_slots(req.req_pool_idx, last_position,
                                   rows[:appended] + _others(rows[:appended], len(targets)))
-        if not jumped:
+        # A pipelined step in flight (built on every draft being accepted) holds positions
+        # from kv_len on: it stands if they all were, else it is dropped with its KV.
+        pipelined_stands = (req.kv_allocated_len > kv_len and reason is None
+                            and appended == len(targets))
+        if not jumped and not pipelined_stands:
             keep = last_position + appended
             released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
             req.kv_allocated_len = keep
+            if req.spec_inflight or req.num_pending:
+                req.forget_launched_steps()    # (the pipelined step's rows for it are moot)
+            req.spec_followup = [] if appended < len(targets) else req.spec_followup
         if reason is not None:
             self.finish(req, reason, send=False)
             outputs.append(self._output(req))
@@ -183,7 +194,8 @@ class ResultProcessor:
             if req.stream or req.finished:
                 outputs.append(self._output(req))
             return
-        result.next_inputs.append((req.req_pool_idx, req.output_ids[-1]))
+        if not pipelined_stands:    # (else the step in flight was fed the same token)
+            result.next_inputs.append((req.req_pool_idx, req.output_ids[-1]))
         if req.stream or len(req.output_ids) == appended:
             outputs.append(self._output(req))
 

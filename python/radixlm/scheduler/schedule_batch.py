@@ -32,6 +32,9 @@ class ScheduleBatch:
     # Decode with speculative drafts: request index -> (its first row, rows), every row of which
     # is verified (scheduler/speculation.py); such requests do not go through the sampler.
     verify_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Their drafts and tree parents (None: a chain) as verified: the request's own fields may
+    # hold the next step's by the time this one is processed (pipelined verify steps).
+    verify_drafts: dict[int, tuple[list[int], list[int] | None]] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -102,7 +105,7 @@ class ScheduleBatch:
         (the largest CUDA graph) when the requests fit: forced tokens past that wait for the
         next step, and their request samples only once all of them are computed."""
         self.last_rows = None
-        self.verify_rows = {}
+        self.verify_rows, self.verify_drafts = {}, {}
         if not any(r.input_on_host or r.spec_drafts for r in self.reqs):
             return self._prepare_one_row_each(kv, last_token_ids)
         pool = kv.req_to_token_pool
@@ -120,6 +123,7 @@ class ScheduleBatch:
             if req.spec_drafts:
                 # Row 0 feeds the last sampled token (on the device), rows 1.. the drafts.
                 self.verify_rows[i] = (len(positions), n)
+                self.verify_drafts[i] = (req.spec_drafts, req.spec_parents)
                 host_rows.extend(range(len(positions) + 1, len(positions) + n))
                 host_ids.extend(req.spec_drafts)
             elif req.input_on_host:

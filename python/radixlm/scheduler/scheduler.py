@@ -209,7 +209,12 @@ class Scheduler:
         that reads them waits inside the step instead: `_defers_sampling`)."""
         if self.pending.batch.verify_rows or (
                 self.speculator is not None and self.speculator.may_draft(self.running)):
-            return True  # drafts come from the text: the pending step's tokens first
+            # Drafts come from the text: the pending step's tokens first. Unless the pending
+            # step verified chains that go on: the next one is built on the guess that it
+            # accepts them all (dropped where it does not, speculation.py).
+            if (self.waiting or self.chunked_req or not self.pending.batch.verify_rows
+                    or not self.speculator.may_pipeline(self.pending.batch, self.running)):
+                return True
         if (self.pending.batch.forward_mode.is_extend and (self.waiting or self.chunked_req)
                 and self.pending.new_tokens < self.overlap_prefill_min_tokens):
             # A small prefill ends before the host could launch the next one, and its requests
@@ -423,7 +428,24 @@ class Scheduler:
                             new_tokens=len(fb.positions))
         if verify is not None:
             step.attach_verify(verify)
+            self._guess_inputs(batch, fb.req_pool_indices, verify.next_token_ids)
         return step
+
+    def _guess_inputs(self, batch: ScheduleBatch, pool_indices: torch.Tensor,
+                      targets: torch.Tensor) -> None:
+        """A verify step's requests hold its rows as text in flight, and the device holds,
+        as their next input, the target's token after their last draft: what they get if every
+        draft is accepted. A step built before this one's results are read (pipelined) feeds
+        that; when fewer are accepted, processing corrects it (StepResult.next_inputs) and the
+        rows built on the guess are dropped."""
+        chains = []
+        for i, (first, n) in batch.verify_rows.items():
+            batch.reqs[i].spec_inflight += n
+            if batch.verify_drafts[i][1] is None:
+                chains.append(first + n - 1)
+        if chains and self.speculator.lookahead:
+            rows = to_device(chains, torch.int64, targets.device)
+            self.runner.last_token_ids[pool_indices[rows]] = targets[rows]
 
     @torch.inference_mode()
     def launch_sampling(self, step: LaunchedStep) -> None:

@@ -35,6 +35,19 @@ sampled as if the tokens on its path were output; `accept_rows` walks from the r
 child holding the target's token, and the accepted nodes' slots are renumbered to the positions
 they take in the text (KVCacheManager.reorder_slots), the others released. Grammar requests
 keep the tree's main chain.
+Pipelined verify steps (RADIXLM_SPEC_PIPELINE=1; NGRAM chains, plain greedy requests, the
+overlap scheduler; off by default, no faster in the benchmarks so far): a verify
+step's drafts are read from the text, so the step after it would wait for its results (no
+overlap of host and GPU work, about twice a plain step's time on a small model). Instead, the
+drafter's continuation goes on past the drafts (`Req.spec_followup`, up to PIPELINE_LOOKAHEAD
+steps' worth), and the next step is built before this one's results are read, on the guess
+that it accepts every draft: the request's text in flight counts its rows (`spec_inflight`),
+the device holds the target's token after its last draft as the next input (Scheduler.
+_guess_inputs), and the next drafts come from the continuation after the guessed bonus token.
+Where the step accepts fewer, the step built on the guess is dropped for that request (its KV
+released, its rows stale through Req.kv_epoch, its input corrected) and the next step waits
+for the text again; where it accepts all, the next step stands as built. Either way the tokens
+are the target's: only positions were guessed, every token is verified.
 Policy: no drafts while more than `max_batch` requests run (a large batch is compute-bound, a
 verify row costs as much as a real one); otherwise a request drafts while its drafts pay for
 the overlap of host and GPU work its steps give up, measured as the engine runs
@@ -49,6 +62,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 
+import radixlm.envs as envs
 from radixlm.constrained.base import GrammarBackend, GrammarMatcher
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.sampling.batch_info import SamplingBatchInfo
@@ -58,7 +72,7 @@ from radixlm.sampling.sampler import SampleOutput, Sampler
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
-from radixlm.scheduler.spec_policy import DraftPolicy
+from radixlm.scheduler.spec_policy import EMA_WEIGHT, DraftPolicy
 from radixlm.speculative.ngram import DraftTree, NgramIndex, weighted_tree
 
 if TYPE_CHECKING:
@@ -70,6 +84,11 @@ _UNREAD_ROW = SamplingRequest(SamplingParams(temperature=0.0), seed=0, prompt_id
                               output_ids=())
 
 DEFAULT_MAX_BATCH = 8       # requests running beyond which no request drafts
+PIPELINE_LOOKAHEAD = 16     # steps' worth of a chain's continuation kept for pipelined steps
+# A step built on the guess that the one in flight accepts all its drafts saves the host's wait
+# when it does and wastes a GPU step when it does not, about as long: a request is pipelined
+# only while its verify steps accepted every draft at least this often (running average,
+# envs.spec_pipeline_min_full_rate, 0.5).
 
 
 @dataclass
@@ -79,6 +98,8 @@ class SpecTotals:
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0          # tokens verify steps produced (accepted drafts + one each)
+    pipelined: int = 0        # of a request's verify steps, built before the previous one's
+    #                           results were read
     # (With draft trees `proposed` counts every node, siblings included, so the acceptance
     # rate is lower than a chain's for the same accept length.)
 
@@ -96,7 +117,8 @@ class SpecTotals:
         if not self.verify_steps:
             return {}
         return dict(spec_accept_length=self.accept_length,
-                    spec_accept_rate=self.acceptance_rate, spec_verify_steps=self.verify_steps)
+                    spec_accept_rate=self.acceptance_rate, spec_verify_steps=self.verify_steps,
+                    spec_pipelined_steps=self.pipelined)
 
 
 class Drafter(Protocol):
@@ -149,6 +171,12 @@ class Speculator:
         self.max_batch = max_batch
         self.totals = SpecTotals()
         self.policy = DraftPolicy()
+        # Pipelined verify steps (module docstring): chains of n-gram drafts only (a tree's
+        # accepted path, a draft model's next drafts are not known ahead).
+        chains = isinstance(drafter, NgramDrafter) and drafter.max_breadth == 1
+        self.lookahead = (PIPELINE_LOOKAHEAD * (num_draft_tokens + 1)
+                          if chains and envs.spec_pipeline() else 0)
+        self.pipeline_min_full_rate = envs.spec_pipeline_min_full_rate()
 
     def stats(self) -> dict[str, float]:
         """SchedulerStats' speculative fields."""
@@ -164,6 +192,23 @@ class Speculator:
         return (len(reqs) <= self.max_batch
                 and self.policy.batch_pays(self._candidates(reqs), len(reqs)))
 
+    def may_pipeline(self, pending: ScheduleBatch, running: list[Req]) -> bool:
+        """Whether the next step may be built before the pending verify step's results are
+        read: every request it verifies is plain greedy, drafted a chain, still running, and has
+        a continuation left to draft from (the next step's rows assume all its drafts are
+        accepted, and are dropped for a request where they are not)."""
+        if not self.lookahead or len(running) > self.max_batch:
+            return False
+        live = {id(r) for r in running}
+        for i in pending.verify_rows:
+            r = pending.reqs[i]
+            if (id(r) not in live or r.to_abort or pending.verify_drafts[i][1] is not None
+                    or len(r.spec_followup) < 2 or not plain_greedy(r)
+                    or r.spec_full_avg < self.pipeline_min_full_rate
+                    or r.remaining_new_tokens - r.spec_inflight < 2):
+                return False
+        return True
+
     def _candidates(self, reqs: list[Req]) -> list[Req]:
         """The requests that would try to draft (not paused; a jump's forced tokens do not)."""
         return [r for r in reqs if self.eligible(r) and r.spec_cooldown == 0]
@@ -177,7 +222,7 @@ class Speculator:
         planned = self.plan(reqs, max(free, 0), max_rows, context_len)
         if planned and decode_tokens_needed(reqs, ps) > kv.available_size():
             for r in reqs:      # rounding to pages: the drafts did not fit after all
-                r.spec_drafts, r.spec_parents = [], None
+                r.spec_drafts, r.spec_parents, r.spec_followup = [], None, []
 
     def plan(self, reqs: list[Req], free_tokens: int, max_rows: int | None,
              context_len: int) -> int:
@@ -207,6 +252,9 @@ class Speculator:
             # pending steps first whenever `may_draft`.)
             if not self.eligible(req):
                 continue
+            if req.spec_inflight:       # a pipelined step: its verify step is in flight
+                budget -= self._draft_followup(req, budget, context_len)
+                continue
             if not self.policy.pays(req):   # (the measured ratio overtook its gain)
                 self.policy.pause(req)
                 continue
@@ -219,8 +267,14 @@ class Speculator:
             drafting.append(req)
             ks.append(k)
             budget -= k
-        total = 0
-        for req, drafts in zip(drafting, self.drafter.propose(drafting, ks) if drafting else []):
+        total = sum(len(r.spec_drafts) for r in reqs)    # (pipelined steps' drafts)
+        # A plain greedy request's chain goes on past its drafts: the steps after this one
+        # may draft from it while this one runs (`may_pipeline`).
+        longer = [k + (self.lookahead if plain_greedy(r) else 0) for r, k in zip(drafting, ks)]
+        found = self.drafter.propose(drafting, longer) if drafting else []
+        for req, k, drafts in zip(drafting, ks, found):
+            if isinstance(drafts, list):
+                drafts, req.spec_followup = drafts[:k], drafts[k:]
             if isinstance(drafts, DraftTree):
                 if req.grammar is not None:     # (a drafter's tree: keep one path)
                     drafts = drafts.main_chain()
@@ -235,20 +289,39 @@ class Speculator:
             total += len(drafts)
         return total
 
+    def _draft_followup(self, req: Req, budget: int, context_len: int) -> int:
+        """Drafts for a request whose verify step is in flight, from the continuation its
+        drafts came from: its first token is the guess for that step's bonus token (the next
+        step's input, read on the device), the drafts follow it. Returns how many."""
+        ahead = req.spec_inflight
+        m = min(self.k, req.remaining_new_tokens - ahead - 1,
+                context_len - req.seq_len - ahead - 1, budget, len(req.spec_followup) - 1)
+        if m <= 0:
+            req.spec_followup = []
+            return 0
+        req.spec_drafts = req.spec_followup[1:1 + m]
+        req.spec_followup = req.spec_followup[1 + m:]
+        self.totals.pipelined += 1
+        return m
+
     def accept(self, req: Req, targets: list[int]) -> list[int]:
         """The tokens a verify step gives `req` (`accept_rows`)."""
         return self.accept_rows(req, targets)[0]
 
-    def accept_rows(self, req: Req, targets: list[int]) -> tuple[list[int], list[int]]:
+    def accept_rows(self, req: Req, targets: list[int],
+                    drafted: tuple[list[int], list[int] | None] | None = None
+                    ) -> tuple[list[int], list[int]]:
         """The tokens a verify step gives `req`: its drafts up to the first that differs from
         the target's choice, then the target's token there; and the rows whose targets they are
         (row 0, the input, then the accepted drafts' rows). `targets[j]`: the target's token
         after row j (`verify_targets`). A tree is walked from the root: at each node, the child
         holding the target's token there, if any. The caller says how many tokens it used
         (`record_used`)."""
-        drafts, req.spec_drafts = req.spec_drafts, []
-        tree = as_tree(drafts, req.spec_parents)
-        req.spec_parents = None
+        drafts, parents = drafted if drafted is not None else (req.spec_drafts,
+                                                                req.spec_parents)
+        if drafts is req.spec_drafts:   # (not a pipelined step's, planned since)
+            req.spec_drafts, req.spec_parents = [], None
+        tree = as_tree(drafts, parents)
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
         rows = [0]
         while True:
@@ -260,6 +333,8 @@ class Speculator:
             rows.append(nxt)
         req.spec_verify_ct += 1
         self.policy.after_attempt(req, len(rows))
+        full = len(rows) == len(drafts) + 1
+        req.spec_full_avg += EMA_WEIGHT * (full - req.spec_full_avg)
         self.totals.verify_steps += 1
         self.totals.proposed += len(drafts)
         return [drafts[j - 1] for j in rows[1:]] + [targets[rows[-1]]], rows
