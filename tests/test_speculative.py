@@ -238,7 +238,7 @@ def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
     params = [greedy, {**greedy, "stop": ["mul"]}, {**greedy, "max_new_tokens": 9}, greedy,
               {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 3},
               {**greedy, "stop": ["river"]}]
-    outs, stats = {}, {}
+    outs, stats, stop_ids = {}, {}, []
     for name, spec, pipeline in (("off", None, True), ("waits", "NGRAM", False),
                                  ("pipelined", "NGRAM", True)):
         if pipeline:
@@ -249,6 +249,9 @@ def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
                              speculative_num_draft_tokens=4)
         alone = [engine.generate(p, q) for p, q in zip(prompts[:2] + prompts[5:],
                                                        params[:2] + params[5:])]
+        # Stop tokens inside a copied run, where steps are built on a guess.
+        stop_ids = stop_ids if name != "off" else alone[0]["output_ids"][12:40:12]
+        alone += [engine.generate(COPY, {**greedy, "stop_token_ids": [t]}) for t in stop_ids]
         outs[name] = alone + engine.generate(prompts, params)
         stats[name] = engine.get_stats()
         assert_pool_empty(engine)
