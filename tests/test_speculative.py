@@ -231,8 +231,11 @@ def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
     from helpers import assert_pool_empty
     monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
     monkeypatch.setenv("RADIXLM_CHECK_INVARIANTS", "1")
-    # Pipelined whatever the accept rate, so that many steps built on the guess are dropped.
+    # Pipelined whatever the accept rate, so that many steps built on the guess are dropped;
+    # drafting never paused (at a ratio of 1 every attempt pays), so that stops are found by
+    # verify steps with a step built on them in flight.
     monkeypatch.setenv("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0")
+    monkeypatch.setenv("RADIXLM_SPEC_COST_RATIO", "1")
     greedy = {"max_new_tokens": 48, "temperature": 0}
     prompts = [COPY, CODE, COPY, PROMPTS[3], "The capital of France is", COPY]
     params = [greedy, {**greedy, "stop": ["mul"]}, {**greedy, "max_new_tokens": 9}, greedy,

@@ -156,3 +156,16 @@ def spec_pipeline_min_full_rate() -> float:
     while they accepted every draft at least this often (scheduler/speculation.py; 0: always,
     as the tests do to exercise dropped steps)."""
     return float(os.environ.get("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0.5") or 0.5)
+
+
+def spec_cost_ratio() -> float | None:
+    """RADIXLM_SPEC_COST_RATIO: a fixed cost of a verify step over a plain one for the drafting
+    policy (scheduler/spec_policy.py) instead of the one it measures: decisions that do not
+    depend on timing (reproducible runs; 1.0: a request never pauses)."""
+    value = os.environ.get("RADIXLM_SPEC_COST_RATIO")
+    if not value:
+        return None
+    if float(value) < 1.0:
+        raise ValueError(f"RADIXLM_SPEC_COST_RATIO must be at least 1 (a verify step costs at "
+                         f"least a plain step), got {value}")
+    return float(value)

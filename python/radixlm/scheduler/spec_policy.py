@@ -16,7 +16,8 @@ that one more empty attempt takes below the ratio.
 
 `StepTimes` measures the ratio as the engine runs: the wall time between the results of two
 decode steps of the same batch size, for verify steps and for plain overlapped steps, each a
-running average (before both were seen, DEFAULT_COST_RATIO). Under the plain loop (no overlap)
+running average (before both were seen, DEFAULT_COST_RATIO; RADIXLM_SPEC_COST_RATIO fixes it,
+for decisions that do not depend on timing). Under the plain loop (no overlap)
 every step waits for its results and the ratio is only the verify rows' extra compute.
 
 In a batch, a step with drafts makes every request's step wait: drafts are planned only when
@@ -29,6 +30,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import radixlm.envs as envs
 
 if TYPE_CHECKING:
     from radixlm.scheduler.request import Req
@@ -49,6 +52,8 @@ class StepTimes:
     verify_s: float | None = None
     plain_s: float | None = None
     plain_waits: bool = False   # the plain loop: every step waits for its results
+    # RADIXLM_SPEC_COST_RATIO: the ratio to use instead of the measured one
+    fixed_ratio: float | None = field(default_factory=envs.spec_cost_ratio)
     _last_at: float | None = field(default=None, repr=False)
     _last_key: tuple[int, bool, bool] | None = field(default=None, repr=False)
 
@@ -74,6 +79,8 @@ class StepTimes:
 
     @property
     def cost_ratio(self) -> float:
+        if self.fixed_ratio is not None:
+            return self.fixed_ratio
         if self.verify_s is None or self.plain_s is None or self.plain_s <= 0:
             return DEFAULT_COST_RATIO
         return min(max(self.verify_s / self.plain_s, 1.0), MAX_COST_RATIO)
