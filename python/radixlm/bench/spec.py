@@ -141,9 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     d = _run_decode(engine, prompts, args.max_new_tokens, args.temperature)
                     if decode is None or d["decode_tok_s"] > decode["decode_tok_s"]:
                         decode = d
-                runs[f"{name}/{spec or 'off'}"] = {**best, **decode}
-                runs[f"{name}/{spec or 'off'}"]["cost_ratio"] = engine.get_stats(
-                    ).spec_cost_ratio if spec else None
+                ratio = engine.get_stats().spec_cost_ratio if spec else None
+                runs[f"{name}/{spec or 'off'}"] = {**best, **decode, "cost_ratio": ratio}
         finally:
             engine.shutdown()
     for name in ("copy", "chat"):

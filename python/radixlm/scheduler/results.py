@@ -185,7 +185,8 @@ class ResultProcessor:
             req.kv_allocated_len = keep
             if req.spec_inflight or req.num_pending:
                 req.forget_launched_steps()    # (the pipelined step's rows for it are moot)
-            req.spec_followup = [] if appended < len(targets) else req.spec_followup
+            if appended < len(targets):        # (the continuation went another way)
+                req.spec_followup = []
         if reason is not None:
             self.finish(req, reason, send=False)
             outputs.append(self._output(req))

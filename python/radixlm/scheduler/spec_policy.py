@@ -115,7 +115,6 @@ class DraftPolicy:
         extra = sum(self.gain(r) - 1.0 for r in candidates if self.pays(r))
         return extra > 0 and extra >= (self.cost_ratio - 1.0) * batch_size
 
-
     def after_attempt(self, req: "Req", tokens: int) -> None:
         """`req` tried to draft and got `tokens` from the step (1 + accepted drafts; 1 when no
         drafts were found): update its gain, pause it if drafting stopped paying."""
