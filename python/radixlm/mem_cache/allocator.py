@@ -21,6 +21,10 @@ class KVAllocator:
         if self.num_pages < 2:
             raise ValueError(f"KV pool of {num_slots} slots is too small for page size {page_size}")
         self.device = torch.device(device)
+        # The double-free checks read the device, so they run on CUDA only with
+        # RADIXLM_CHECK_INVARIANTS=1; the free-page map they read is kept only where they run
+        # (two device ops fewer a decode step on the GPU).
+        self.checks_frees = self.device.type != "cuda" or envs.check_invariants()
         self.clear()
 
     @property
@@ -40,7 +44,8 @@ class KVAllocator:
         if n > self._free_pages.numel():
             return None
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
-        self._is_free.index_fill_(0, pages, False)  # a Python-scalar index_put would sync
+        if self.checks_frees:
+            self._is_free.index_fill_(0, pages, False)  # a Python-scalar index_put would sync
         return pages
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
@@ -50,8 +55,8 @@ class KVAllocator:
             # almost every page; a scheduler arithmetic slip must fail loudly instead.
             raise ValueError(f"alloc of {num_tokens} tokens")
         pages = self._take_pages(-(-num_tokens // self.page_size))
-        if pages is None:
-            return None
+        if pages is None or self.page_size == 1:   # (single-token pages are their slots)
+            return pages
         return self._pages_to_slots(pages)[:num_tokens]
 
     def alloc_extend(self, seq_len: int, last_loc: int, num_tokens: int) -> torch.Tensor | None:
@@ -91,10 +96,10 @@ class KVAllocator:
         if slots.numel() == 0:
             return
         slots = slots.to(device=self.device, dtype=torch.int64)
-        pages = slots[::self.page_size] // self.page_size
-        if self.device.type != "cuda" or envs.check_invariants():
+        pages = slots if self.page_size == 1 else slots[::self.page_size] // self.page_size
+        if self.checks_frees:
             self._check_free(slots, pages)
-        self._is_free.index_fill_(0, pages, True)
+            self._is_free.index_fill_(0, pages, True)
         self._free_pages = torch.cat([self._free_pages, pages])
 
     def _check_free(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
