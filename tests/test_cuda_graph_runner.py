@@ -65,3 +65,47 @@ def test_gpu_graphs_smallest_first_one_logits_buffer(tmp_path, monkeypatch):
         assert replayed.data_ptr() == gr.logits_out.data_ptr()
         assert replayed.shape == eager.shape
         torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_replay_pads_every_row_its_graph_reads():
+    """Whatever batches ran before, a replay's graph sees the batch's rows in [:bs] and the
+    padding values (KV slot 0, request slot 0, length 1) in [bs:padded]: rows a larger batch
+    left behind are reset, rows nothing wrote are left alone (no host work for them). The
+    bookkeeping runs on the CPU here, the graph replaced by a snapshot of its inputs."""
+    from radixlm.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    gr = CudaGraphRunner.__new__(CudaGraphRunner)
+    gr.max_bs, gr.batch_sizes = 16, [1, 2, 4, 8, 16]
+    for name in ("input_ids", "positions", "out_cache_loc", "req_pool_indices"):
+        setattr(gr, name, torch.zeros(16, dtype=torch.int64))
+    gr.seq_lens = torch.ones(16, dtype=torch.int64)
+    gr.tree_mask = None
+    gr._rows_written = 0
+    seen = []
+
+    class Snapshot:
+        def __init__(self, padded):
+            self.padded = padded
+
+        def replay(self):
+            seen.append((self.padded, gr.out_cache_loc[:self.padded].clone(),
+                         gr.req_pool_indices[:self.padded].clone(),
+                         gr.seq_lens[:self.padded].clone(), gr.input_ids[:self.padded].clone()))
+
+    gr.graphs = {bs: Snapshot(bs) for bs in gr.batch_sizes}
+    gr.outputs = {bs: torch.zeros(bs, 3) for bs in gr.batch_sizes}
+
+    class Batch:
+        def __init__(self, bs, base):
+            self.batch_size = bs
+            ar = torch.arange(base, base + bs)
+            self.input_ids, self.positions, self.out_cache_loc = ar + 7, ar + 100, ar + 1
+            self.req_pool_indices, self.seq_lens = ar + 1, ar + 101
+
+    for bs in (13, 3, 1, 5, 2, 16, 6, 6, 1, 12, 7):
+        gr.replay(Batch(bs, base=10 * bs))
+        padded, locs, slots, lens, ids = seen[-1]
+        assert padded == gr.batch_sizes[[b >= bs for b in gr.batch_sizes].index(True)]
+        assert locs[:bs].tolist() == list(range(10 * bs + 1, 11 * bs + 1))
+        assert ids[:bs].tolist() == list(range(10 * bs + 7, 11 * bs + 7))
+        assert (locs[bs:] == 0).all() and (slots[bs:] == 0).all() and (lens[bs:] == 1).all(), bs

@@ -86,6 +86,7 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}    # each graph's logits, [bs, V]
         self._mem_pool: torch.cuda.MemPool | None = None    # the graphs' pool (`_fill_pool`)
         self._tree_rows = 0      # rows of the static tree inputs a tree step has set
+        self._rows_written = 0   # rows of the static inputs a replay has set since capture
         self.pool = None
 
     def can_run(self, fb: ForwardBatch) -> bool:
@@ -165,15 +166,19 @@ class CudaGraphRunner:
         output, overwritten by the next replay)."""
         bs = fb.batch_size
         padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
-        if padded > bs:
-            self.out_cache_loc[bs:padded].zero_()
-            self.req_pool_indices[bs:padded].zero_()
-            self.seq_lens[bs:padded].fill_(1)
-        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
-        self.positions[:bs].copy_(fb.positions, non_blocking=True)
-        self.out_cache_loc[:bs].copy_(fb.out_cache_loc, non_blocking=True)
-        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
-        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        stale = min(padded, self._rows_written)
+        if stale > bs:   # padding rows a larger batch wrote: back to the padding slot
+            self.out_cache_loc[bs:stale].zero_()
+            self.req_pool_indices[bs:stale].zero_()
+            self.seq_lens[bs:stale].fill_(1)
+        self._rows_written = max(bs, self._rows_written if self._rows_written > padded else 0)
+        # One dispatch for the five copies (each is a few microseconds of host time, and a
+        # verify step's host work before its replay is all on the critical path).
+        torch._foreach_copy_(
+            [self.input_ids[:bs], self.positions[:bs], self.out_cache_loc[:bs],
+             self.req_pool_indices[:bs], self.seq_lens[:bs]],
+            [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens],
+            non_blocking=True)
         if self.tree_mask is not None:
             if fb.tree_mask is not None:
                 self.tree_start[:bs].copy_(fb.tree_start, non_blocking=True)
