@@ -4,6 +4,7 @@ token for token those of the engine without speculation (mixed batches, stops, o
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -34,6 +35,37 @@ def test_index_follows_appended_tokens():
     text += [3, 4, 5, 1, 2]
     assert ix.propose(text, 8) == [3, 4, 5, 1, 2]     # up to the end of the text
     assert ix.propose(text, 0) == []
+
+
+def _candidates_by_scan(text: list[int], lo: int, hi: int, keep: int, max_tokens: int,
+                        limit: int) -> list[list[int]]:
+    """NgramIndex.candidates by scanning the text: for each window, longest first, the latest
+    `keep` earlier occurrences of the text's suffix of that length, latest first, each
+    continuation once."""
+    end, found, seen = len(text), [], set()
+    for w in range(min(hi, end - 1), lo - 1, -1):
+        ends = [e for e in range(w, end) if text[e - w:e] == text[end - w:]][-keep:]
+        for e in reversed(ends):
+            if e not in seen:
+                seen.add(e)
+                found.append(text[e:e + max_tokens])
+                if len(found) == limit:
+                    return found
+    return found
+
+
+@pytest.mark.parametrize("lo,hi,keep", [(1, 12, 1), (2, 4, 1), (1, 3, 3), (3, 5, 2)])
+def test_index_matches_a_scan_of_the_text(lo, hi, keep):
+    """The incremental index proposes what a scan of the whole text finds, as the text grows by
+    a few tokens at a time (random texts over a small alphabet: many repeats)."""
+    rng = random.Random(lo * 100 + hi * 10 + keep)
+    for _ in range(20):
+        ix, text = NgramIndex(lo, hi, occurrences=keep), []
+        for _ in range(30):
+            text += [rng.randrange(4) for _ in range(rng.randrange(1, 5))]
+            k, limit = rng.randrange(1, 6), rng.randrange(1, 4)
+            assert ix.candidates(text, k, limit) == _candidates_by_scan(text, lo, hi, keep, k,
+                                                                        limit), text
 
 
 def _req(max_new: int = 64) -> Req:

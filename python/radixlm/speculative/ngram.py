@@ -10,9 +10,9 @@ a chain: the continuations of several occurrences (longest window first, latest 
 where they agree and branching where they differ, so that a verify step can try the second-best
 continuation where the best one turns out wrong (`DraftTree`, `weighted_tree`).
 
-`NgramIndex` keeps, for every window size, the ends of the latest occurrences of each n-gram,
-and is updated with the tokens appended since the last proposal, so a proposal costs a few dict
-lookups, not a scan of the text.
+`NgramIndex` keeps the ends of the latest occurrences of each n-gram (a trie over the text read
+backwards), and is updated with the tokens appended since the last proposal, so a proposal
+costs a few dict lookups, not a scan of the text.
 """
 
 from __future__ import annotations
@@ -131,15 +131,21 @@ def weighted_tree(candidates: list[list[int]], max_nodes: int, min_breadth: int,
     return tree
 
 
+_ENDS = None   # a trie node's key for the ends stored there (token ids are ints)
+
+
 @dataclass
 class NgramIndex:
+    """A trie of every n-gram of the text read backwards: the node reached from the root by
+    tokens[e - 1], tokens[e - 2], ..., tokens[e - w] stands for the n-gram tokens[e - w:e] and
+    keeps where its latest occurrences end (exclusive; with occurrences > 1, a list of the
+    latest ends, oldest first). Indexing a token and matching the text's suffix are each one
+    walk of at most max_window dict lookups: no n-gram is copied into a tuple, which made
+    this index a visible part of a verify step's host time."""
     min_window: int
     max_window: int
     occurrences: int = 1   # ends kept per n-gram (the latest ones)
-    # window -> n-gram -> end (exclusive) of its latest occurrence that is not the text's end;
-    # with occurrences > 1, a list of the latest ends, oldest first (a chain's index, the
-    # default, keeps plain ints: it has an entry per n-gram of a long text)
-    _latest: dict[int, dict[tuple[int, ...], int | list[int]]] = field(default_factory=dict)
+    _root: dict = field(default_factory=dict)
     _indexed_to: int = 0     # n-grams ending at or before this position are indexed
 
     def propose(self, tokens: list[int], max_tokens: int) -> list[int]:
@@ -155,12 +161,17 @@ class NgramIndex:
             return []
         end = len(tokens)
         self._index(tokens, end - 1)
+        matches = []          # the ends stored for each matching window, shortest first
+        node = self._root
+        for w in range(1, min(self.max_window, end - 1) + 1):
+            node = node.get(tokens[end - w])
+            if node is None:
+                break
+            if w >= self.min_window and _ENDS in node:
+                matches.append(node[_ENDS])
         seen: set[int] = set()
         found: list[list[int]] = []
-        for w in range(min(self.max_window, end - 1), self.min_window - 1, -1):
-            ends = self._latest.get(w, {}).get(tuple(tokens[end - w:]))
-            if ends is None:
-                continue
+        for ends in reversed(matches):
             for start in reversed(ends) if isinstance(ends, list) else (ends,):
                 if start in seen:      # (a longer window's match ends here too)
                     continue
@@ -172,15 +183,23 @@ class NgramIndex:
 
     def _index(self, tokens: list[int], upto: int) -> None:
         """Index the n-grams ending at positions (_indexed_to, upto] (ends are exclusive)."""
-        keep = self.occurrences
+        keep, lo = self.occurrences, self.min_window
         for e in range(self._indexed_to + 1, upto + 1):
-            for w in range(self.min_window, min(self.max_window, e) + 1):
-                grams = self._latest.setdefault(w, {})
-                gram = tuple(tokens[e - w:e])
-                if keep == 1:
-                    grams[gram] = e
+            node = self._root
+            for w in range(1, min(self.max_window, e) + 1):
+                tok = tokens[e - w]
+                child = node.get(tok)
+                if child is None:
+                    child = node[tok] = {}
+                node = child
+                if w < lo:
                     continue
-                ends = grams.setdefault(gram, [])
+                if keep == 1:
+                    node[_ENDS] = e
+                    continue
+                ends = node.get(_ENDS)
+                if ends is None:
+                    ends = node[_ENDS] = []
                 ends.append(e)
                 if len(ends) > keep:
                     del ends[0]
