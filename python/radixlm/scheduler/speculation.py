@@ -321,16 +321,21 @@ class Speculator:
                                                                 req.spec_parents)
         if drafts is req.spec_drafts:   # (not a pipelined step's, planned since)
             req.spec_drafts, req.spec_parents = [], None
-        tree = as_tree(drafts, parents)
         assert len(targets) == len(drafts) + 1, "one verify row per draft, plus the input"
-        rows = [0]
-        while True:
-            node = rows[-1]
-            nxt = next((j for j, p in enumerate(tree.parents, start=1)
-                        if p == node and tree.tokens[j - 1] == targets[node]), None)
-            if nxt is None:
-                break
-            rows.append(nxt)
+        if parents is None:     # a chain: node j is row j (this walk is on the critical path)
+            n = 0
+            while n < len(drafts) and drafts[n] == targets[n]:
+                n += 1
+            rows = list(range(n + 1))
+        else:
+            tree, rows = DraftTree(drafts, parents), [0]
+            while True:
+                node = rows[-1]
+                nxt = next((j for j, p in enumerate(tree.parents, start=1)
+                            if p == node and tree.tokens[j - 1] == targets[node]), None)
+                if nxt is None:
+                    break
+                rows.append(nxt)
         req.spec_verify_ct += 1
         self.policy.after_attempt(req, len(rows))
         full = len(rows) == len(drafts) + 1
