@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from radixlm.mem_cache.allocator import KVAllocator
+from radixlm.mem_cache.allocator import MERGE_AFTER_FREES, KVAllocator
 
 PAGE_SIZES = [1, 4, 16]
 
@@ -21,9 +21,9 @@ def _pages(slots: torch.Tensor, page_size: int) -> set[int]:
 
 
 def _free_pages(a: KVAllocator) -> set[int]:
-    # Read the private free list on purpose: the test must see what alloc will hand out next,
+    # Read the free list itself on purpose: the test must see what alloc will hand out next,
     # not a count the allocator reports about itself.
-    return set(a._free_pages.tolist())
+    return set(a.free_pages().tolist())
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -229,7 +229,7 @@ def test_random_alloc_free_against_model(page_size: int) -> None:
                 owned.append(got)
         held = [p for s in owned for p in _pages(s, page_size)]
         assert len(held) == len(set(held)), "page owned twice"
-        free = a._free_pages.tolist()
+        free = a.free_pages().tolist()
         assert len(free) == len(set(free)), "page on the free list twice"
         assert not (set(held) & set(free))
         assert set(held) | set(free) == set(range(1, a.num_pages))
@@ -272,3 +272,25 @@ def test_alloc_extend_rejects_inconsistent_last_loc(page_size: int) -> None:
     with pytest.raises(ValueError):
         a.alloc_extend(seq_len=3, last_loc=int(x[1]), num_tokens=2)  # off by one position
     assert a.available_size() == a.total_size - page_size
+
+
+def test_freed_pages_are_handed_out_in_the_order_they_were_freed() -> None:
+    """Frees join the free list lazily (a device op saved per free); what alloc hands out
+    must not change: the pages in free order, after the ones that were free before."""
+    a = KVAllocator(num_slots=12, page_size=1, device="cpu")
+    every = a.alloc(9).tolist()             # pages 1..9 of 11
+    a.free(torch.tensor(every[6:8]))
+    a.free(torch.tensor(every[0:2]))
+    assert a.available_size() == 6
+    assert a.alloc(6).tolist() == [10, 11] + every[6:8] + every[0:2]
+    assert a.alloc(1) is None
+
+
+def test_many_frees_are_joined() -> None:
+    a = KVAllocator(num_slots=400, page_size=1, device="cpu")
+    held = a.alloc(300)
+    for i in range(300):
+        a.free(held[i:i + 1])
+    assert len(a._freed) < MERGE_AFTER_FREES
+    assert a.available_size() == a.total_size
+    assert sorted(a.free_pages().tolist()) == list(range(1, 400))

@@ -294,7 +294,7 @@ class Harness:
         assert len(tree_pages) * ps == len(tree_slots), "a page is shared by two tree nodes"
 
         # --- the allocator's free list
-        free = alloc._free_pages.tolist()
+        free = alloc.free_pages().tolist()
         assert len(free) == len(set(free)) and 0 not in free
         free_pages = set(free)
         assert not (free_pages & tree_pages), "slot both free and in the tree"

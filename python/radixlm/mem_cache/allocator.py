@@ -11,6 +11,10 @@ import torch
 
 import radixlm.envs as envs
 
+# Freed pages are joined to the free list lazily: when the list's front runs short, or after
+# this many frees (each join is a device op, and a verify step frees its rejected drafts).
+MERGE_AFTER_FREES = 64
+
 
 class KVAllocator:
     def __init__(self, num_slots: int, page_size: int, device: torch.device | str):
@@ -36,20 +40,37 @@ class KVAllocator:
         self._free_pages = torch.arange(1, self.num_pages, dtype=torch.int64, device=self.device)
         self._is_free = torch.ones(self.num_pages, dtype=torch.bool, device=self.device)
         self._is_free[0] = False
+        # Pages given back since the last join, in order: the free list is _free_pages then
+        # these, so pages are handed out in the same order as if each free had joined at once.
+        self._freed: list[torch.Tensor] = []
+        self._num_freed = 0
 
     def available_size(self) -> int:
-        return int(self._free_pages.numel()) * self.page_size
+        return (int(self._free_pages.numel()) + self._num_freed) * self.page_size
+
+    def free_pages(self) -> torch.Tensor:
+        """The free list, in the order pages are handed out."""
+        self._join_freed()
+        return self._free_pages
+
+    def _join_freed(self) -> None:
+        if self._freed:
+            self._free_pages = torch.cat([self._free_pages, *self._freed])
+            self._freed, self._num_freed = [], 0
 
     def _take_pages(self, n: int) -> torch.Tensor | None:
         if n > self._free_pages.numel():
-            return None
+            self._join_freed()
+            if n > self._free_pages.numel():
+                return None
         pages, self._free_pages = self._free_pages[:n], self._free_pages[n:]
         if self.checks_frees:
             self._is_free.index_fill_(0, pages, False)  # a Python-scalar index_put would sync
         return pages
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
-        """Fresh slots for `num_tokens` tokens starting on a page boundary (None when out of memory)."""
+        """Fresh slots for `num_tokens` tokens starting on a page boundary (None when out of
+        memory)."""
         if num_tokens < 0:
             # A negative count would slice the free list from the end and silently hand out
             # almost every page; a scheduler arithmetic slip must fail loudly instead.
@@ -60,8 +81,9 @@ class KVAllocator:
         return self._pages_to_slots(pages)[:num_tokens]
 
     def alloc_extend(self, seq_len: int, last_loc: int, num_tokens: int) -> torch.Tensor | None:
-        """Slots for `num_tokens` tokens appended to a request that already holds `seq_len` tokens,
-        the last in slot `last_loc`: first the rest of its partly filled last page, then new pages."""
+        """Slots for `num_tokens` tokens appended to a request that already holds `seq_len`
+        tokens, the last in slot `last_loc`: first the rest of its partly filled last page, then
+        new pages."""
         if self.page_size == 1 or seq_len == 0:
             return self.alloc(num_tokens)
         if num_tokens < 0:
@@ -100,7 +122,10 @@ class KVAllocator:
         if self.checks_frees:
             self._check_free(slots, pages)
             self._is_free.index_fill_(0, pages, True)
-        self._free_pages = torch.cat([self._free_pages, pages])
+        self._freed.append(pages)
+        self._num_freed += pages.numel()
+        if len(self._freed) >= MERGE_AFTER_FREES:
+            self._join_freed()
 
     def _check_free(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
         if not torch.equal(torch.unique(pages), torch.unique(slots // self.page_size)):

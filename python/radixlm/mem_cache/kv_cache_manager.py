@@ -179,7 +179,7 @@ class KVCacheManager:
             if first < allocated:
                 pieces.append(table[req_row, first:allocated].to(torch.int64))
         if ps == 1 and pieces:
-            self.allocator.free(torch.cat(pieces))
+            self.allocator.free(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
         elif pieces:  # a tail's pages start at multiples of ps only within its own piece
             for piece in pieces:
                 self.allocator.free(piece)
