@@ -147,20 +147,20 @@ class ScheduleBatch:
         seq_lens = [p + 1 for p in positions]
         h = len(host_rows)
         extra = tree.depth_positions + tree.starts + tree.masks if tree is not None else []
-        packed = to_device(rows_req + positions + seq_lens + host_rows + host_ids + last_rows
-                           + extra, torch.int64, dev)
-        req_idx, pos_t, seq_t = packed[:rows], packed[rows:2 * rows], packed[2 * rows:3 * rows]
-        host = packed[3 * rows:3 * rows + 2 * h + len(last_rows)]
+        packed = to_device(rows_req + positions + seq_lens + pool.flat_index(rows_req, positions)
+                           + host_rows + host_ids + last_rows + extra, torch.int64, dev)
+        req_idx, pos_t, seq_t, flat_t, host_rows_t, host_ids_t, self.last_rows, *tree_t = (
+            packed.split([rows] * 4 + [h, h, len(last_rows)] + [rows] * (len(extra) // rows)))
         locs = kv.alloc_decode(req_idx, pos_t, positions, starts)
-        pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
+        pool.write_flat(flat_t, locs)
         input_ids = last_token_ids[req_idx]
-        input_ids[host[:h]] = host[h:2 * h]
-        self.last_rows = host[2 * h:]
+        if h:
+            input_ids[host_rows_t] = host_ids_t
         fb = self._forward_batch(ForwardMode.DECODE, input_ids, pos_t, locs, req_idx, seq_t,
                                  positions, [1] * rows, seq_lens, [], rows)
         if tree is None:
             return fb
-        rope, tree_start, tree_mask = packed[-3 * rows:].view(3, rows)
+        rope, tree_start, tree_mask = tree_t
         return dataclasses.replace(fb, positions=rope, tree_start=tree_start,
                                    tree_mask=tree_mask)
 
@@ -174,11 +174,12 @@ class ScheduleBatch:
             assert req.num_decode_tokens == 1, "decode request out of step with its KV"
         bs, dev = len(self.reqs), last_token_ids.device
         seq_lens = [p + 1 for p in positions]
-        packed = to_device([r.req_pool_idx for r in self.reqs] + positions + seq_lens,
+        pool_rows = [r.req_pool_idx for r in self.reqs]
+        packed = to_device(pool_rows + positions + seq_lens + pool.flat_index(pool_rows, positions),
                            torch.int64, dev)
-        req_idx, pos_t, seq_t = packed[:bs], packed[bs:2 * bs], packed[2 * bs:]
+        req_idx, pos_t, seq_t, flat_t = packed.split(bs)
         locs = kv.alloc_decode(req_idx, pos_t, positions)
-        pool.req_to_token[req_idx, pos_t] = locs.to(torch.int32)
+        pool.write_flat(flat_t, locs)
         for req, pos in zip(self.reqs, positions):
             req.kv_allocated_len = pos + 1
         return self._forward_batch(ForwardMode.DECODE, last_token_ids[req_idx],
