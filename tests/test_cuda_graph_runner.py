@@ -80,7 +80,7 @@ def test_replay_pads_every_row_its_graph_reads():
         setattr(gr, name, torch.zeros(16, dtype=torch.int64))
     gr.seq_lens = torch.ones(16, dtype=torch.int64)
     gr.tree_mask = None
-    gr._rows_written = 0
+    gr._rows_written, gr._views = 0, {}
     seen = []
 
     class Snapshot:
@@ -103,8 +103,9 @@ def test_replay_pads_every_row_its_graph_reads():
             self.req_pool_indices, self.seq_lens = ar + 1, ar + 101
 
     for bs in (13, 3, 1, 5, 2, 16, 6, 6, 1, 12, 7):
-        gr.replay(Batch(bs, base=10 * bs))
+        logits = gr.replay(Batch(bs, base=10 * bs))
         padded, locs, slots, lens, ids = seen[-1]
+        assert logits.shape[0] == bs and logits.data_ptr() == gr.outputs[padded].data_ptr()
         assert padded == gr.batch_sizes[[b >= bs for b in gr.batch_sizes].index(True)]
         assert locs[:bs].tolist() == list(range(10 * bs + 1, 11 * bs + 1))
         assert ids[:bs].tolist() == list(range(10 * bs + 7, 11 * bs + 7))
