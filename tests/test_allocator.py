@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from radixlm.mem_cache.allocator import MERGE_AFTER_FREES, KVAllocator
+from radixlm.mem_cache.allocator import JOIN_AFTER_FREES, KVAllocator
 
 PAGE_SIZES = [1, 4, 16]
 
@@ -291,6 +291,6 @@ def test_many_frees_are_joined() -> None:
     held = a.alloc(300)
     for i in range(300):
         a.free(held[i:i + 1])
-    assert len(a._freed) < MERGE_AFTER_FREES
+    assert len(a._freed) < JOIN_AFTER_FREES
     assert a.available_size() == a.total_size
     assert sorted(a.free_pages().tolist()) == list(range(1, 400))

@@ -13,7 +13,7 @@ import radixlm.envs as envs
 
 # Freed pages are joined to the free list lazily: when the list's front runs short, or after
 # this many frees (each join is a device op, and a verify step frees its rejected drafts).
-MERGE_AFTER_FREES = 64
+JOIN_AFTER_FREES = 64
 
 
 class KVAllocator:
@@ -124,7 +124,7 @@ class KVAllocator:
             self._is_free.index_fill_(0, pages, True)
         self._freed.append(pages)
         self._num_freed += pages.numel()
-        if len(self._freed) >= MERGE_AFTER_FREES:
+        if len(self._freed) >= JOIN_AFTER_FREES:
             self._join_freed()
 
     def _check_free(self, slots: torch.Tensor, pages: torch.Tensor) -> None:
