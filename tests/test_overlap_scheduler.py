@@ -158,3 +158,47 @@ def test_overlap_runs_consecutive_prefill_chunks_back_to_back(overlap_engine, ma
     assert again["meta_info"]["cached_tokens"] >= n_prompt - 16
     assert again["output_ids"] == want["output_ids"]
     assert_pool_empty(overlapped)
+
+
+def test_min_new_tokens_alone_does_not_defer_sampling():
+    """The min_new_tokens ban needs only how many tokens precede the sampled one (output_ids
+    plus the rows in flight), known at launch: no deferred sampling for it; penalties read the
+    tokens themselves."""
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.scheduler.request import Req
+
+    def req(**kw):
+        return Req(rid="r", origin_input_ids=[1, 2], sampling_params=SamplingParams(**kw),
+                   seed=0)
+
+    only_min = req(temperature=0, min_new_tokens=5)
+    assert only_min.logit_adjustments_read_output and not only_min.sampling_reads_output
+    assert req(temperature=0, frequency_penalty=0.5).sampling_reads_output
+    assert req(temperature=0, repetition_penalty=1.1).sampling_reads_output
+
+
+def test_greedy_step_sampling_counts_tokens_in_flight_for_the_ban():
+    import torch
+
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.sampling.sampler import Sampler
+    from radixlm.scheduler.request import Req
+    from radixlm.scheduler.step_sampling import StepSampling
+
+    sampling = StepSampling(vocab_size=10, eos_token_ids=(2,), device=torch.device("cpu"))
+    banning = Req(rid="a", origin_input_ids=[1], seed=0, sampling_params=SamplingParams(
+        temperature=0, min_new_tokens=3, stop_token_ids=[5]))
+    free = Req(rid="b", origin_input_ids=[1], seed=0,
+               sampling_params=SamplingParams(temperature=0))
+    reqs = [free, banning]
+    banning.output_ids, banning.num_pending = [7], 1      # token 3 of 3 is sampled next
+    info = sampling.build(reqs, [False, False], None)
+    assert sorted(info.adjustments.banned_index.tolist()) == [10 + 2, 10 + 5]
+    logits = torch.zeros(2, 10)
+    logits[:, 5] = 3.0
+    logits[:, 2] = 2.0
+    assert Sampler()(logits, info).next_token_ids.tolist() == [5, 0]
+    banning.num_pending = 2                               # two before it: the ban is over
+    info = sampling.build(reqs, [False, False], None)
+    assert info.adjustments.is_noop
+    assert Sampler()(logits, info).next_token_ids.tolist() == [5, 5]

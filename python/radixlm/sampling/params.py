@@ -79,6 +79,12 @@ class SamplingParams:
         return params
 
     @property
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalty: logits that depend on the output."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 

@@ -18,7 +18,7 @@ Semantics (those of vLLM / OpenAI):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ import torch
 from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
+    from radixlm.sampling.params import SamplingParams
     from radixlm.sampling.request import SamplingRequest
 
 
@@ -46,6 +47,21 @@ def _flat_token_index(rows: list[int], token_lists: list[Sequence[int]],
     row_ids = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths)
     valid = (tokens >= 0) & (tokens < vocab_size)
     return (row_ids * vocab_size + tokens)[valid]
+
+
+def min_tokens_ban_index(rows: Iterable[tuple["SamplingParams", int, Sequence[int]]],
+                         vocab_size: int) -> list[int]:
+    """Flat indices into [B * V] of the tokens min_new_tokens bans this step; per row (its
+    params, the tokens before the one sampled, the model's EOS ids). Plain ints: a row bans
+    one or two ids, so this beats any per-row tensor work."""
+    index: list[int] = []
+    for i, (p, before, eos) in enumerate(rows):
+        if before < p.min_new_tokens:
+            base = i * vocab_size
+            index.extend(base + t for t in p.stop_token_ids if 0 <= t < vocab_size)
+            if not p.ignore_eos:
+                index.extend(base + t for t in eos if 0 <= t < vocab_size)
+    return index
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
@@ -87,8 +103,6 @@ class LogitAdjustments:
         rep_tokens: list[Sequence[int]] = []  # prompt and output as two entries of one row
         cnt_rows: list[int] = []
         cnt_tokens: list[Sequence[int]] = []
-        ban_rows: list[int] = []
-        ban_tokens: list[list[int]] = []
         for i, r in enumerate(reqs):
             p = r.params
             # Out-of-range ids are dropped here (and by _flat_token_index) so ids and values align.
@@ -103,13 +117,9 @@ class LogitAdjustments:
             if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
                 cnt_rows.append(i)
                 cnt_tokens.append(r.output_ids)
-            if len(r.output_ids) + r.num_pending < p.min_new_tokens:
-                banned = list(p.stop_token_ids)
-                if not p.ignore_eos:
-                    banned += list(r.eos_token_ids)
-                if banned:
-                    ban_rows.append(i)
-                    ban_tokens.append(banned)
+        banned = min_tokens_ban_index(
+            ((r.params, len(r.output_ids) + r.num_pending, r.eos_token_ids) for r in reqs),
+            vocab_size)
 
         num_rows = len(reqs)
         if bias_rows:
@@ -134,10 +144,16 @@ class LogitAdjustments:
                 [float(r.params.frequency_penalty) for r in reqs], device)
             out.presence_penalties = _column(
                 [float(r.params.presence_penalty) for r in reqs], device)
-        if ban_rows:
-            out.banned_index = to_device(_flat_token_index(ban_rows, ban_tokens, vocab_size),
-                                         torch.int64, device)
+        if banned:
+            out.banned_index = to_device(banned, torch.int64, device)
         return out
+
+    @classmethod
+    def bans_only(cls, banned: list[int], vocab_size: int,
+                  device: torch.device) -> "LogitAdjustments":
+        """Only min_new_tokens bans (flat indices from min_tokens_ban_index)."""
+        return cls(vocab_size=vocab_size,
+                   banned_index=to_device(banned, torch.int64, device) if banned else None)
 
     def apply_(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply in place to contiguous float32 logits [B, V] (a copy the sampler owns)."""

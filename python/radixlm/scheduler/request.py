@@ -186,19 +186,20 @@ class Req:
 
     @property
     def sampling_reads_output(self) -> bool:
-        """Whether sampling the next token depends on the exact output so far (penalties,
-        min_new_tokens, a grammar mask): such requests sample only after their last results
-        are processed (the scheduler's deferred sampling)."""
+        """Whether sampling the next token depends on the exact output so far (penalties, a
+        grammar mask): such requests sample only after their last results are processed (the
+        scheduler's deferred sampling). The min_new_tokens ban does not: it needs only the
+        number of tokens before the sampled one, len(output_ids) + num_pending, known at
+        launch (a row whose request jumped or was redrawn since is dropped anyway)."""
         return ((self.grammar is not None and not self.samples_unmasked)
-                or self.logit_adjustments_read_output)
+                or self.sampling_params.has_penalties)
 
     @property
     def logit_adjustments_read_output(self) -> bool:
         """Whether the sampling tensors themselves depend on the output (penalties, the
         min_new_tokens EOS ban); a grammar only adds a mask."""
         p = self.sampling_params
-        return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-                or p.presence_penalty != 0.0
+        return (p.has_penalties
                 or len(self.output_ids) + self.num_pending < p.min_new_tokens)
 
     def max_prefix_match(self) -> int:

@@ -3,12 +3,14 @@ requests as they are now) and the grammar masks of the constrained ones."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
 
 from radixlm.constrained.base import GrammarBackend
 from radixlm.sampling.batch_info import SamplingBatchInfo
+from radixlm.sampling.penalties import LogitAdjustments, min_tokens_ban_index
 from radixlm.sampling.request import SamplingRequest
 from radixlm.scheduler.request import Req
 
@@ -32,21 +34,34 @@ class StepSampling:
         return info
 
     def _info(self, reqs: list[Req], pending: int | None) -> SamplingBatchInfo:
-        """Those of an all-greedy batch with no logit bias and nothing that reads the outputs
-        depend on its size alone, so they are built once per size (building them is a
-        per-request Python loop the host would otherwise pay every step). Greedy grammar
-        requests share them too: their mask is set per step (`vocab_mask`)."""
-        plain_greedy = all(r.sampling_params.is_greedy and not r.sampling_params.logit_bias
-                           and not r.logit_adjustments_read_output for r in reqs)
-        if plain_greedy and len(reqs) in self._greedy_infos:
-            return self._greedy_infos[len(reqs)]
-        info = SamplingBatchInfo.build(
-            [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
-                             self.eos_token_ids, r.num_pending if pending is None else pending)
-             for r in reqs],
-            self.vocab_size, self.device)
-        if plain_greedy and info.adjustments.is_noop:
-            self._greedy_infos[len(reqs)] = info
+        """Those of an all-greedy batch with no logit bias and no penalties depend on its size
+        alone, so they are built once per size (building them is a per-request Python loop the
+        host would otherwise pay every step); min_new_tokens bans, a few ids a row, are added
+        per step. Greedy grammar requests share them too: their mask is set per step
+        (`vocab_mask`)."""
+        params = [r.sampling_params for r in reqs]
+        if not all(p.is_greedy and not p.logit_bias and not p.has_penalties for p in params):
+            return SamplingBatchInfo.build(
+                [SamplingRequest(r.sampling_params, r.seed, r.origin_input_ids, r.output_ids,
+                                 self.eos_token_ids,
+                                 r.num_pending if pending is None else pending)
+                 for r in reqs],
+                self.vocab_size, self.device)
+        info = self._greedy_infos.get(len(reqs))
+        if info is None:
+            info = SamplingBatchInfo.build(
+                [SamplingRequest(p, r.seed, (), (), ()) for p, r in zip(params, reqs)],
+                self.vocab_size, self.device)
+            info = self._greedy_infos[len(reqs)] = dataclasses.replace(
+                info, adjustments=LogitAdjustments(self.vocab_size))
+        if any(p.min_new_tokens for p in params):
+            banned = min_tokens_ban_index(
+                ((r.sampling_params,
+                  len(r.output_ids) + (r.num_pending if pending is None else pending),
+                  self.eos_token_ids) for r in reqs), self.vocab_size)
+            if banned:
+                info = dataclasses.replace(info, adjustments=LogitAdjustments.bans_only(
+                    banned, self.vocab_size, self.device))
         return info
 
     def _grammar_mask(self, reqs: list[Req], masked: list[bool],
