@@ -221,13 +221,14 @@ def test_batched_mask_fill_equals_per_matcher_fill(tokenizer, monkeypatch, threa
 
 def test_fill_timer_keeps_the_faster_way_and_keeps_checking():
     """Automatic mask filling: serial first, threaded once, then whichever is faster per row,
-    with the other tried again every EXPLORE_EVERY fills (the mix of grammars changes)."""
+    with the other tried again every EXPLORE_EVERY fills (the mix of grammars changes); fills
+    whose serial cost is below min_threaded_fill_s never try threads."""
     from radixlm.constrained.xgrammar_backend import FillTimer
 
-    def run(timer, serial_s, threaded_s, n):
+    def run(timer, serial_s, threaded_s, n, rows=200):
         picks = []
         for _ in range(n):
-            threaded = timer.pick_threaded()
+            threaded = timer.pick_threaded(rows)
             picks.append(threaded)
             timer.record(threaded, threaded_s if threaded else serial_s)
         return picks
@@ -242,11 +243,15 @@ def test_fill_timer_keeps_the_faster_way_and_keeps_checking():
     assert sum(not p for p in picks[2:]) == len([c for c in range(3, 201)
                                                  if c % FillTimer.EXPLORE_EVERY == 0])
     # The served grammars change: serial gets cheap, and the next exploration switches back.
-    picks = run(costly, 5e-6, 80e-6, 2 * FillTimer.EXPLORE_EVERY)
+    picks = run(costly, 50e-6, 80e-6, 2 * FillTimer.EXPLORE_EVERY)
     assert sum(picks[-FillTimer.EXPLORE_EVERY:]) == 1   # serial again, threaded only to explore
+    # ... and once a serial fill of the batch is cheaper than waking threads, none are tried.
+    picks = run(costly, 5e-6, 80e-6, 4 * FillTimer.EXPLORE_EVERY, rows=64)
+    assert not any(picks[FillTimer.EXPLORE_EVERY:])
+    tiny = FillTimer()
+    assert not any(run(tiny, 10e-6, 30e-6, 200, rows=64)[1:])
     fixed = FillTimer(explore=False)
     assert all(run(fixed, 1e-6, 1e-3, 10))
-
 
 
 def test_prompt_is_shared_when_the_first_step_jumps(engine):

@@ -32,6 +32,7 @@ class FillTimer:
     fixed thread count) the threaded filler is always used."""
 
     explore: bool = True
+    min_threaded_fill_s: float = 1e-3
     serial_s: float | None = None
     threaded_s: float | None = None
     calls: int = 0
@@ -40,10 +41,16 @@ class FillTimer:
     EXPLORE_EVERY = 16
     DECAY = 0.8
 
-    def pick_threaded(self) -> bool:
+    def pick_threaded(self, rows: int) -> bool:
         self.calls += 1
         if not self.explore:
             return True
+        if self.serial_s is not None and self.serial_s * rows < self.min_threaded_fill_s:
+            # Waking the worker threads costs more than a fill this cheap (a simple regex: ~10
+            # us a row, serially; threaded fills of such batches were measured at 6-7 ms on
+            # the H200 host), so it is not even explored.
+            self.exploring = False
+            return False
         if self.serial_s is None or self.threaded_s is None:
             return self.serial_s is not None       # serial first, then threaded once
         faster_threaded = self.threaded_s < self.serial_s
@@ -66,18 +73,27 @@ class XGrammarMatcher(GrammarMatcher):
     def __init__(self, compiled: xgr.CompiledGrammar, never: frozenset[int] = frozenset()):
         self._m = xgr.GrammarMatcher(compiled)
         self._never = never
+        # An xgrammar matcher (terminate_without_stop_token off, its default) terminates only
+        # by accepting one of its stop tokens: after any other token the answer is known
+        # without asking it (a call a token saved, on the scheduler's critical path).
+        self._stops = frozenset(self._m.stop_token_ids)
+        self._may_be_terminated = False
 
     def accept_token(self, token: int) -> bool:
         if token in self._never:
             return False   # (xgrammar would print a warning for each; unmasked rows draw them)
-        return self._m.accept_token(token)
+        if not self._m.accept_token(token):
+            return False
+        self._may_be_terminated = token in self._stops
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._m.rollback(num_tokens)
+            self._may_be_terminated = True    # (unknown: ask the matcher)
 
     def is_terminated(self) -> bool:
-        return self._m.is_terminated()
+        return self._may_be_terminated and self._m.is_terminated()
 
     def find_jump_forward_string(self) -> str:
         return self._m.find_jump_forward_string()
@@ -145,7 +161,8 @@ class XGrammarBackend(GrammarBackend):
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:
-        threaded = self._threaded is not None and len(rows) > 1 and self._timer.pick_threaded()
+        threaded = (self._threaded is not None and len(rows) > 1
+                    and self._timer.pick_threaded(len(rows)))
         filler = self._threaded if threaded else self._serial
         start = time.perf_counter()
         filler.batch_fill_next_token_bitmask(
