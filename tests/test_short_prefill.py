@@ -36,6 +36,9 @@ def test_policy_takes_only_whole_short_plain_prompts():
     logprobs.return_logprob = True
     assert _riders([chunk, last_chunk, _req(10, max_new_tokens=0), logprobs],
                    [], None, 16) == []
+    constrained = _req(10)
+    constrained.grammar = object()                                   # rides, as jumps do
+    assert _riders([constrained], [], None, 16) == [0]
     # Rows: the running requests' next tokens plus the new ones must fit the largest graph.
     running = [_req(5) for _ in range(6)]
     for r in running:
@@ -96,3 +99,39 @@ def test_outputs_equal_the_extend_path(make_engine, monkeypatch, overlap, page_s
     # second pass's four, cached but for one token; the lone and the streamed request.
     assert rows_stats.short_prefills == 8, rows_stats
     assert rows_stats.cache_hit_rate == pytest.approx(base_stats.cache_hit_rate)
+
+
+GRAMMAR_PROMPTS = ["Pick a colour:", "A phone number:", "Describe a person as JSON:"]
+SCHEMA = ('{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, '
+          '"age": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["name", "age"]}')
+
+
+def _grammar_outputs(make_engine, monkeypatch, limit: int):
+    monkeypatch.setenv("RADIXLM_SHORT_PREFILL_TOKENS", str(limit))
+    engine = make_engine(max_total_tokens=4096, max_running_requests=8)
+    params = [{"max_new_tokens": 8, "temperature": 0, "regex": "(red|green|blue)!"},
+              # prose prompts under digits: the unmasked draws get rejected
+              {"max_new_tokens": 12, "temperature": 0.9, "sampling_seed": 5,
+               "regex": r"\d{3}-\d{4}"},
+              {"max_new_tokens": 24, "temperature": 0, "json_schema": SCHEMA}]
+    outs = engine.generate(GRAMMAR_PROMPTS, params)
+    again = engine.generate(GRAMMAR_PROMPTS, params)          # cached but for a token
+    stats = engine.get_stats()
+    engine.shutdown()
+    return outs + again, stats
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_constrained_prompts_ride_with_the_extend_paths_outputs(make_engine, monkeypatch,
+                                                                overlap):
+    """A constrained request's short prompt rides in the decode step; its first token is drawn
+    under the mask, and every output is the extend path's (jump-forward on)."""
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    base, base_stats = _grammar_outputs(make_engine, monkeypatch, 0)
+    rows, rows_stats = _grammar_outputs(make_engine, monkeypatch, 24)
+    for a, b in zip(base, rows):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["finish_reason"] == a["meta_info"]["finish_reason"]
+    assert base_stats.short_prefills == 0 and rows_stats.short_prefills == 6, rows_stats
+    assert rows[0]["text"] in ("red!", "green!", "blue!")

@@ -29,8 +29,9 @@ def decode_step_riders(added: list[Req], running: list[Req], max_rows: int | Non
     have their prompts computed as rows of the next decode step (Req.input_on_host, as after a
     jump-forward) rather than by the extend step: each computes its whole remaining prompt in
     at most `limit` tokens, and the step's rows fit the largest CUDA graph (`max_rows`).
-    Requests asking for logprobs, under a grammar or generating nothing go the extend way
-    (its paths for them are the tested ones), as does a chunked prompt's last chunk."""
+    Requests asking for logprobs or generating nothing go the extend way (its paths for them
+    are the tested ones), as does a chunked prompt's last chunk. A constrained request rides
+    as a jump-forward's forced tokens do (its first token under the mask: `ShortPrefills.take`)."""
     if limit <= 0:
         return []
     # The next decode step's rows: the running requests', one for each request the extend step
@@ -40,7 +41,7 @@ def decode_step_riders(added: list[Req], running: list[Req], max_rows: int | Non
     for req in added:
         n = req.extend_input_len
         if (n > limit or n != req.seq_len - req.prefix_len or req.req_pool_idx is not None
-                or req.max_new_tokens == 0 or req.return_logprob or req.grammar is not None
+                or req.max_new_tokens == 0 or req.return_logprob
                 or n * req.seq_len > SHORT_PREFILL_KV_READS
                 or (max_rows is not None and rows + n - 1 > max_rows)):
             continue
@@ -69,6 +70,10 @@ class ShortPrefills:
             added.remove(req)
             claim_pool_row(req, kv)
             req.input_on_host = True
+            if req.grammar is not None:
+                # Its first token is drawn under the mask, as the extend step would: a rejected
+                # unmasked draw there would be redone over KV the prefix cache already shares.
+                req.grammar_masked_steps = max(req.grammar_masked_steps, 1)
             running.append(req)
             if req not in self._uncached:      # (retracted before its step, then back)
                 self._uncached.append(req)
