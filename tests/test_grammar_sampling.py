@@ -13,7 +13,8 @@ import pytest
 from helpers import assert_pool_empty
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.grammar_sampling import (MAX_MASKED_STEPS, may_sample_unmasked,
-                                                on_masked_decode_sample, on_rejection)
+                                                on_masked_decode_sample, on_rejection,
+                                                redraw_from_alternatives)
 from radixlm.scheduler.request import Req
 
 SCHEMA = json.dumps({"type": "object",
@@ -99,6 +100,47 @@ def test_rejections_lengthen_the_masked_period():
     assert req.samples_unmasked and req.grammar_masked_steps == 0
 
 
+class _AllowOnly:
+    """A grammar that accepts the given tokens (and records what it accepted)."""
+    def __init__(self, allowed):
+        self.allowed, self.accepted = set(allowed), []
+
+    def accept_token(self, token):
+        if token in self.allowed:
+            self.accepted.append(token)
+            return True
+        return False
+
+
+NEG_INF = float("-inf")
+
+
+@pytest.mark.parametrize("allowed, ids, scores, want", [
+    # The first allowed candidate after the rejected one, with a strictly lower next score.
+    ({7}, [5, 7, 9, 11], [3.0, 2.0, 1.0, 0.5], 7),
+    ({9}, [5, 7, 9, 11], [3.0, 2.0, 1.0, 0.5], 9),
+    # The rejected token need not come first (a tie at the top).
+    ({5}, [7, 9, 5, 11], [3.0, 3.0, 1.0, 0.5], None),   # 7 and 9 tie: the device decides
+    ({5}, [9, 7, 5, 11], [3.0, 2.5, 1.0, 0.5], 5),      # 9 rejected, 7 refused, 5 settles it
+    # A tie with the next candidate: an equal token with a lower id could be the answer.
+    ({7, 9}, [5, 7, 9, 11], [3.0, 2.0, 2.0, 0.5], None),
+    # The last candidate cannot be settled (a token outside the list may tie with it).
+    ({11}, [5, 7, 9, 11], [3.0, 2.0, 1.0, 0.5], None),
+    # Banned tokens (-inf) are never taken.
+    ({7}, [5, 7, 9, 11], [3.0, NEG_INF, NEG_INF, NEG_INF], None),
+    ({12}, [5, 7, 9, 11], [3.0, 2.0, 1.0, 0.5], None),   # none allowed
+])
+def test_redraw_from_alternatives(allowed, ids, scores, want):
+    grammar = _AllowOnly(allowed)
+    logprobs = [-0.1 * (k + 1) for k in range(len(ids))]
+    rejected = 9 if ids[0] == 9 else 5
+    got = redraw_from_alternatives(grammar, rejected, ids, scores, logprobs)
+    if want is None:
+        assert got is None and grammar.accepted == []    # the grammar is left as it was
+    else:
+        assert got == (want, logprobs[ids.index(want)]) and grammar.accepted == [want]
+
+
 def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[int]], int, int]:
     """The first three CASES through a Scheduler in this process (plain loop, CPU): outputs,
     steps and rejections; `resample` False drops the saved-logits path (the recompute one)."""
@@ -143,3 +185,29 @@ def test_a_rejection_costs_no_step_in_the_plain_loop_with_saved_logits(monkeypat
     # In the plain loop a row drawn again from the saved logits costs no step (no later step
     # was launched with the rejected token); recomputing the last token's row costs one.
     assert saved_steps == masked_steps < recomputed_steps
+
+
+def test_greedy_rejections_are_redrawn_on_the_host(monkeypatch):
+    """Greedy rows redraw from the step's best tokens: masked sampling's outputs, and the
+    device redraw (MaskedResampler) runs only for rows those do not settle. Without the best
+    tokens (REDRAW_CANDIDATES 0) every rejection goes to the device."""
+    import radixlm.scheduler.grammar_sampling as gs
+    device_rows = []
+    real = gs.MaskedResampler.resample
+
+    def counting(self, step, rows, reqs):
+        device_rows.extend((r.rid, r.sampling_params.is_greedy) for r in reqs)
+        return real(self, step, rows, reqs)
+
+    monkeypatch.setattr(gs.MaskedResampler, "resample", counting)
+    masked, _, _ = _run_in_process(resample=True, optimistic=False)
+    host, _, host_rejections = _run_in_process(resample=True)
+    greedy_on_device_with_host = sum(greedy for _, greedy in device_rows)
+    device_rows.clear()
+    monkeypatch.setattr(gs, "REDRAW_CANDIDATES", 0)
+    device, _, device_rejections = _run_in_process(resample=True)
+    greedy_rejections = sum(greedy for _, greedy in device_rows)   # all went to the device
+    assert host == masked and device == masked
+    assert host_rejections == device_rejections > 0
+    assert greedy_rejections > 0
+    assert greedy_on_device_with_host < greedy_rejections   # some settled on the host

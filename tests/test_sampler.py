@@ -321,3 +321,22 @@ def test_cuda_matches_cpu():
     cpu = sample(logits, reqs)
     gpu = sample(logits.cuda(), reqs)
     assert torch.equal(cpu.next_token_ids, gpu.next_token_ids.cpu())
+
+
+def test_alternatives_are_the_best_adjusted_tokens_with_raw_logprobs():
+    """SampleOutput.alternatives: per row the k best tokens by the logits after adjustments
+    (what a greedy row takes the argmax of), best first, with log_softmax of the raw logits."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen)
+    reqs = [req(temperature=0.0), req(temperature=0.0, frequency_penalty=2.0, output=[7, 7]),
+            req(temperature=0.0, min_new_tokens=5, eos=(int(logits[2].argmax()),))]
+    info = SamplingBatchInfo.build(reqs, 50, CPU)
+    out = Sampler()(logits, info, alternatives=6)
+    ids, scores, logprobs = out.alternatives
+    adjusted = Sampler.process_logits(logits.float(), info)
+    want_scores, want_ids = torch.topk(adjusted, 6, dim=-1)
+    assert torch.equal(ids.long(), want_ids) and torch.equal(scores, want_scores)
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, want_ids))
+    assert torch.equal(ids[:, 0].long(), out.next_token_ids)   # the greedy rows' tokens lead
+    assert int(logits[2].argmax()) not in ids[2].long().tolist()   # banned by min_new_tokens
+    assert Sampler()(logits, info).alternatives is None

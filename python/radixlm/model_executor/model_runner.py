@@ -290,11 +290,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, req_pool_indices: torch.Tensor,
-               info: SamplingBatchInfo, top_logprobs_nums: list[int] | None = None
-               ) -> SampleOutput:
+               info: SamplingBatchInfo, top_logprobs_nums: list[int] | None = None,
+               alternatives: int = 0) -> SampleOutput:
         """Sample one token per row of `logits` and record it as the next input of the request
-        slot in the same row of `req_pool_indices`."""
-        out = self.sampler(logits, info, top_logprobs_nums)
+        slot in the same row of `req_pool_indices` (`alternatives`: see SampleOutput)."""
+        out = self.sampler(logits, info, top_logprobs_nums, alternatives)
         self.last_token_ids[req_pool_indices] = out.next_token_ids
         return out
 

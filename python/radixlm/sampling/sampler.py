@@ -37,6 +37,11 @@ class SampleOutput:
     # Per row (logprobs, token ids), sorted by logprob descending; empty lists for rows that did
     # not ask; None when no row asked.
     top_logprobs: list[tuple[list[float], list[int]]] | None = None
+    # [3, B, K] when asked (`alternatives`): per row the K best tokens by the score
+    # greedy rows take the argmax of (the logits after adjustments, before any grammar mask),
+    # best first, as [ids, scores, logprobs]; one tensor, so one host copy. What a grammar
+    # request that drew a rejected token without its mask redraws from (grammar_sampling.py).
+    alternatives: torch.Tensor | None = None
 
 
 class Sampler:
@@ -53,7 +58,8 @@ class Sampler:
         return self._token_keys[key]
 
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo,
-                 top_logprobs_nums: list[int] | None = None) -> SampleOutput:
+                 top_logprobs_nums: list[int] | None = None,
+                 alternatives: int = 0) -> SampleOutput:
         if logits.dim() != 2 or logits.shape[1] != info.vocab_size:
             raise ValueError(f"logits of shape {tuple(logits.shape)} do not match vocab size "
                              f"{info.vocab_size}")
@@ -68,7 +74,20 @@ class Sampler:
         lse = torch.logsumexp(raw, dim=-1)
         chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1) - lse
         top = self._top_logprobs(raw, lse, top_logprobs_nums)
-        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top)
+        alts = self._alternatives(raw, x, lse, alternatives) if alternatives > 0 else None
+        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top,
+                            alternatives=alts)
+
+    @staticmethod
+    def _alternatives(raw: torch.Tensor, x: torch.Tensor, lse: torch.Tensor,
+                      k: int) -> torch.Tensor:
+        """[3, B, k]: the k best tokens of each row by x, as [ids, x, logprobs], in float32
+        (exact for ids below 2**24; float64 for a larger vocabulary). Few ops: each is a
+        kernel launch on the host's critical path."""
+        scores, ids = torch.topk(x, min(k, x.shape[1]), dim=-1)   # sorted, best first
+        logprobs = raw.gather(1, ids) - lse.unsqueeze(1)
+        dtype = torch.float32 if x.shape[1] <= 1 << 24 else torch.float64
+        return torch.stack([ids.to(dtype), scores.to(dtype), logprobs.to(dtype)])
 
     @staticmethod
     def process_logits(raw: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

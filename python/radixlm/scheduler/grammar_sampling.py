@@ -17,7 +17,10 @@ masked sampling, one for one, logprobs included (they are log_softmax of the raw
 way). A filter's cut-off depends on which tokens remain after the mask, so rows with one always
 sample masked (`may_sample_unmasked`).
 
-A rejection costs the request one step. The step keeps a copy of its unmasked rows' logits
+A rejection costs the request one step. A greedy row is redrawn on the host from the step's
+best REDRAW_CANDIDATES tokens (`redraw_from_alternatives`): the first the grammar allows is masked
+sampling's argmax, when its score is strictly above the next one's (a tie goes to the device,
+which picks the lowest id). Otherwise the step keeps a copy of its unmasked rows' logits
 (`save_unmasked_logits`), and the rejected row is sampled again from them under the mask
 (`MaskedResampler`), on a side stream, as the next step's forward runs on the main one. Under the
 overlap scheduler that next step was launched with the rejected token, so its row for the request
@@ -38,12 +41,16 @@ from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
-    from radixlm.constrained.base import GrammarBackend
+    from radixlm.constrained.base import GrammarBackend, GrammarMatcher
     from radixlm.sampling.sampler import Sampler
     from radixlm.scheduler.launched_step import LaunchedStep
     from radixlm.scheduler.step_sampling import StepSampling
 
 MAX_MASKED_STEPS = 64
+# Best tokens a step reports for its unmasked greedy rows, for redrawing a rejected one on the
+# host: a device redraw makes the host wait for a side stream (~0.5 ms a step at batch 64 on the
+# bundled model), a walk over these a few accept calls.
+REDRAW_CANDIDATES = 16
 # The saved logits of one step are at most this large (float32 rows of the vocabulary: 64 MiB is
 # 128 rows of a 128k vocabulary); rows beyond it, if rejected, recompute their last token's row
 # instead (a step more). Under overlap two steps' copies are alive at once.
@@ -82,6 +89,35 @@ def split_rows(reqs: list[Req], live: list[bool]) -> tuple[list[bool], list[bool
         if m and r.grammar is not None:
             on_masked_decode_sample(r)
     return unmasked, masked
+
+
+def alternatives_wanted(reqs: list[Req], unmasked: list[bool]) -> int:
+    """How many best tokens a step's sampling should report (SampleOutput.alternatives):
+    REDRAW_CANDIDATES if it has a greedy row sampling without its mask, else 0."""
+    if REDRAW_CANDIDATES and any(u and r.sampling_params.is_greedy
+                                 for u, r in zip(unmasked, reqs)):
+        return REDRAW_CANDIDATES
+    return 0
+
+
+def redraw_from_alternatives(grammar: "GrammarMatcher", rejected: int, ids: list[int],
+                             scores: list[float],
+                             logprobs: list[float]) -> tuple[int, float] | None:
+    """A greedy row's masked-sampling token, from its step's best tokens (best first), when
+    they settle it: the first one the grammar accepts, if its score is strictly above the next
+    one's (else a token outside the list, or an equal one with a lower id, could be the
+    answer). The grammar has then accepted it. None (the grammar untouched) when the list does
+    not settle it."""
+    for k in range(len(ids) - 1):
+        if scores[k] == float("-inf"):
+            return None
+        if ids[k] == rejected:
+            continue
+        if scores[k + 1] == scores[k]:
+            return None
+        if grammar.accept_token(ids[k]):
+            return ids[k], logprobs[k]
+    return None
 
 
 def save_unmasked_logits(step: "LaunchedStep", logits: torch.Tensor, rows: list[int]) -> None:

@@ -66,6 +66,7 @@ class LaunchedStep:
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
     _copied: torch.cuda.Event | None = None
+    _alternatives_host: torch.Tensor | None = None    # SampleOutput.alternatives, on the host
 
     def is_stale(self, row: int) -> bool:
         return self.batch.reqs[row].kv_epoch != self.epochs[row]
@@ -73,8 +74,10 @@ class LaunchedStep:
     def attach_samples(self, sampled: SampleOutput) -> None:
         """Record the sampler's output and queue its copy to the host."""
         self.sampled = sampled
-        (self._ids_host, self._logprobs_host), self._copied = to_host_async(
-            sampled.next_token_ids, sampled.next_token_logprobs)
+        extra = [] if sampled.alternatives is None else [sampled.alternatives]
+        (self._ids_host, self._logprobs_host, *alts), self._copied = to_host_async(
+            sampled.next_token_ids, sampled.next_token_logprobs, *extra)
+        self._alternatives_host = alts[0] if alts else None
 
     def attach_verify(self, targets: SampleOutput) -> None:
         """Queue the host copy of every row's target token and logprob (what drafts are
@@ -92,6 +95,14 @@ class LaunchedStep:
         tops = self._verify_top[first:first + n] if self._verify_top is not None else []
         return RowTokens(self._verify_host[first:first + n].tolist(),
                          self._verify_logprobs_host[first:first + n].tolist(), tops)
+
+    def alternatives(self, j: int) -> tuple[list[int], list[float], list[float]] | None:
+        """Sampled row j's best tokens (ids, scores, logprobs; SampleOutput.alternatives), if
+        the step asked for them; call after wait()."""
+        if self._alternatives_host is None:
+            return None
+        ids, scores, logprobs = self._alternatives_host[:, j].tolist()
+        return [int(t) for t in ids], scores, logprobs
 
     def wait(self) -> list[RowTokens]:
         """The tokens of each sampled row, in sample_rows order (blocks until the copy is

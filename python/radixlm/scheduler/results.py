@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from radixlm.constrained.jump_forward import plan_jump
 from radixlm.managers.detokenizer import StopStringChecker
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, FinishReason, ReqOutput
-from radixlm.scheduler.grammar_sampling import on_rejection
+from radixlm.scheduler.grammar_sampling import on_rejection, redraw_from_alternatives
 from radixlm.scheduler.launched_step import RowTokens
 from radixlm.scheduler.request import Req
 
@@ -23,6 +23,15 @@ if TYPE_CHECKING:
     from radixlm.scheduler.grammar_sampling import MaskedResampler
     from radixlm.scheduler.launched_step import LaunchedStep
     from radixlm.scheduler.speculation import Speculator
+
+
+@dataclass
+class Redrawn:
+    """The token a rejected unmasked row gets instead: masked sampling's, with its logprob;
+    `accepted`: the grammar has already accepted it."""
+    token: int
+    logprob: float
+    accepted: bool = False
 
 
 @dataclass
@@ -61,7 +70,7 @@ class ResultProcessor:
         result = StepResult()
         released_tails: list[tuple[int, int, int]] = []   # KV the step's jumps gave back
         outputs: list[ReqOutput] = []
-        redrawn = self._check_unmasked(step, rows, row_of) if step.unmasked else {}
+        redrawn = self._check_unmasked(step, rows) if step.unmasked else {}
         for i, req in enumerate(batch.reqs):
             if step.is_stale(i):
                 continue  # jumped (or retracted) while this step ran: the row is moot
@@ -252,29 +261,44 @@ class ResultProcessor:
             return FinishReason("stop", matched=token)
         return None
 
-    def _check_unmasked(self, step: "LaunchedStep", rows: list["RowTokens"],
-                        row_of: dict[int, int]) -> dict[int, tuple[int, float] | None]:
+    def _check_unmasked(self, step: "LaunchedStep", rows: list["RowTokens"]
+                        ) -> dict[int, "Redrawn | None"]:
         """Let each grammar accept the token its row drew without the mask; draw the rejected
-        rows again under their masks, all in one batch (grammar_sampling.MaskedResampler).
-        Returns {sampled row: (token, logprob), or None where no logits were kept}."""
+        rows again under their masks: greedy ones from the step's best tokens where those
+        settle it, the others all in one batch (grammar_sampling.MaskedResampler).
+        Returns {sampled row: its redrawn token, or None where no logits were kept}."""
+        reqs, unmasked, verify = step.batch.reqs, step.unmasked, step.batch.verify_rows
         rejected: list[tuple[int, Req]] = []
-        for i, req in enumerate(step.batch.reqs):
-            j = row_of.get(i)
-            if (j is None or not step.unmasked[j] or step.is_stale(i) or req.finished
-                    or i in step.batch.verify_rows):
+        for j, i in enumerate(step.sample_rows):
+            if not unmasked[j] or i in verify:
+                continue
+            req = reqs[i]
+            if req.finished or step.is_stale(i):
                 continue
             if not req.grammar.accept_token(rows[j].token_ids[0]):
                 rejected.append((j, req))
         if not rejected:
             return {}
-        for _, req in rejected:
+        redrawn: dict[int, Redrawn | None] = {}
+        on_device: list[tuple[int, Req]] = []
+        for j, req in rejected:
             on_rejection(req)             # its next rows sample masked
-        drawn = (self.resampler.resample(step, [j for j, _ in rejected],
-                                         [r for _, r in rejected])
-                 if self.resampler else [None] * len(rejected))
-        return {j: drawn[k] for k, (j, _) in enumerate(rejected)}
+            alts = step.alternatives(j) if req.sampling_params.is_greedy else None
+            got = (redraw_from_alternatives(req.grammar, rows[j].token_ids[0], *alts)
+                   if alts is not None else None)
+            if got is not None:
+                redrawn[j] = Redrawn(got[0], got[1], accepted=True)
+            else:
+                on_device.append((j, req))
+        if on_device:
+            drawn = (self.resampler.resample(step, [j for j, _ in on_device],
+                                             [r for _, r in on_device])
+                     if self.resampler else [None] * len(on_device))
+            for (j, _), d in zip(on_device, drawn):
+                redrawn[j] = Redrawn(d[0], d[1]) if d is not None else None
+        return redrawn
 
-    def _adopt_redrawn(self, req: Req, drawn: tuple[int, float] | None, rejected: "RowTokens",
+    def _adopt_redrawn(self, req: Req, drawn: "Redrawn | None", rejected: "RowTokens",
                        released_tails: list[tuple[int, int, int]]) -> "RowTokens | None":
         """Replace a rejected token by the one drawn under the mask at the same position.
 
@@ -288,9 +312,10 @@ class ResultProcessor:
             assert req.seq_len - 1 >= req.prefix_len, (req.seq_len, req.prefix_len)
             self._keep_kv(req, req.seq_len - 1, released_tails)
             return None
-        token, logprob = drawn
+        token, logprob = drawn.token, drawn.logprob
         self._keep_kv(req, req.seq_len, released_tails)  # up to the last accepted token
-        if not req.grammar.accept_token(token):   # the mask allows nothing (cannot happen)
+        if not drawn.accepted and not req.grammar.accept_token(token):
+            # The mask allows nothing (cannot happen).
             self.finish(req, FinishReason("abort", message="the grammar allows no token"),
                         send=False)
             return None

@@ -40,8 +40,9 @@ from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.short_prefill import SHORT_PREFILL_TOKENS, ShortPrefills
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
-from radixlm.scheduler.grammar_sampling import (MaskedResampler, may_sample_unmasked,
-                                                save_unmasked_logits, split_rows)
+from radixlm.scheduler.grammar_sampling import (MaskedResampler, alternatives_wanted,
+                                                may_sample_unmasked, save_unmasked_logits,
+                                                split_rows)
 from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
@@ -474,7 +475,9 @@ class Scheduler:
             if keep:
                 save_unmasked_logits(step, logits, keep)
         tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-        step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None))
+        alternatives = alternatives_wanted(reqs, step.unmasked) if step.unmasked else 0
+        step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None,
+                                          alternatives))
         for r, alive in zip(reqs, live):
             if alive:
                 r.num_pending += 1
