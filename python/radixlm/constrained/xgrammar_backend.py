@@ -75,7 +75,9 @@ class XGrammarMatcher(GrammarMatcher):
         self._never = never
         # An xgrammar matcher (terminate_without_stop_token off, its default) terminates only
         # by accepting one of its stop tokens: after any other token the answer is known
-        # without asking it (a call a token saved, on the scheduler's critical path).
+        # without asking it (a call a token saved, on the scheduler's critical path). Every
+        # change of the matcher's state must go through this class's methods and keep
+        # `_may_be_terminated` right (rollback sets it: "ask").
         self._stops = frozenset(self._m.stop_token_ids)
         self._may_be_terminated = False
 

@@ -37,10 +37,11 @@ class SampleOutput:
     # Per row (logprobs, token ids), sorted by logprob descending; empty lists for rows that did
     # not ask; None when no row asked.
     top_logprobs: list[tuple[list[float], list[int]]] | None = None
-    # [3, B, K] when asked (`alternatives`): per row the K best tokens by the score
-    # greedy rows take the argmax of (the logits after adjustments, before any grammar mask),
-    # best first, as [ids, scores, logprobs]; one tensor, so one host copy. What a grammar
-    # request that drew a rejected token without its mask redraws from (grammar_sampling.py).
+    # [3, B, K] when asked (`alternatives`): per row the K best tokens by the score greedy
+    # rows take the argmax of (the logits after adjustments, and after the grammar mask for
+    # masked rows), best first, as [ids, scores, logprobs]; one tensor, so one host copy. What
+    # a greedy grammar row drawn without its mask and rejected is redrawn from (only such rows
+    # read it: grammar_sampling.py).
     alternatives: torch.Tensor | None = None
 
 

@@ -133,8 +133,8 @@ class Scheduler:
         on the device (ModelRunner.last_token_ids), and stop conditions found while processing
         N end their requests one step late (the token N+1 computed for them is dropped).
 
-        Deferred sampling (overlap, a decode batch whose sampling reads the outputs: grammars,
-        penalties, min_new_tokens): N+1's forward is launched first, then N is processed, then
+        Deferred sampling (overlap, a decode batch whose sampling reads the outputs: rows under
+        a grammar mask, penalties): N+1's forward is launched first, then N is processed, then
         N+1's grammar masks and penalties are built from N's tokens and N+1 is sampled. The
         host's mask filling runs while the GPU runs N+1's forward.
         """
