@@ -267,10 +267,10 @@ class ResultProcessor:
         rows again under their masks: greedy ones from the step's best tokens where those
         settle it, the others all in one batch (grammar_sampling.MaskedResampler).
         Returns {sampled row: its redrawn token, or None where no logits were kept}."""
-        reqs, unmasked, verify = step.batch.reqs, step.unmasked, step.batch.verify_rows
+        reqs, unmasked = step.batch.reqs, step.unmasked
         rejected: list[tuple[int, Req]] = []
-        for j, i in enumerate(step.sample_rows):
-            if not unmasked[j] or i in verify:
+        for j, i in enumerate(step.sample_rows):   # (a decode step's: no verify rows)
+            if not unmasked[j]:
                 continue
             req = reqs[i]
             if req.finished or step.is_stale(i):
