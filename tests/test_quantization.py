@@ -345,6 +345,40 @@ def _interpreter_cases():
         if tiles.block_k <= 32:     # inside one 32-wide scale block
             yield f"fp8 {tiles}", lambda t=tiles: _fp8_case(3, 40, 200, (16, 32),
                                                             torch.float32, "cpu", t)
+    yield from _gemv_interpreter_cases()
+
+
+def _gemv_interpreter_cases():
+    """The one-row FP8 kernel (fp8_gemv.py): K tails, N tails, bias, two rows, block scales
+    applied to x and to each product."""
+    from radixlm.layers.quantization.fp8_gemv import Fp8GemvTiles
+    for m, n, k, block, tiles in [(1, 40, 256, None, Fp8GemvTiles(4, 64, 2)),
+                                  (2, 37, 200, None, Fp8GemvTiles(8, 32, 4)),
+                                  (1, 48, 96, (16, 32), Fp8GemvTiles(4, 32, 2)),
+                                  (2, 50, 100, (16, 32), Fp8GemvTiles(16, 16, 4)),
+                                  # rows of two scale blocks in one tile: scaled per weight
+                                  (1, 70, 96, (16, 32), Fp8GemvTiles(32, 32, 2))]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"fp8 gemv M={m} N={n} K={k} block={block} {dtype}", (
+                lambda a=(m, n, k, block, dtype, tiles): _fp8_gemv_case(*a, "cpu"))
+
+
+def _fp8_gemv_case(m, n, k, block, dtype, tiles, device):
+    from radixlm.layers.quantization.fp8_kernels import quantize_fp8_per_channel
+    from radixlm.layers.quantization.fp8_gemv import fp8_gemv
+    torch.manual_seed(m * 3 + n)
+    q, scale = quantize_fp8_per_channel(torch.randn(n, k, device=device) / k ** 0.5)
+    if block:
+        scale = torch.rand(-(-n // block[0]), -(-k // block[1]), device=device) / 100 + 1e-3
+    x = torch.randn(m, k, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype)
+    want = x.float() @ dequantize_fp8(q, scale, block, torch.float32).t() + bias.float()
+    got = fp8_gemv(x, q, scale, block, bias, tiles).float()
+    # bf16 / fp16 outputs: one rounding of the largest value, at most 2^-8 of it.
+    tol = 1e-4 * k ** 0.5 if dtype == torch.float32 else 8e-3 * want.abs().max().item()
+    err = (got - want).abs().max().item()
+    assert err <= tol, (err, tol)
+    return err
 
 
 def test_interpreter_small_cases():
@@ -359,6 +393,14 @@ def test_gpu_kernels_match_references(m, n, k):
     _w4_case(m, n, k, 64, torch.bfloat16, "cuda")     # small groups
     _fp8_case(m, n, k, None, torch.bfloat16, "cuda")
     _fp8_case(m, n, k, (128, 128), torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (1000, 1000)])
+def test_gpu_one_row_fp8_kernel_matches_references(m, n, k):
+    for block in (None, (128, 128)):
+        _fp8_gemv_case(m, n, k, block, torch.bfloat16, None, "cuda")
 
 
 @pytest.mark.gpu

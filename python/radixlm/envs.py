@@ -47,6 +47,13 @@ def disable_gemv() -> bool:
     return _flag("RADIXLM_DISABLE_GEMV")
 
 
+def disable_quant_gemv() -> bool:
+    """RADIXLM_DISABLE_QUANT_GEMV=1: FP8 layers multiply one row with the earlier small-M
+    kernel instead of the one-row kernel (layers/quantization/fp8_gemv.py; A/B checks). Read
+    at each call; decode CUDA graphs keep the path active when they were captured."""
+    return _flag("RADIXLM_DISABLE_QUANT_GEMV")
+
+
 def overlap_on_cpu() -> bool:
     """RADIXLM_OVERLAP_ON_CPU=1: use the overlap scheduler on the CPU too (it is for GPUs, where
     it hides the host's work; the CPU test suite uses this to check it gives the same outputs)."""

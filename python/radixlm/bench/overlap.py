@@ -130,6 +130,7 @@ def run(ns: argparse.Namespace) -> dict:
                       tokenizer_path=ns.model_path, disable_cuda_graph=ns.disable_cuda_graph,
                       enable_torch_compile=ns.enable_torch_compile,
                       torch_compile_max_bs=ns.torch_compile_max_bs,
+                      quantization=ns.quantization, kv_cache_dtype=ns.kv_cache_dtype,
                       max_running_requests=ns.batch_size,
                       max_total_tokens=ns.batch_size * (ns.input_len + ns.steps
                                                         + ns.profile_steps + 16) + 256)
@@ -158,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--enable-torch-compile", action="store_true")
     p.add_argument("--torch-compile-max-bs", type=int, default=64)
+    p.add_argument("--quantization", default=None, help="as the server's flag (fp8, w4a16, ...)")
+    p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100)

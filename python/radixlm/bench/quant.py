@@ -7,6 +7,9 @@ Parts, each a same-run comparison:
             FP8 tensor-core GEMMs / dequantize + cuBLAS), with the weight bytes each reads per
             microsecond; torch's own small-M int4 kernel as a second reference.
   sweep     tiles of the two weight-only kernels at small M (the table in fp8_kernels.py).
+  gemv      batch-1 layers, L2 cache overflowed: bf16 vs FP8 (channel and block scales; the
+            earlier small-M kernel and the one-row kernel) vs 4-bit (bench/quant_gemv.py);
+  gemv-sweep  the same, plus a grid of one-row tiles.
   model     a model config with random weights through the model runner, once per
             quantization (bf16, fp8, w4a16): prefill and decode step times, the batch-1 step
             against its roofline (bytes of the weights and KV it reads / copy bandwidth).
@@ -175,11 +178,13 @@ def model_part(args) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="radixlm bench quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="kernel", help="kernel, sweep, model, accuracy")
+    p.add_argument("--parts", default="kernel",
+                   help="kernel, sweep, gemv, gemv-sweep, model, accuracy")
     p.add_argument("--ms", default="1,2,4,8,16,32,64,128,512,4096",
                    help="kernel part: rows M")
     p.add_argument("--sweep-ms", default="1,16,32,64")
     p.add_argument("--sweep-kinds", default=",".join(QUANTS))
+    p.add_argument("--gemv-ms", default="1,2", help="gemv part: rows M (sweeps at M = 1)")
     p.add_argument("--model-path", default=None,
                    help="model part: a config dir (random weights); accuracy: a checkpoint "
                         "(default: the bundled model)")
@@ -194,11 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
-    unknown = set(parts) - {"kernel", "sweep", "model", "accuracy"}
+    unknown = set(parts) - {"kernel", "sweep", "gemv", "gemv-sweep", "model", "accuracy"}
     if unknown:
         p.error(f"--parts: unknown {sorted(unknown)}")
     if set(parts) - {"accuracy"} and not torch.cuda.is_available():
-        p.error("the kernel, sweep and model parts need a CUDA GPU")
+        p.error("the kernel, sweep, gemv and model parts need a CUDA GPU")
     bad_quants = set(args.quants.split(",")) - set(QUANTS)
     if bad_quants:
         p.error(f"--quants: unknown {sorted(bad_quants)}; choose from {list(QUANTS)}")
@@ -211,6 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "sweep" in parts:
         result["sweep"] = sweep_part([int(m) for m in args.sweep_ms.split(",")],
                                      args.sweep_kinds.split(","))
+    if "gemv" in parts or "gemv-sweep" in parts:
+        from radixlm.bench.quant_gemv import gemv_part
+        result["gemv"] = gemv_part("gemv-sweep" in parts,
+                                   [int(m) for m in args.gemv_ms.split(",")])
     if "model" in parts:
         result["model"] = model_part(args)
     if "accuracy" in parts:

@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm import envs
 from radixlm.layers.linear import WeightLoader, _param, register_bias
 from radixlm.layers.quantization.fp8_kernels import (FP8_DTYPE, dequantize_fp8,
                                                      fp8_weight_gemm, quantize_fp8_per_channel,
                                                      scaled_mm_per_token)
 from radixlm.layers.quantization.method import QuantizedLinearMethod
+from radixlm.layers.quantization.fp8_gemv import GEMV_MAX_M, fp8_gemv
 
 # Rows up to which the weight-only kernel beats FP8 tensor-core GEMMs (bench quant, H200).
 FP8_WEIGHT_ONLY_MAX_M = 16
@@ -93,6 +95,8 @@ class Fp8LinearMethod(QuantizedLinearMethod):
         if x.device.type != "cuda":
             # No FP8 kernels on the CPU: widen the FP8 weight for this product only.
             return F.linear(x, dequantize_fp8(w, scale, block, x.dtype), bias)
+        if x.shape[0] <= GEMV_MAX_M and not envs.disable_quant_gemv():
+            return fp8_gemv(x, w, scale, block, bias)
         if x.shape[0] > FP8_WEIGHT_ONLY_MAX_M and layer.fp8_scaled_mm_ok:
             return scaled_mm_per_token(x, w, scale, bias)
         y = fp8_weight_gemm(x, w, scale, block)
