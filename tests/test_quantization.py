@@ -361,6 +361,14 @@ def _gemv_interpreter_cases():
         for dtype in (torch.float32, torch.float16):
             yield f"fp8 gemv M={m} N={n} K={k} block={block} {dtype}", (
                 lambda a=(m, n, k, block, dtype, tiles): _fp8_gemv_case(*a, "cpu"))
+    from radixlm.layers.quantization.int4_gemv import W4GemvTiles
+    for n, k, group, tiles in [(64, 256, 128, W4GemvTiles(16, 1)),
+                               (48, 576, 64, W4GemvTiles(32, 4)),
+                               (40, 264, 32, W4GemvTiles(16, 3)),     # a partial last group
+                               (100, 512, 64, None)]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"w4 gemv N={n} K={k} g={group} {tiles} {dtype}", (
+                lambda a=(n, k, group, dtype, tiles): _w4_gemv_case(*a, "cpu"))
 
 
 def _fp8_gemv_case(m, n, k, block, dtype, tiles, device):
@@ -381,6 +389,30 @@ def _fp8_gemv_case(m, n, k, block, dtype, tiles, device):
     return err
 
 
+def _w4_gemv_case(n, k, group, dtype, tiles, device):
+    """Three calls on one scratch (the split programs' sums must be left zero for the next),
+    with a bias."""
+    from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv
+    from radixlm.layers.quantization.int4_kernels import quantize_int4_rtn, w4_dequantize_torch
+    torch.manual_seed(n * 11 + k)
+    qw, s, z = quantize_int4_rtn(torch.randn(n, k, device=device), group)
+    ref = w4_dequantize_torch(qw, s, z, group, k, torch.float32)
+    scratch = W4GemvScratch.for_layer(n, torch.device(device))
+    worst = 0.0
+    for _ in range(3):
+        x = torch.randn(1, k, device=device).to(dtype)
+        bias = torch.randn(n, device=device).to(dtype)
+        want = x.float() @ ref + bias.float()
+        got = w4_gemv(x, qw, s, z, group, scratch, bias, tiles).float()
+        tol = 1e-5 * want.abs().max().item() * k ** 0.5 if dtype == torch.float32 \
+            else 8e-3 * want.abs().max().item()
+        err = (got - want).abs().max().item()
+        assert err <= tol, (err, tol)
+        assert not scratch.partials.any() and not scratch.counters.any()
+        worst = max(worst, err)
+    return worst
+
+
 def test_interpreter_small_cases():
     run_cpu_interpreter_cases(__file__)
 
@@ -398,9 +430,13 @@ def test_gpu_kernels_match_references(m, n, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (1000, 1000)])
-def test_gpu_one_row_fp8_kernel_matches_references(m, n, k):
+def test_gpu_one_row_kernels_match_references(m, n, k):
     for block in (None, (128, 128)):
         _fp8_gemv_case(m, n, k, block, torch.bfloat16, None, "cuda")
+    if m == 1:
+        _w4_gemv_case(n, k if k % 8 == 0 else 1000, 128 if k % 128 == 0 else 8,
+                      torch.bfloat16, None, "cuda")
+        _w4_gemv_case(n, k, 64 if k % 64 == 0 else 8, torch.bfloat16, None, "cuda")
 
 
 @pytest.mark.gpu

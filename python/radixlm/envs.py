@@ -48,9 +48,10 @@ def disable_gemv() -> bool:
 
 
 def disable_quant_gemv() -> bool:
-    """RADIXLM_DISABLE_QUANT_GEMV=1: FP8 layers multiply one row with the earlier small-M
-    kernel instead of the one-row kernel (layers/quantization/fp8_gemv.py; A/B checks). Read
-    at each call; decode CUDA graphs keep the path active when they were captured."""
+    """RADIXLM_DISABLE_QUANT_GEMV=1: FP8 and 4-bit layers multiply one row with the earlier
+    small-M kernels instead of the one-row kernels (layers/quantization/fp8_gemv.py,
+    int4_gemv.py; A/B checks). Read at each call; decode CUDA graphs keep the path active when
+    they were captured."""
     return _flag("RADIXLM_DISABLE_QUANT_GEMV")
 
 

@@ -2,14 +2,13 @@
 
 For one row of x, each Llama-3.1-8B layer shape (qkv, o, gate_up, down) as bf16 (the engine's
 path: the bf16 GEMV where it takes the shape, else F.linear), as FP8 (channel scales and
-128 x 128 block scales) through the earlier small-M kernel (`_old`, fp8_kernels.py) and the
-one-row kernel (`_new`, fp8_gemv.py), and as 4-bit (group 128, int4_kernels.py). As in
-`bench gemv`,
-every call of a timed CUDA graph reads another copy of the weight, so that the copies together
-overflow the L2 cache: a decode step reads each weight once. Reported: microseconds, speed-up
-over bf16, and the bytes each reads (weight, scales, zero points) per microsecond against the
-copy bandwidth measured in the same run. `gemv-sweep` also times a grid of one-row tiles and
-reports the fastest three (how the defaults in fp8_gemv.py were chosen).
+128 x 128 block scales; `_old` fp8_kernels.py's small-M kernel, `_new` fp8_gemv.py) and as
+4-bit (group 128; `_old` int4_kernels.py's small-M kernel, `_new` int4_gemv.py). As in
+`bench gemv`, every call of a timed CUDA graph reads another copy of the weight, so that the
+copies together overflow the L2 cache: a decode step reads each weight once. Reported:
+microseconds, speed-up over bf16, and the bytes each reads (weight, scales, zero points) per
+microsecond against the copy bandwidth measured in the same run. `gemv-sweep` also times a
+grid of one-row tiles and reports the fastest three (how the defaults were chosen).
 """
 
 from __future__ import annotations
@@ -36,6 +35,13 @@ def _fp8_grid(block: tuple[int, int] | None) -> list:
             for w in (4, 8)]
 
 
+def _w4_grid(n: int, k: int) -> list:
+    from radixlm.layers.quantization.int4_gemv import W4GemvTiles
+    groups = -(-k // GROUP)
+    return [W4GemvTiles(bn, max(1, min(groups, programs // -(-n // bn))), w)
+            for bn in (256, 512, 1024) for programs in (264, 528, 1056, 2112) for w in (4, 8)]
+
+
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -58,6 +64,7 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     from radixlm.layers.quantization.int4_kernels import (quantize_int4_rtn, w4_dequantize_torch,
                                                           w4a16_gemm)
     from radixlm.layers.quantization.fp8_gemv import fp8_gemv
+    from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
     w_full = torch.randn(n, k, device="cuda", generator=gen).mul_(k ** -0.5)
@@ -105,8 +112,16 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     ref = x.float() @ w4_dequantize_torch(qw, s4, z4, GROUP, k, torch.float32)
     nbytes = _nbytes((qw, s4, z4))
     copies = _copies(lambda: (qw.clone(), s4.clone(), z4.clone()), nbytes)
-    report("w4", _timed(lambda c: w4a16_gemm(x, c[0], c[1], c[2], GROUP), copies), nbytes,
+    report("w4_old", _timed(lambda c: w4a16_gemm(x, c[0], c[1], c[2], GROUP), copies), nbytes,
            ref, w4a16_gemm(x, qw, s4, z4, GROUP))
+    if m == 1:
+        scratch = W4GemvScratch.for_layer(n, x.device)
+        report("w4_new", _timed(lambda c: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch),
+                                copies), nbytes, ref, w4_gemv(x, qw, s4, z4, GROUP, scratch))
+        if sweep:
+            row["w4_sweep"] = _sweep(
+                lambda c, t: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch, None, t), copies,
+                _w4_grid(n, k), nbytes, bandwidth, f"{name} w4")
     del copies
     torch.cuda.empty_cache()
     return row

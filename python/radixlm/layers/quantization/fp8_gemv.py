@@ -13,9 +13,8 @@ Channel scales are applied once to the sums; block scales (DeepSeek-V3-style, on
 block of K) to x's chunks, a chunk lying inside one scale block, where the tile's rows share a
 scale row (else to each product).
 
-A 4-bit version (nibbles read as floats by OR-ing in an exponent, the zero point applied per
-group) was written and measured 2x slower than int4_kernels.py's small-M kernel; 4-bit layers
-keep that one.
+4-bit weights have their own one-row kernel (int4_gemv.py): at a quarter of the bf16 bytes,
+they need K split across programs as well.
 """
 
 from __future__ import annotations

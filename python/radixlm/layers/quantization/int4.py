@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm import envs
 from radixlm.layers.linear import WeightLoader, _param, register_bias
+from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv, w4_gemv_supports
 from radixlm.layers.quantization.int4_kernels import (PACK, pack_int4_rows, quantize_int4_rtn,
                                                       unpack_int4_rows, w4_dequantize,
                                                       w4_dequantize_torch, w4a16_gemm)
@@ -96,6 +98,10 @@ class Int4LinearMethod(QuantizedLinearMethod):
         layer.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)
         layer.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
         layer.zeros = nn.Parameter(zeros.contiguous(), requires_grad=False)
+        # The one-row kernel's split sums and counters (int4_gemv.py); on the CPU made by the
+        # first CUDA call, if one comes.
+        layer.w4_gemv_scratch = (W4GemvScratch.for_layer(qweight.shape[1], qweight.device)
+                                 if qweight.is_cuda else None)
 
     @staticmethod
     def _check_g_idx(layer: nn.Module) -> None:
@@ -119,6 +125,12 @@ class Int4LinearMethod(QuantizedLinearMethod):
         if x.device.type != "cuda":
             # No 4-bit kernels on the CPU: widen the weight for this product only.
             return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+        if x.shape[0] == 1 and w4_gemv_supports(g) and not envs.disable_quant_gemv():
+            if layer.w4_gemv_scratch is None:      # weights loaded on the CPU, then moved
+                layer.w4_gemv_scratch = W4GemvScratch.for_layer(layer.qweight.shape[1],
+                                                                x.device)
+            return w4_gemv(x, layer.qweight, layer.scales, layer.zeros, g,
+                           layer.w4_gemv_scratch, bias)
         if x.shape[0] > W4_KERNEL_MAX_M:
             w = w4_dequantize(layer.qweight, layer.scales, layer.zeros, g, k, x.dtype)
             y = torch.matmul(x, w)
