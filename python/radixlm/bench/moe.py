@@ -235,10 +235,9 @@ def active_bytes_per_step(runner, batch_size: int, context: int) -> int:
             moe_layers += 1
             expert_bytes = sum(p[0].numel() * p.element_size()
                                for p in (m.w13_weight, m.w2_weight))
-    all_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
-    dense = all_bytes - moe_layers * mc.num_experts * expert_bytes
+    from radixlm.bench.one_batch import decode_weight_bytes
     # The LM head is read once; the embedding table only at the looked-up rows.
-    dense -= mc.vocab_size * mc.hidden_size * runner.dtype.itemsize
+    dense = decode_weight_bytes(runner.model) - moe_layers * mc.num_experts * expert_bytes
     e, k = mc.num_experts, mc.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch_size) if e else 0
     kv = batch_size * context * runner.kv_spec.bytes_per_token(runner.kv_dtype)

@@ -67,7 +67,7 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
         sched.step()
     sync_device(dev)
     seconds = time.perf_counter() - t
-    idle = None
+    idle, kernels = None, None
     if dev.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -75,13 +75,31 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
                 sched.step()
             sync_device(dev)
         idle = gpu_idle_fraction(prof)
+        if ns.kernel_table:
+            kernels = kernel_table(prof, ns.profile_steps, ns.kernel_table)
     while sched.has_work:
         sched.step()
     return {"decode_steps": ns.steps, "seconds": seconds,
             "step_ms": seconds / ns.steps * 1e3,
             "decode_tok_s": ns.batch_size * ns.steps / seconds,
             "gpu_idle_fraction": idle, "overlapped_steps": sched.overlapped_steps,
+            "kernels_per_step": kernels,
             "host_syncs_in_3_steps": syncs}
+
+
+def kernel_table(prof, steps: int, rows: int) -> list[dict]:
+    """The `rows` kernels with the most device time, per step: name, launches, microseconds."""
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+              and e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) / steps
+    table = [{"name": e.key[:90], "per_step": e.count / steps,
+              "us_per_step": e.device_time_total / steps} for e in events[:rows]]
+    print(f"GPU time a step {total:.0f} us, {sum(e.count for e in events) / steps:.0f} kernels")
+    for row in table:
+        print(f"  {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  {row['name']}")
+    return [{"name": "all", "per_step": sum(e.count for e in events) / steps,
+             "us_per_step": total}] + table
 
 
 def trace_host_syncs(fn) -> list[str] | None:
@@ -114,9 +132,9 @@ def decode_roofline(runner: ModelRunner, ns: argparse.Namespace) -> dict | None:
     steps) / measured copy bandwidth, and the fraction of it each mode reached."""
     if runner.device.type != "cuda":
         return None
-    from radixlm.bench.one_batch import copy_bandwidth
+    from radixlm.bench.one_batch import copy_bandwidth, decode_weight_bytes
     mc = runner.model_config
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    weight_bytes = decode_weight_bytes(runner.model)
     context = ns.input_len + 4 + ns.steps // 2
     kv_bytes = (ns.batch_size * context * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
                 * runner.kv_dtype.itemsize)     # the pool's storage dtype (fp8: 1 byte)
@@ -165,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--kernel-table", type=int, default=0,
+                   help="print the N kernels with the most GPU time per profiled step")
     p.add_argument("--check-syncs", action="store_true",
                    help="list the host synchronisations of 3 steps (CUDA sync debug mode)")
     p.add_argument("--output", default=None)
