@@ -293,8 +293,18 @@ def test_bundled_model_accuracy_report():
 
 # ---------------------------------------------------------------------- kernels
 
+def _scratch_cases(run, scratch):
+    """run(scratch) twice on one split-K scratch (split_k.py): same result both times, and the
+    scratch left zero for the next call."""
+    first = run(scratch)
+    assert not scratch.partials.any() and not scratch.counters.any()
+    second = run(scratch)
+    assert not scratch.partials.any() and not scratch.counters.any()
+    return max(first, second)
+
+
 def _w4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, device: str,
-             tiles=None):
+             tiles=None, scratch=None):
     from radixlm.layers.quantization.int4_kernels import (quantize_int4_rtn, w4_dequantize,
                                                           w4_dequantize_torch, w4a16_gemm)
     torch.manual_seed(m * 7 + n)
@@ -303,14 +313,15 @@ def _w4_case(m: int, n: int, k: int, group: int, dtype: torch.dtype, device: str
     assert torch.equal(w4_dequantize(qw, s, z, group, k, torch.float32), ref_w)
     x = torch.randn(m, k, device=device).to(dtype)
     want = x.float() @ ref_w
-    got = w4a16_gemm(x, qw, s, z, group, tiles).float()
+    got = w4a16_gemm(x, qw, s, z, group, tiles, scratch).float()
     err = (got - want).abs().max().item()
     tol = 1e-3 if dtype == torch.float32 else 2e-2 * want.abs().max().item()
     assert err <= tol, (err, tol)
     return err
 
 
-def _fp8_case(m: int, n: int, k: int, block, dtype: torch.dtype, device: str, tiles=None):
+def _fp8_case(m: int, n: int, k: int, block, dtype: torch.dtype, device: str, tiles=None,
+              scratch=None):
     from radixlm.layers.quantization.fp8_kernels import fp8_weight_gemm, quantize_fp8_per_channel
     torch.manual_seed(m * 5 + n)
     w = torch.randn(n, k, device=device) / k ** 0.5
@@ -319,7 +330,7 @@ def _fp8_case(m: int, n: int, k: int, block, dtype: torch.dtype, device: str, ti
         scale = torch.rand(-(-n // block[0]), -(-k // block[1]), device=device) / 100 + 1e-3
     x = torch.randn(m, k, device=device).to(dtype)
     want = x.float() @ dequantize_fp8(q, scale, block, torch.float32).t()
-    got = fp8_weight_gemm(x, q, scale, block, tiles).float()
+    got = fp8_weight_gemm(x, q, scale, block, tiles, scratch).float()
     err = (got - want).abs().max().item()
     tol = 1e-4 if dtype == torch.float32 else 2e-2 * max(want.abs().max().item(), 1e-3)
     assert err <= tol, (err, tol)
@@ -345,6 +356,15 @@ def _interpreter_cases():
         if tiles.block_k <= 32:     # inside one 32-wide scale block
             yield f"fp8 {tiles}", lambda t=tiles: _fp8_case(3, 40, 200, (16, 32),
                                                             torch.float32, "cpu", t)
+        if tiles.split_k > 1:       # the split programs meet in a layer's scratch
+            from radixlm.layers.quantization.split_k import SplitKScratch
+            yield f"w4a16 {tiles} scratch", lambda t=tiles: _scratch_cases(
+                lambda sc: _w4_case(3, 48, 256, 64, torch.float32, "cpu", t, sc),
+                SplitKScratch.for_layer(16, 48, torch.device("cpu")))
+            if tiles.block_k <= 32:
+                yield f"fp8 {tiles} scratch", lambda t=tiles: _scratch_cases(
+                    lambda sc: _fp8_case(3, 40, 200, (16, 32), torch.float32, "cpu", t, sc),
+                    SplitKScratch.for_layer(16, 40, torch.device("cpu")))
     yield from _gemv_interpreter_cases()
 
 
@@ -392,12 +412,13 @@ def _fp8_gemv_case(m, n, k, block, dtype, tiles, device):
 def _w4_gemv_case(n, k, group, dtype, tiles, device):
     """Three calls on one scratch (the split programs' sums must be left zero for the next),
     with a bias."""
-    from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv
+    from radixlm.layers.quantization.int4_gemv import w4_gemv
+    from radixlm.layers.quantization.split_k import SplitKScratch
     from radixlm.layers.quantization.int4_kernels import quantize_int4_rtn, w4_dequantize_torch
     torch.manual_seed(n * 11 + k)
     qw, s, z = quantize_int4_rtn(torch.randn(n, k, device=device), group)
     ref = w4_dequantize_torch(qw, s, z, group, k, torch.float32)
-    scratch = W4GemvScratch.for_layer(n, torch.device(device))
+    scratch = SplitKScratch.for_layer(1, n, torch.device(device))
     worst = 0.0
     for _ in range(3):
         x = torch.randn(1, k, device=device).to(dtype)

@@ -64,7 +64,8 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     from radixlm.layers.quantization.int4_kernels import (quantize_int4_rtn, w4_dequantize_torch,
                                                           w4a16_gemm)
     from radixlm.layers.quantization.fp8_gemv import fp8_gemv
-    from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv
+    from radixlm.layers.quantization.int4_gemv import w4_gemv
+    from radixlm.layers.quantization.split_k import SCRATCH_ROWS, SplitKScratch
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
     w_full = torch.randn(n, k, device="cuda", generator=gen).mul_(k ** -0.5)
@@ -115,7 +116,7 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     report("w4_old", _timed(lambda c: w4a16_gemm(x, c[0], c[1], c[2], GROUP), copies), nbytes,
            ref, w4a16_gemm(x, qw, s4, z4, GROUP))
     if m == 1:
-        scratch = W4GemvScratch.for_layer(n, x.device)
+        scratch = SplitKScratch.for_layer(SCRATCH_ROWS, n, x.device)
         report("w4_new", _timed(lambda c: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch),
                                 copies), nbytes, ref, w4_gemv(x, qw, s4, z4, GROUP, scratch))
         if sweep:

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.quantization.spec import FP8_MAX
+from radixlm.layers.quantization.split_k import SplitKScratch, split_k_total
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -51,18 +52,27 @@ def fp8_tiles(m: int, n: int, k: int, block: tuple[int, int] | None) -> GemmTile
 
 
 def launch_split(m: int, n: int, k: int, tiles: GemmTiles, dtype: torch.dtype,
-                 device: torch.device, launch) -> torch.Tensor:
-    """Run `launch(out, grid)` over the grid of `tiles` and return the [m, n] result in
-    `dtype`. Split-K programs add fp32 partial sums into a zeroed buffer, cast at the end."""
+                 device: torch.device, launch, scratch: SplitKScratch | None = None
+                 ) -> torch.Tensor:
+    """Run `launch(out, grid, scratch)` over the grid of `tiles` and return the [m, n] result
+    in `dtype`. Split-K programs meet in `scratch` where it fits (split_k.py: no extra
+    launch); without one, they add fp32 partial sums into a zeroed buffer, cast at the end."""
     rows = m if tiles.gemv else triton.cdiv(m, tiles.block_m)
     grid = (rows, triton.cdiv(n, tiles.block_n), tiles.split_k)
-    if tiles.split_k == 1:
+    if tiles.split_k == 1 or (scratch is not None and scratch.fits(m, n, tiles.block_n)):
         out = torch.empty((m, n), dtype=dtype, device=device)
-        launch(out, grid)
+        launch(out, grid, scratch if tiles.split_k > 1 else None)
         return out
     acc = torch.zeros((m, n), dtype=torch.float32, device=device)
-    launch(acc, grid)
+    launch(acc, grid, None)
     return acc.to(dtype)
+
+
+def scratch_args(y: torch.Tensor, scratch: SplitKScratch | None) -> dict:
+    """The kernels' split-K arguments: the scratch's buffers, or (unused) stand-ins."""
+    if scratch is None:
+        return dict(part_ptr=y, count_ptr=y, SCRATCH=False)
+    return dict(part_ptr=scratch.partials, count_ptr=scratch.counters, SCRATCH=True)
 
 
 @triton.jit
@@ -74,16 +84,26 @@ def _k_range(K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _store_or_add(y_ptrs, acc, mask, SPLIT_K: tl.constexpr):
+def _store_split(y_ptr, part_ptr, count_ptr, offs_m, offs_n, stride_ym, N, acc, mask,
+                 SPLIT_K: tl.constexpr, SCRATCH: tl.constexpr):
+    """Store the tile [offs_m, offs_n]: directly without a split; split, through the scratch
+    (the last program stores, split_k.py) or by fp32 atomics into the zeroed output."""
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(y_ptrs.dtype.element_ty), mask=mask)
+    elif SCRATCH:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        last, total = split_k_total(part_ptr + offs_m[:, None] * N + offs_n[None, :],
+                                    count_ptr + tile, acc, mask, SPLIT_K)
+        if last:
+            tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
     else:
         tl.atomic_add(y_ptrs, acc, mask=mask, sem="relaxed")
 
 
 @triton.jit
-def _fp8_weight_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K,
-                            stride_xm, stride_wn, stride_ym, stride_sn,
+def _fp8_weight_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M, N, K,
+                            stride_xm, stride_wn, stride_ym, stride_sn, SCRATCH: tl.constexpr,
                             SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                             BLOCK_SCALES: tl.constexpr, IEEE: tl.constexpr,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -118,13 +138,13 @@ def _fp8_weight_gemm_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K,
             acc += part
     if not BLOCK_SCALES:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-    _store_or_add(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc,
-                  m_mask[:, None] & n_mask[None, :], SPLIT_K)
+    _store_split(y_ptr, part_ptr, count_ptr, offs_m, offs_n, stride_ym, N, acc,
+                 m_mask[:, None] & n_mask[None, :], SPLIT_K, SCRATCH)
 
 
 @triton.jit
-def _fp8_weight_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K,
-                            stride_xm, stride_wn, stride_ym, stride_sn,
+def _fp8_weight_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, N, K,
+                            stride_xm, stride_wn, stride_ym, stride_sn, SCRATCH: tl.constexpr,
                             SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                             BLOCK_SCALES: tl.constexpr, SPLIT_K: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -148,14 +168,17 @@ def _fp8_weight_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, K,
         acc += part
     if not BLOCK_SCALES:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
-    _store_or_add(y_ptr + m * stride_ym + offs_n, acc, n_mask, SPLIT_K)
+    rows = m + tl.arange(0, 1)
+    _store_split(y_ptr, part_ptr, count_ptr, rows, offs_n, stride_ym, N, acc[None, :],
+                 n_mask[None, :], SPLIT_K, SCRATCH)
 
 
 def fp8_weight_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                    block: tuple[int, int] | None = None,
-                    tiles: GemmTiles | None = None) -> torch.Tensor:
+                    block: tuple[int, int] | None = None, tiles: GemmTiles | None = None,
+                    scratch: SplitKScratch | None = None) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32) times the FP8 weight w [N, K] with `scale` ([N] per channel,
-    or [ceil(N/bn), ceil(K/bk)] for `block` (bn, bk)): [M, N] in x's dtype."""
+    or [ceil(N/bn), ceil(K/bk)] for `block` (bn, bk)): [M, N] in x's dtype. `scratch`: the
+    layer's split-K buffers (split_k.py)."""
     m, k = x.shape
     n = w.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -168,17 +191,20 @@ def fp8_weight_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                   num_stages=tiles.num_stages)
     s_stride = scale.stride(0) if block else 0
 
-    def launch(y: torch.Tensor, grid) -> None:
+    def launch(y: torch.Tensor, grid, scratch: SplitKScratch | None) -> None:
+        split = scratch_args(y, scratch)
+        part, count = split.pop("part_ptr"), split.pop("count_ptr")
         if tiles.gemv:
-            _fp8_weight_gemv_kernel[grid](x, w, scale, y, n, k, x.stride(0), w.stride(0),
-                                          y.stride(0), s_stride, **scales)
+            _fp8_weight_gemv_kernel[grid](x, w, scale, y, part, count, n, k, x.stride(0),
+                                          w.stride(0), y.stride(0), s_stride, **split,
+                                          **scales)
         else:
-            _fp8_weight_gemm_kernel[grid](x, w, scale, y, m, n, k, x.stride(0), w.stride(0),
-                                          y.stride(0), s_stride,
+            _fp8_weight_gemm_kernel[grid](x, w, scale, y, part, count, m, n, k, x.stride(0),
+                                          w.stride(0), y.stride(0), s_stride, **split,
                                           IEEE=x.dtype == torch.float32,
                                           BLOCK_M=tiles.block_m, **scales)
 
-    return launch_split(m, n, k, tiles, x.dtype, x.device, launch)
+    return launch_split(m, n, k, tiles, x.dtype, x.device, launch, scratch)
 
 
 @triton.jit

@@ -20,11 +20,12 @@ from torch import nn
 
 from radixlm import envs
 from radixlm.layers.linear import WeightLoader, _param, register_bias
-from radixlm.layers.quantization.int4_gemv import W4GemvScratch, w4_gemv, w4_gemv_supports
+from radixlm.layers.quantization.int4_gemv import w4_gemv, w4_gemv_supports
 from radixlm.layers.quantization.int4_kernels import (PACK, pack_int4_rows, quantize_int4_rtn,
                                                       unpack_int4_rows, w4_dequantize,
                                                       w4_dequantize_torch, w4a16_gemm)
 from radixlm.layers.quantization.method import QuantizedLinearMethod
+from radixlm.layers.quantization.split_k import layer_scratch
 
 # Rows up to which the unpack-in-registers kernel beats dequantize + cuBLAS (bench quant).
 W4_KERNEL_MAX_M = 64
@@ -98,10 +99,10 @@ class Int4LinearMethod(QuantizedLinearMethod):
         layer.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)
         layer.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
         layer.zeros = nn.Parameter(zeros.contiguous(), requires_grad=False)
-        # The one-row kernel's split sums and counters (int4_gemv.py); on the CPU made by the
-        # first CUDA call, if one comes.
-        layer.w4_gemv_scratch = (W4GemvScratch.for_layer(qweight.shape[1], qweight.device)
-                                 if qweight.is_cuda else None)
+        # The small-batch kernels' split-K buffers (split_k.py), made with the weight on CUDA.
+        layer.split_k_scratch = None
+        if qweight.is_cuda:
+            layer_scratch(layer, qweight.shape[1], qweight.device)
 
     @staticmethod
     def _check_g_idx(layer: nn.Module) -> None:
@@ -125,15 +126,12 @@ class Int4LinearMethod(QuantizedLinearMethod):
         if x.device.type != "cuda":
             # No 4-bit kernels on the CPU: widen the weight for this product only.
             return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+        scratch = layer_scratch(layer, layer.qweight.shape[1], x.device)
         if x.shape[0] == 1 and w4_gemv_supports(g) and not envs.disable_quant_gemv():
-            if layer.w4_gemv_scratch is None:      # weights loaded on the CPU, then moved
-                layer.w4_gemv_scratch = W4GemvScratch.for_layer(layer.qweight.shape[1],
-                                                                x.device)
-            return w4_gemv(x, layer.qweight, layer.scales, layer.zeros, g,
-                           layer.w4_gemv_scratch, bias)
+            return w4_gemv(x, layer.qweight, layer.scales, layer.zeros, g, scratch, bias)
         if x.shape[0] > W4_KERNEL_MAX_M:
             w = w4_dequantize(layer.qweight, layer.scales, layer.zeros, g, k, x.dtype)
             y = torch.matmul(x, w)
         else:
-            y = w4a16_gemm(x, layer.qweight, layer.scales, layer.zeros, g)
+            y = w4a16_gemm(x, layer.qweight, layer.scales, layer.zeros, g, scratch=scratch)
         return y if bias is None else y + bias

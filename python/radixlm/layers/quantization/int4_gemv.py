@@ -7,9 +7,8 @@ A 4-bit weight is a quarter of the bf16 bytes, so what bounds this kernel is the
 each packed word costs, then how many bytes are in flight, not the bandwidth alone. Hence:
 - **Wide column blocks, K split.** A program takes one group of K (GROUP/8 word rows) for
   512-1,024 columns: every load is num_warps whole rows of 2-4 KiB. The SPLIT programs of a
-  column block add their float32 sums into a buffer; the last to finish (a counter per column
-  block) writes the output and zeroes its part of the buffer and its counter for the next
-  call. Both belong to the layer, which never runs twice at once. (One program per column
+  column block meet in the layer's split-K scratch; the last of them writes the output
+  (split_k.py: no extra launch). (One program per column
   block, as the bf16 and FP8 kernels do, either read 32-64 bytes of a row at a time or left
   most SMs idle: 2x slower than int4_kernels.py's small-M kernel.)
 - **Three instructions a weight.** A nibble becomes a float by an AND and an OR into a float
@@ -33,6 +32,7 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.quantization.int4_kernels import PACK
+from radixlm.layers.quantization.split_k import SplitKScratch, split_k_total
 
 
 @dataclass(frozen=True)
@@ -119,23 +119,9 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr, part_ptr, count_p
                     dot += _nibble(high, m4, 16) * x[:, None]
         # s (sum q x - z sum x), row by row of the tile: no reduction inside the loop.
         acc += dot * s[None, :] - x_sum[:, None] * (z.to(tl.float32) * s)[None, :]
-    total = tl.sum(acc, axis=0)
-    if SPLIT > 1:
-        tl.atomic_add(part_ptr + offs_n, total, mask=n_mask, sem="relaxed")
-        # Every thread's addition is issued before the counter moves (the release below).
-        tl.debug_barrier()
-        finished = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if finished == SPLIT - 1:
-            # Read the sums where the additions happened (L2), then zero them for the next call:
-            # no other program touches this block's part again in this launch.
-            total = tl.atomic_add(part_ptr + offs_n, tl.zeros((BLOCK_N,), tl.float32),
-                                  mask=n_mask, sem="acq_rel")
-            tl.store(part_ptr + offs_n, tl.zeros((BLOCK_N,), tl.float32), mask=n_mask)
-            tl.store(count_ptr + pid_n, 0)
-            if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_mask)
-    else:
+    last, total = split_k_total(part_ptr + offs_n, count_ptr + pid_n, tl.sum(acc, axis=0),
+                                n_mask, SPLIT)
+    if last:
         if HAS_BIAS:
             total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -156,23 +142,11 @@ def w4_gemv_tiles(n: int, k: int, group: int) -> W4GemvTiles:
     return W4GemvTiles(block_n, split=-(-k // group))
 
 
-@dataclass
-class W4GemvScratch:
-    """The split programs' float32 sums [N] and counters, one per column block: zero between
-    calls (the last program of each block resets its part)."""
-    partials: torch.Tensor
-    counters: torch.Tensor
-
-    @classmethod
-    def for_layer(cls, n: int, device: torch.device) -> "W4GemvScratch":
-        return cls(torch.zeros(n, dtype=torch.float32, device=device),
-                   torch.zeros(n, dtype=torch.int32, device=device))   # >= column blocks
-
-
 def w4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-            group: int, scratch: W4GemvScratch, bias: torch.Tensor | None = None,
+            group: int, scratch: SplitKScratch, bias: torch.Tensor | None = None,
             tiles: W4GemvTiles | None = None) -> torch.Tensor:
-    """One row x [1, K] times the packed 4-bit weight (+ bias): [1, N] in x's dtype."""
+    """One row x [1, K] times the packed 4-bit weight (+ bias): [1, N] in x's dtype.
+    `scratch`: the layer's split-K buffers (split_k.py; one row of them is used)."""
     m, k = x.shape
     n = qweight.shape[1]
     if m != 1:

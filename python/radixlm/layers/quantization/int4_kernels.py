@@ -21,8 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.quantization.fp8_kernels import (GemmTiles, _k_range, _store_or_add,
-                                                     launch_split)
+from radixlm.layers.quantization.fp8_kernels import (GemmTiles, _k_range, _store_split,
+                                                     launch_split, scratch_args)
+from radixlm.layers.quantization.split_k import SplitKScratch
 
 PACK = 8                 # 4-bit values per int32 word
 
@@ -46,8 +47,9 @@ def _minus_zero(q, z, dtype: tl.constexpr):
 
 
 @triton.jit
-def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K,
-                       stride_xm, stride_ym, GROUP: tl.constexpr, IEEE: tl.constexpr,
+def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, M, N, K,
+                       stride_xm, stride_ym, SCRATCH: tl.constexpr, GROUP: tl.constexpr,
+                       IEEE: tl.constexpr,
                        SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """Tensor-core tiles: the [BLOCK_K/8, BLOCK_N] words are spread into [BLOCK_K/8, 8,
@@ -81,14 +83,14 @@ def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, M, N, K,
         else:
             part = tl.dot(x, w)
         acc += part * s[None, :]
-    _store_or_add(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc,
-                  m_mask[:, None] & n_mask[None, :], SPLIT_K)
+    _store_split(y_ptr, part_ptr, count_ptr, offs_m, offs_n, stride_ym, N, acc,
+                 m_mask[:, None] & n_mask[None, :], SPLIT_K, SCRATCH)
 
 
 @triton.jit
-def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_xm, stride_ym,
-                       GROUP: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, part_ptr, count_ptr, N, K,
+                       stride_xm, stride_ym, SCRATCH: tl.constexpr, GROUP: tl.constexpr,
+                       SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row of x per program, on the CUDA cores: each nibble j of the [BLOCK_K/8, BLOCK_N]
     words is a 2-D slice multiplied by x's inputs 8r + j and added into a 2-D accumulator,
     reduced over the rows once at the end. Tiles may span several groups (deep tiles keep
@@ -116,12 +118,15 @@ def _w4a16_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, N, K, stride_xm, stri
                         other=0.0).to(tl.float32)
             part += _minus_zero((words >> (4 * j)) & 0xF, z, tl.float32) * x[:, None]
         acc += part * s
-    _store_or_add(y_ptr + m * stride_ym + offs_n, tl.sum(acc, axis=0), n_mask, SPLIT_K)
+    _store_split(y_ptr, part_ptr, count_ptr, m + tl.arange(0, 1), offs_n, stride_ym, N,
+                 tl.sum(acc, axis=0)[None, :], n_mask[None, :], SPLIT_K, SCRATCH)
 
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               zeros: torch.Tensor, group: int, tiles: GemmTiles | None = None) -> torch.Tensor:
-    """x [M, K] times the packed 4-bit weight: [M, N] in x's dtype."""
+               zeros: torch.Tensor, group: int, tiles: GemmTiles | None = None,
+               scratch: SplitKScratch | None = None) -> torch.Tensor:
+    """x [M, K] times the packed 4-bit weight: [M, N] in x's dtype. `scratch`: the layer's
+    split-K buffers (split_k.py)."""
     m, k = x.shape
     n = qweight.shape[1]
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -134,16 +139,19 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
                   num_stages=tiles.num_stages)
 
-    def launch(y: torch.Tensor, grid) -> None:
+    def launch(y: torch.Tensor, grid, scratch: SplitKScratch | None) -> None:
+        split = scratch_args(y, scratch)
+        part, count = split.pop("part_ptr"), split.pop("count_ptr")
         if tiles.gemv:
-            _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, y, n, k, x.stride(0),
-                                     y.stride(0), **common)
+            _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, y, part, count, n, k,
+                                     x.stride(0), y.stride(0), **split, **common)
         else:
-            _w4a16_gemm_kernel[grid](x, qweight, scales, zeros, y, m, n, k, x.stride(0),
-                                     y.stride(0), IEEE=x.dtype == torch.float32,
-                                     BLOCK_M=tiles.block_m, **common)
+            _w4a16_gemm_kernel[grid](x, qweight, scales, zeros, y, part, count, m, n, k,
+                                     x.stride(0), y.stride(0), **split,
+                                     IEEE=x.dtype == torch.float32, BLOCK_M=tiles.block_m,
+                                     **common)
 
-    return launch_split(m, n, k, tiles, x.dtype, x.device, launch)
+    return launch_split(m, n, k, tiles, x.dtype, x.device, launch, scratch)
 
 
 def w4_tiles(m: int, n: int, k: int, group: int) -> GemmTiles:
