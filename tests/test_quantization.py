@@ -450,14 +450,71 @@ def test_gpu_kernels_match_references(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2])
-@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (1000, 1000)])
-def test_gpu_one_row_kernels_match_references(m, n, k):
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (1001, 1000)])
+def test_gpu_one_row_fp8_kernel_matches_references(m, n, k):
+    """Served shapes, and N / K tails (1001 rows: not a multiple of any tile)."""
     for block in (None, (128, 128)):
         _fp8_gemv_case(m, n, k, block, torch.bfloat16, None, "cuda")
-    if m == 1:
-        _w4_gemv_case(n, k if k % 8 == 0 else 1000, 128 if k % 128 == 0 else 8,
-                      torch.bfloat16, None, "cuda")
-        _w4_gemv_case(n, k, 64 if k % 64 == 0 else 8, torch.bfloat16, None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, k, group", [(6144, 4096, 128), (4096, 14336, 128),
+                                         (1000, 4160, 128),     # a partial last group
+                                         (1000, 1000, 32), (2056, 4096, 64)])
+def test_gpu_one_row_4_bit_kernel_matches_references(n, k, group):
+    _w4_gemv_case(n, k, group, torch.bfloat16, None, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flag", ["fp8", "w4a16"])
+def test_gpu_one_row_goes_to_the_one_row_kernels(flag, monkeypatch):
+    """A row of one takes fp8_gemv / w4_gemv, RADIXLM_DISABLE_QUANT_GEMV=1 the earlier
+    kernels; both give the layer's product."""
+    from radixlm.layers.quantization import fp8 as fp8_module
+    from radixlm.layers.quantization import int4 as int4_module
+    module, name = (fp8_module, "fp8_gemv") if flag == "fp8" else (int4_module, "w4_gemv")
+    calls = []
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layer = RowParallelLinear(4096, 2048, linear_method=linear_method_for(
+            resolve_quant_spec(flag, None))).to(torch.bfloat16)
+        w = torch.randn(2048, 4096) / 64
+        layer.weight.weight_loader(layer.weight, w.to(torch.bfloat16))
+        layer.process_weights_after_loading()
+        x = torch.randn(1, 4096, dtype=torch.bfloat16)
+    new = layer(x)
+    assert len(calls) == 1
+    monkeypatch.setenv("RADIXLM_DISABLE_QUANT_GEMV", "1")
+    old = layer(x)
+    assert len(calls) == 1
+    torch.testing.assert_close(new, old, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flag", ["fp8", "w4a16"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_gpu_split_k_scratch_survives_many_graph_replays(flag, m):
+    """Split-K programs meet in the layer's scratch and leave it zero (split_k.py): 30 replays
+    of a captured graph with new inputs each equal the eager product each time."""
+    torch.manual_seed(1)
+    with torch.device("cuda"):
+        layer = RowParallelLinear(4096, 4096, linear_method=linear_method_for(
+            resolve_quant_spec(flag, None))).to(torch.bfloat16)
+        layer.weight.weight_loader(layer.weight, (torch.randn(4096, 4096) / 64).to(torch.bfloat16))
+        layer.process_weights_after_loading()
+        x = torch.randn(m, 4096, dtype=torch.bfloat16)
+        layer(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x)
+        for _ in range(30):
+            x.copy_(torch.randn(m, 4096))
+            graph.replay()
+            torch.testing.assert_close(out, layer(x), atol=2e-2, rtol=2e-2)
+    scratch = layer.split_k_scratch
+    assert not scratch.partials.any() and not scratch.counters.any()
 
 
 @pytest.mark.gpu

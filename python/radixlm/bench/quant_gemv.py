@@ -105,7 +105,7 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
         if sweep:
             row[f"{label}_sweep"] = _sweep(
                 lambda c, t: fp8_gemv(x, c[0], c[1], block, None, t), copies, _fp8_grid(block),
-                nbytes, bandwidth, f"{name} {label}")
+                nbytes, bandwidth, f"{name} {label}", ref)
         del copies
 
     # 4-bit, group 128, as the layers run it.
@@ -122,17 +122,23 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
         if sweep:
             row["w4_sweep"] = _sweep(
                 lambda c, t: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch, None, t), copies,
-                _w4_grid(n, k), nbytes, bandwidth, f"{name} w4")
+                _w4_grid(n, k), nbytes, bandwidth, f"{name} w4", ref)
     del copies
     torch.cuda.empty_cache()
     return row
 
 
 def _sweep(call: Callable[[tuple, Any], Any], copies: list[tuple], grid: list, nbytes: int,
-           bandwidth: float, label: str) -> list[dict]:
+           bandwidth: float, label: str, ref: torch.Tensor) -> list[dict]:
+    """Time every tile of `grid`; a tile whose product is off from `ref` (fp32) by more than
+    2% of its largest value is reported and left out."""
     timed = []
     for t in grid:
         try:
+            err = (call(copies[0], t).float() - ref).abs().max().item()
+            if err > 0.02 * ref.abs().max().item():
+                print(f"  {label} {t}: WRONG (max error {err:.3g})", flush=True)
+                continue
             timed.append((_timed(lambda c, t=t: call(c, t), copies), t))
         except Exception as e:          # a tile the compiler cannot fit
             print(f"  {label} {t}: {type(e).__name__}", flush=True)

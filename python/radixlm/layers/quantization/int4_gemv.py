@@ -155,6 +155,8 @@ def w4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros:
         raise ValueError(f"w4_gemv: group size {group} not supported")
     x = x if x.stride(1) == 1 else x.contiguous()
     tiles = tiles or w4_gemv_tiles(n, k, group)
+    if not scratch.fits(1, n, tiles.block_n):
+        raise ValueError(f"w4_gemv: the scratch does not fit a [1, {n}] output")
     groups = -(-k // group)
     per_program = -(-groups // tiles.split)
     split = -(-groups // per_program)          # no program without groups

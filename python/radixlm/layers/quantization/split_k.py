@@ -70,9 +70,10 @@ def split_k_total(part_ptrs, count_ptr, acc, mask, SPLIT: tl.constexpr):
         last = tl.atomic_add(count_ptr, 1, sem="acq_rel") == SPLIT - 1
         total = acc
         if last:
-            # The total, read where the additions happened (L2), then zeros for the next
-            # call: no other program touches this tile's part again in this launch.
-            total = tl.atomic_add(part_ptrs, tl.zeros_like(acc), mask=mask, sem="acq_rel")
-            tl.store(part_ptrs, tl.zeros_like(acc), mask=mask)
+            # The total, read where the additions happened (L2) and cleared for the next call
+            # in one atomic exchange (on the bits: the interpreter exchanges integers only).
+            bits = part_ptrs.to(tl.pointer_type(tl.int32))
+            total = tl.atomic_xchg(bits, tl.zeros_like(acc).to(tl.int32), mask=mask,
+                                   sem="relaxed").to(tl.float32, bitcast=True)
             tl.store(count_ptr, 0)
     return last, total
