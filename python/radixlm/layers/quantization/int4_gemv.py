@@ -53,6 +53,17 @@ def _nibble(src, mask, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _nibble_j(words, high, nibble, J: tl.constexpr):
+    """Nibble J of the words as a float: 0..4 in place, 5..7 from `high` (the words shifted
+    right by 12). The mask is built from the run-time `nibble` (see the kernel)."""
+    if J < 5:
+        f = _nibble(words, nibble << (4 * J), 4 * J)
+    else:
+        f = _nibble(high, nibble << (4 * (J - 3)), 4 * (J - 3))
+    return f
+
+
+@triton.jit
 def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, nibble,
                     K: tl.constexpr, GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
                     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr,
@@ -67,11 +78,6 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr, part_ptr, count_p
     NUM_GROUPS: tl.constexpr = (K + GROUP - 1) // GROUP
     EXACT: tl.constexpr = EVEN_N and K % GROUP == 0
     r = tl.arange(0, ROWS)
-    m0 = nibble
-    m1 = nibble << 4
-    m2 = nibble << 8
-    m3 = nibble << 12
-    m4 = nibble << 16
     g_begin = tl.program_id(1) * GROUPS_PER_PROGRAM
     g_end = tl.minimum(g_begin + GROUPS_PER_PROGRAM, NUM_GROUPS)
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
@@ -101,22 +107,7 @@ def _w4_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, y_ptr, part_ptr, count_p
                     x = tl.load(x_ptr + rows * 8 + j, mask=rows * 8 + j < K,
                                 other=0.0).to(tl.float32)
                 x_sum += x
-                if j == 0:
-                    dot += _nibble(words, m0, 0) * x[:, None]
-                elif j == 1:
-                    dot += _nibble(words, m1, 4) * x[:, None]
-                elif j == 2:
-                    dot += _nibble(words, m2, 8) * x[:, None]
-                elif j == 3:
-                    dot += _nibble(words, m3, 12) * x[:, None]
-                elif j == 4:
-                    dot += _nibble(words, m4, 16) * x[:, None]
-                elif j == 5:
-                    dot += _nibble(high, m2, 8) * x[:, None]
-                elif j == 6:
-                    dot += _nibble(high, m3, 12) * x[:, None]
-                else:
-                    dot += _nibble(high, m4, 16) * x[:, None]
+                dot += _nibble_j(words, high, nibble, j) * x[:, None]
         # s (sum q x - z sum x), row by row of the tile: no reduction inside the loop.
         acc += dot * s[None, :] - x_sum[:, None] * (z.to(tl.float32) * s)[None, :]
     last, total = split_k_total(part_ptr + offs_n, count_ptr + pid_n, tl.sum(acc, axis=0),
