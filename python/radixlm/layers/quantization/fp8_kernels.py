@@ -68,11 +68,13 @@ def launch_split(m: int, n: int, k: int, tiles: GemmTiles, dtype: torch.dtype,
     return acc.to(dtype)
 
 
-def scratch_args(y: torch.Tensor, scratch: SplitKScratch | None) -> dict:
-    """The kernels' split-K arguments: the scratch's buffers, or (unused) stand-ins."""
+def scratch_args(y: torch.Tensor, scratch: SplitKScratch | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The kernels' split-K arguments (part_ptr, count_ptr, SCRATCH): the scratch's buffers,
+    or stand-ins the kernel does not touch."""
     if scratch is None:
-        return dict(part_ptr=y, count_ptr=y, SCRATCH=False)
-    return dict(part_ptr=scratch.partials, count_ptr=scratch.counters, SCRATCH=True)
+        return y, y, False
+    return scratch.partials, scratch.counters, True
 
 
 @triton.jit
@@ -192,16 +194,15 @@ def fp8_weight_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     s_stride = scale.stride(0) if block else 0
 
     def launch(y: torch.Tensor, grid, scratch: SplitKScratch | None) -> None:
-        split = scratch_args(y, scratch)
-        part, count = split.pop("part_ptr"), split.pop("count_ptr")
+        part, count, use_scratch = scratch_args(y, scratch)
         if tiles.gemv:
             _fp8_weight_gemv_kernel[grid](x, w, scale, y, part, count, n, k, x.stride(0),
-                                          w.stride(0), y.stride(0), s_stride, **split,
-                                          **scales)
+                                          w.stride(0), y.stride(0), s_stride,
+                                          SCRATCH=use_scratch, **scales)
         else:
             _fp8_weight_gemm_kernel[grid](x, w, scale, y, part, count, m, n, k, x.stride(0),
-                                          w.stride(0), y.stride(0), s_stride, **split,
-                                          IEEE=x.dtype == torch.float32,
+                                          w.stride(0), y.stride(0), s_stride,
+                                          SCRATCH=use_scratch, IEEE=x.dtype == torch.float32,
                                           BLOCK_M=tiles.block_m, **scales)
 
     return launch_split(m, n, k, tiles, x.dtype, x.device, launch, scratch)

@@ -140,14 +140,13 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   num_stages=tiles.num_stages)
 
     def launch(y: torch.Tensor, grid, scratch: SplitKScratch | None) -> None:
-        split = scratch_args(y, scratch)
-        part, count = split.pop("part_ptr"), split.pop("count_ptr")
+        part, count, use_scratch = scratch_args(y, scratch)
         if tiles.gemv:
             _w4a16_gemv_kernel[grid](x, qweight, scales, zeros, y, part, count, n, k,
-                                     x.stride(0), y.stride(0), **split, **common)
+                                     x.stride(0), y.stride(0), SCRATCH=use_scratch, **common)
         else:
             _w4a16_gemm_kernel[grid](x, qweight, scales, zeros, y, part, count, m, n, k,
-                                     x.stride(0), y.stride(0), **split,
+                                     x.stride(0), y.stride(0), SCRATCH=use_scratch,
                                      IEEE=x.dtype == torch.float32, BLOCK_M=tiles.block_m,
                                      **common)
 
