@@ -51,21 +51,31 @@ def _sweep_grid() -> list:
             for warps in (4, 8)]
 
 
+def copies_past_l2(make: Callable[[], Any], nbytes: int) -> list:
+    """Enough results of make() (weights of `nbytes` each) to overflow the L2 cache together."""
+    return [make() for _ in range(max(1, -(-L2_OVERFLOW_BYTES // nbytes)))]
+
+
+def timed_over_copies(op: Callable[[Any], Any], copies: list) -> float:
+    """Microseconds of one op(copy) inside a CUDA graph of calls that each take the next copy
+    (a decode step reads each weight once: L2 hits would flatter every side)."""
+    from radixlm.bench.fused_ops import time_graph_us
+    cycle = itertools.cycle(copies)
+    return time_graph_us(lambda: op(next(cycle)), warmup=3, iters=20,
+                         calls=max(len(copies), 8))
+
+
 def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float) -> dict:
     from radixlm.layers.kernels.gemv_kernels import gemv, gemv_tiles
     nbytes = n * k * 2
-    copies = max(1, -(-L2_OVERFLOW_BYTES // nbytes))
     gen = torch.Generator(device="cuda").manual_seed(0)
-    ws = [torch.randn(n, k, device="cuda", generator=gen).mul_(k ** -0.5).to(torch.bfloat16)
-          for _ in range(copies)]
+    ws = copies_past_l2(lambda: torch.randn(n, k, device="cuda", generator=gen)
+                        .mul_(k ** -0.5).to(torch.bfloat16), nbytes)
+    copies = len(ws)
     x = torch.randn(1, k, device="cuda", generator=gen, dtype=torch.bfloat16)
 
     def timed(op: Callable[[torch.Tensor], Any]) -> float:
-        """One call inside a CUDA graph of calls that each take the next weight copy."""
-        from radixlm.bench.fused_ops import time_graph_us
-        weights = itertools.cycle(ws)
-        return time_graph_us(lambda: op(next(weights)), warmup=3, iters=20,
-                             calls=max(copies, 8))
+        return timed_over_copies(op, ws)
 
     ref_us = timed(lambda w: F.linear(x, w))
     row: dict[str, Any] = {"shape": name, "n": n, "k": k, "weight_copies": copies,

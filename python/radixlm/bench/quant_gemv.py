@@ -13,13 +13,12 @@ grid of one-row tiles and reports the fastest three (how the defaults were chose
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-L2_OVERFLOW_BYTES = 512 << 20
+from radixlm.bench.gemv import copies_past_l2, timed_over_copies
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}              # (N, K) of Llama-3.1-8B's linear layers
 BLOCK = (128, 128)
@@ -44,17 +43,6 @@ def _w4_grid(n: int, k: int) -> list:
 
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _copies(make: Callable[[], tuple], nbytes: int) -> list[tuple]:
-    return [make() for _ in range(max(1, -(-L2_OVERFLOW_BYTES // nbytes)))]
-
-
-def _timed(op: Callable[[tuple], Any], copies: list[tuple]) -> float:
-    from radixlm.bench.fused_ops import time_graph_us
-    cycle = itertools.cycle(copies)
-    return time_graph_us(lambda: op(next(cycle)), warmup=3, iters=20,
-                         calls=max(len(copies), 8))
 
 
 def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int = 1) -> dict:
@@ -83,12 +71,13 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
               f"x{row.get(f'{label}_speedup', 1.0):.2f}", flush=True)
 
     # bf16, as the engine runs it.
-    bf16 = _copies(lambda: (w_full.to(torch.bfloat16),), n * k * 2)
+    bf16 = copies_past_l2(lambda: (w_full.to(torch.bfloat16),), n * k * 2)
     tiles = gemv_kernels.gemv_tiles(m, n, k)
     if tiles is not None:
-        report("bf16", _timed(lambda c: gemv_kernels.gemv(x, c[0], None, tiles), bf16), n * k * 2)
+        report("bf16", timed_over_copies(lambda c: gemv_kernels.gemv(x, c[0], None, tiles),
+                                         bf16), n * k * 2)
     else:
-        report("bf16", _timed(lambda c: F.linear(x, c[0]), bf16), n * k * 2)
+        report("bf16", timed_over_copies(lambda c: F.linear(x, c[0]), bf16), n * k * 2)
     del bf16
 
     # FP8, channel and block scales.
@@ -97,10 +86,11 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     for label, scale, block in (("fp8", s, None), ("fp8_block", sb, BLOCK)):
         ref = x.float() @ dequantize_fp8(q, scale, block, torch.float32).t()
         nbytes = _nbytes((q, scale))
-        copies = _copies(lambda: (q.clone(), scale.clone()), nbytes)
-        report(f"{label}_old", _timed(lambda c: fp8_weight_gemm(x, c[0], c[1], block), copies),
+        copies = copies_past_l2(lambda: (q.clone(), scale.clone()), nbytes)
+        report(f"{label}_old",
+               timed_over_copies(lambda c: fp8_weight_gemm(x, c[0], c[1], block), copies),
                nbytes, ref, fp8_weight_gemm(x, q, scale, block))
-        report(f"{label}_new", _timed(lambda c: fp8_gemv(x, c[0], c[1], block), copies),
+        report(f"{label}_new", timed_over_copies(lambda c: fp8_gemv(x, c[0], c[1], block), copies),
                nbytes, ref, fp8_gemv(x, q, scale, block))
         if sweep:
             row[f"{label}_sweep"] = _sweep(
@@ -112,13 +102,15 @@ def run_shape(name: str, n: int, k: int, sweep: bool, bandwidth: float, m: int =
     qw, s4, z4 = quantize_int4_rtn(w_full, GROUP)
     ref = x.float() @ w4_dequantize_torch(qw, s4, z4, GROUP, k, torch.float32)
     nbytes = _nbytes((qw, s4, z4))
-    copies = _copies(lambda: (qw.clone(), s4.clone(), z4.clone()), nbytes)
-    report("w4_old", _timed(lambda c: w4a16_gemm(x, c[0], c[1], c[2], GROUP), copies), nbytes,
-           ref, w4a16_gemm(x, qw, s4, z4, GROUP))
+    copies = copies_past_l2(lambda: (qw.clone(), s4.clone(), z4.clone()), nbytes)
+    report("w4_old",
+           timed_over_copies(lambda c: w4a16_gemm(x, c[0], c[1], c[2], GROUP), copies),
+           nbytes, ref, w4a16_gemm(x, qw, s4, z4, GROUP))
     if m == 1:
         scratch = SplitKScratch.for_layer(SCRATCH_ROWS, n, x.device)
-        report("w4_new", _timed(lambda c: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch),
-                                copies), nbytes, ref, w4_gemv(x, qw, s4, z4, GROUP, scratch))
+        report("w4_new",
+               timed_over_copies(lambda c: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch), copies),
+               nbytes, ref, w4_gemv(x, qw, s4, z4, GROUP, scratch))
         if sweep:
             row["w4_sweep"] = _sweep(
                 lambda c, t: w4_gemv(x, c[0], c[1], c[2], GROUP, scratch, None, t), copies,
@@ -139,7 +131,7 @@ def _sweep(call: Callable[[tuple, Any], Any], copies: list[tuple], grid: list, n
             if err > 0.02 * ref.abs().max().item():
                 print(f"  {label} {t}: WRONG (max error {err:.3g})", flush=True)
                 continue
-            timed.append((_timed(lambda c, t=t: call(c, t), copies), t))
+            timed.append((timed_over_copies(lambda c, t=t: call(c, t), copies), t))
         except Exception as e:          # a tile the compiler cannot fit
             print(f"  {label} {t}: {type(e).__name__}", flush=True)
     timed.sort(key=lambda p: p[0])
