@@ -20,7 +20,7 @@ from radixlm.layers.quantization.fp8_kernels import (FP8_DTYPE, dequantize_fp8,
                                                      scaled_mm_per_token)
 from radixlm.layers.quantization.method import QuantizedLinearMethod
 from radixlm.layers.quantization.fp8_gemv import GEMV_MAX_M, fp8_gemv
-from radixlm.layers.quantization.split_k import layer_scratch
+from radixlm.layers.quantization.split_k import attach_scratch, layer_scratch
 
 # Rows up to which the weight-only kernel beats FP8 tensor-core GEMMs (bench quant, H200).
 FP8_WEIGHT_ONLY_MAX_M = 16
@@ -84,10 +84,7 @@ class Fp8LinearMethod(QuantizedLinearMethod):
         n, k = q.shape
         # cuBLASLt's FP8 GEMM wants both dimensions in multiples of 16.
         layer.fp8_scaled_mm_ok = spec.fp8_block is None and n % 16 == 0 and k % 16 == 0
-        # The small-batch kernels' split-K buffers (split_k.py), made with the weight on CUDA.
-        layer.split_k_scratch = None
-        if q.is_cuda:
-            layer_scratch(layer, n, q.device)
+        attach_scratch(layer, n, q.device)      # the small-batch kernels' split-K buffers
 
     def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The processed FP8 weight widened to `dtype` [N, K] (layers kept in full precision,

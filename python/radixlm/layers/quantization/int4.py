@@ -25,7 +25,7 @@ from radixlm.layers.quantization.int4_kernels import (PACK, pack_int4_rows, quan
                                                       unpack_int4_rows, w4_dequantize,
                                                       w4_dequantize_torch, w4a16_gemm)
 from radixlm.layers.quantization.method import QuantizedLinearMethod
-from radixlm.layers.quantization.split_k import layer_scratch
+from radixlm.layers.quantization.split_k import attach_scratch, layer_scratch
 
 # Rows up to which the unpack-in-registers kernel beats dequantize + cuBLAS (bench quant).
 W4_KERNEL_MAX_M = 64
@@ -99,10 +99,7 @@ class Int4LinearMethod(QuantizedLinearMethod):
         layer.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)
         layer.scales = nn.Parameter(scales.contiguous(), requires_grad=False)
         layer.zeros = nn.Parameter(zeros.contiguous(), requires_grad=False)
-        # The small-batch kernels' split-K buffers (split_k.py), made with the weight on CUDA.
-        layer.split_k_scratch = None
-        if qweight.is_cuda:
-            layer_scratch(layer, qweight.shape[1], qweight.device)
+        attach_scratch(layer, qweight.shape[1], qweight.device)   # split-K buffers
 
     @staticmethod
     def _check_g_idx(layer: nn.Module) -> None:

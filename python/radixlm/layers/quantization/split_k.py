@@ -45,6 +45,14 @@ class SplitKScratch:
                 and block_n >= MIN_BLOCK_N)
 
 
+def attach_scratch(layer: torch.nn.Module, n: int, device: torch.device) -> None:
+    """After loading: give a layer on CUDA its scratch now, before any CUDA-graph capture
+    (on the CPU, where no kernel runs, none)."""
+    layer.split_k_scratch = None
+    if device.type == "cuda":
+        layer_scratch(layer, n, device)
+
+
 def layer_scratch(layer: torch.nn.Module, n: int, device: torch.device) -> SplitKScratch:
     """`layer.split_k_scratch` for an output of n columns on `device`, made on first use (the
     quantized methods make it after loading when the weight is on CUDA, before any graph
