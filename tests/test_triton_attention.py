@@ -164,11 +164,12 @@ def run_split_case(seq_lens: list[int], splits: list[int], max_kv_splits: int, h
     lens = torch.tensor(seq_lens)
     kv_indptr, kv_indices = build_kv_indices(table.to(device), torch.arange(bs).to(device),
                                              lens.to(device), total)
-    mid_o, mid_lse = alloc_decode_buffers(bs, hq, d, max_kv_splits, device)
-    out = torch.empty(bs, hq, d, dtype=dtype, device=device)
+    buffers = alloc_decode_buffers(bs, hq, d, max_kv_splits, device)
+    # NaN-filled: every row must be written (an empty request's too: zeros).
+    out = torch.full((bs, hq, d), float("nan"), dtype=dtype, device=device)
     decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr, kv_indices,
                      torch.tensor(splits, dtype=torch.int32, device=device), max_kv_splits,
-                     d ** -0.5, mid_o, mid_lse, block_n=block_n)
+                     d ** -0.5, buffers, block_n=block_n)
     assert torch.equal(kv_indices.cpu(), slots.long().int())
     err = 0.0
     for i, s in enumerate(slots.split(seq_lens)):
@@ -228,11 +229,11 @@ def run_tree_case(prefix_len: int, parents: list[int], hq: int, hk: int, d: int,
         kv_indptr, kv_indices = build_kv_indices(
             table.to(device), torch.arange(n).to(device), torch.tensor(seq_lens).to(device),
             sum(seq_lens))
-        mid_o, mid_lse = alloc_decode_buffers(n, hq, d, splits, device)
+        buffers = alloc_decode_buffers(n, hq, d, splits, device)
         out = torch.empty(n, hq, d, dtype=dtype, device=device)
         decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr,
                          kv_indices, torch.full((n,), splits, dtype=torch.int32, device=device),
-                         splits, d ** -0.5, mid_o, mid_lse, block_n=block_n,
+                         splits, d ** -0.5, buffers, block_n=block_n,
                          tree_start=tree_start.to(device), tree_mask=tree_mask.to(device))
     err = 0.0
     for j in range(n):
@@ -255,6 +256,7 @@ INTERPRETER_TREE_CASES = [
     (5, TREE_PARENTS, 4, 2, 64, torch.float32, 16, 4),
     (0, [0, 0, 0, 1], 2, 1, 32, torch.float16, 16, 2),
     (40, TREE_PARENTS[:12], 6, 2, 64, torch.float32, 16, 3),
+    (40, TREE_PARENTS[:12], 6, 2, 64, torch.float32, 16, 1),     # stage 1 writes the output
     # 40 siblings, then a child of the last: its row sees nodes 0, 40 and 41 only, so the
     # split over positions 16..31 holds no key it sees.
     (0, WIDE_PARENTS, 2, 2, 32, torch.float32, 16, 4),
@@ -292,6 +294,10 @@ INTERPRETER_CASES: list[tuple[Case, dict]] = [
 INTERPRETER_SPLIT_CASES = [
     # seq_lens, per-request splits, max splits, hq, hk, d, dtype
     ([1, 5, 40, 100], [3, 2, 4, 7], 8, 8, 2, 64, F32),
+    # An empty request (CUDA-graph padding: zeros), with and without stage 2 (one split for
+    # the whole batch: stage 1 writes the output).
+    ([0, 5, 40, 100], [1, 2, 4, 7], 8, 8, 2, 64, F32),
+    ([0, 5, 40], [1, 1, 1], 1, 4, 2, 64, F16),
     ([33, 70], [2, 5], 5, 3, 1, 64, F16),
 ]
 

@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run(kb: torch.Tensor, vb: torch.Tensor, block_n: int, warps: int | None,
             stages: int | None, splits: int) -> Callable[[], object]:
         nsplit = per_request_kv_splits(seq_lens, splits)
-        mid_o, mid_lse = alloc_decode_buffers(bs, hq, d, splits, dev)
+        buffers = alloc_decode_buffers(bs, hq, d, splits, dev)
         return lambda: decode_attention(q, kb, vb, out, kv_indptr, kv_indices, nsplit, splits,
-                                        d ** -0.5, mid_o, mid_lse, block_n=block_n,
+                                        d ** -0.5, buffers, block_n=block_n,
                                         num_warps=warps, num_stages=stages)
 
     def sweep(kb: torch.Tensor, vb: torch.Tensor) -> tuple[list[dict], list[dict], int]:

@@ -143,14 +143,14 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
         out = torch.empty(batch_size, heads, lora, device=device, dtype=dt)
         max_splits = choose_max_kv_splits(batch_size, 1, context, num_sms(device))
         splits = per_request_kv_splits(seq_lens, max_splits)
-        mid_o, mid_lse = alloc_decode_buffers(batch_size, heads, lora, max_splits, device)
+        buffers = alloc_decode_buffers(batch_size, heads, lora, max_splits, device)
         read = tokens * (lora + rope) * dt.itemsize
         # The default launch, then a small sweep (what the defaults should become).
         sweep = [(n, w, st) for n in (32, 64) for w in (4, 8) for st in (1, 2, 3)]
         for block_n, warps, stages in [(None, 4, 2)] + (sweep if tile_sweep else []):
             run = lambda: mla_decode_attention(  # noqa: E731
-                q, kv, out, lora, kv_indptr, kv_indices, splits, max_splits, 0.1, mid_o,
-                mid_lse, block_n=block_n, num_warps=warps, num_stages=stages)
+                q, kv, out, lora, kv_indptr, kv_indices, splits, max_splits, 0.1, buffers,
+                block_n=block_n, num_warps=warps, num_stages=stages)
             try:
                 s = time_fn(graphed(run, device), device)
             except Exception as e:     # a tile that does not fit: skip it
@@ -169,9 +169,10 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
         # Splits per request: more, shorter splits shrink the last wave's idle SMs.
         for forced in (8, 16, 32):
             forced_splits = torch.full_like(splits, forced)
-            mo, ml = alloc_decode_buffers(batch_size, heads, lora, forced, device)
+            forced_buffers = alloc_decode_buffers(batch_size, heads, lora, forced, device)
             run = lambda: mla_decode_attention(  # noqa: E731
-                q, kv, out, lora, kv_indptr, kv_indices, forced_splits, forced, 0.1, mo, ml)
+                q, kv, out, lora, kv_indptr, kv_indices, forced_splits, forced, 0.1,
+                forced_buffers)
             s = time_fn(graphed(run, device), device)
             rows.append({"batch_size": batch_size, "context": context, "heads": heads,
                          "forced_splits": forced, "kernel_ms": s * 1e3,

@@ -45,6 +45,7 @@ from radixlm.layers.attention.kernels import (
     per_request_kv_splits,
 )
 from radixlm.layers.attention.kernels.common import num_sms
+from radixlm.layers.attention.kernels.decode_attention import SplitKVBuffers
 from radixlm.layers.attention.kernels.mla_attention import (
     mla_decode_attention,
     mla_decode_programs_per_request,
@@ -67,9 +68,9 @@ class TritonDecodeMetadata:
     # Rows verifying a tree of drafts (ForwardBatch.tree_start / tree_mask), or None
     tree_start: torch.Tensor | None = None
     tree_mask: torch.Tensor | None = None
-    # Partial outputs of the split-KV kernel, allocated by the first layer and reused by the
+    # Where the split-KV kernel's splits meet, allocated by the first layer and reused by the
     # rest (every layer of a step has the same shapes); keyed by (q heads, head dim).
-    buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    buffers: dict[tuple[int, int], SplitKVBuffers] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,17 +176,17 @@ class TritonAttnBackend(AttentionBackend):
         if (hq, dv) not in md.buffers:
             md.buffers[(hq, dv)] = alloc_decode_buffers(md.batch_size, hq, dv,
                                                         md.max_kv_splits, q.device)
-        mid_o, mid_lse = md.buffers[(hq, dv)]
+        buffers = md.buffers[(hq, dv)]
         if self.kv_pool.is_latent:
             mla_decode_attention(q3, k_buf, out, dv, md.kv_indptr, md.kv_indices,
-                                 md.num_kv_splits, md.max_kv_splits, layer.scaling, mid_o,
-                                 mid_lse, block_n=self.decode_block_n)
+                                 md.num_kv_splits, md.max_kv_splits, layer.scaling, buffers,
+                                 block_n=self.decode_block_n)
             return out.view(-1, hq * dv)
         k_scale, v_scale = self.kv_pool.scales(layer.layer_id)
         decode_attention(q3, k_buf, v_buf, out, md.kv_indptr, md.kv_indices, md.num_kv_splits,
-                         md.max_kv_splits, layer.scaling, mid_o, mid_lse,
-                         block_n=self.decode_block_n, k_scale=k_scale, v_scale=v_scale,
-                         tree_start=md.tree_start, tree_mask=md.tree_mask)
+                         md.max_kv_splits, layer.scaling, buffers, block_n=self.decode_block_n,
+                         k_scale=k_scale, v_scale=v_scale, tree_start=md.tree_start,
+                         tree_mask=md.tree_mask)
         return out.view(-1, hq * d)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

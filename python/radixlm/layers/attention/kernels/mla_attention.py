@@ -27,6 +27,7 @@ import triton.language as tl
 from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
 from radixlm.layers.attention.kernels.decode_attention import (
     LOG2E,
+    SplitKVBuffers,
     _decode_reduce_kernel,
     split_range,
 )
@@ -111,13 +112,13 @@ def mla_decode_block_n(lora: int, dtype: torch.dtype) -> int:
 def mla_decode_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tensor, lora: int,
                          kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                          num_kv_splits: torch.Tensor, max_kv_splits: int, sm_scale: float,
-                         mid_o: torch.Tensor, mid_lse: torch.Tensor,
-                         block_n: int | None = None, num_warps: int = 4,
+                         buffers: SplitKVBuffers, block_n: int | None = None, num_warps: int = 4,
                          num_stages: int = 2) -> torch.Tensor:
-    """q [B, H, LORA+ROPE]; kv_buf [slots, 1, LORA+ROPE]; out [B, H, LORA]. mid_o/mid_lse from
+    """q [B, H, LORA+ROPE]; kv_buf [slots, 1, LORA+ROPE]; out [B, H, LORA]. buffers from
     alloc_decode_buffers(B, H, LORA, >= max_kv_splits)."""
     bs, hq, d = q.shape
     rope = d - lora
+    mid_o, mid_lse = buffers.mid_o, buffers.mid_lse
     assert q.stride(-1) == 1 and kv_buf.stride(-1) == 1 and max_kv_splits <= mid_o.shape[2]
     if bs == 0:
         return out
