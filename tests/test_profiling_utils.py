@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from radixlm.utils.gpu_activity import busy_and_span
+from radixlm.utils.gpu_activity import busy_and_span, gaps_by_neighbours
 from radixlm.utils.phases import SPAWN_TIME_ENV, PhaseTimer, seconds_since_spawn
 
 
@@ -25,6 +25,16 @@ def test_busy_and_span_edges():
     assert busy_and_span([(0, 100), (10, 20)]) == (100, 100)
     # Touching intervals: no gap between them.
     assert busy_and_span([(0, 5), (5, 9)]) == (9, 9)
+
+
+def test_gaps_by_neighbours():
+    events = [(0, 10, "a"), (2, 4, "inside"), (12, 20, "b"), (30, 31, "c"), (40, 45, "a"),
+              (55, 60, "b")]
+    totals, short = gaps_by_neighbours(events, long_gap=3.0)
+    # 10 -> 12 is short; "inside" ended before "a" did, so the gap is after "a".
+    assert short == 2
+    assert totals == {("b", "c"): (10, 1), ("c", "a"): (9, 1), ("a", "b"): (10, 1)}
+    assert gaps_by_neighbours([]) == ({}, 0.0)
 
 
 def test_phase_timer_accumulates_in_order():

@@ -29,7 +29,8 @@ from radixlm.model_executor.runner_config import RunnerConfig
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.sampling.params import SamplingParams
 from radixlm.scheduler.scheduler import Scheduler
-from radixlm.utils.gpu_activity import busy_and_span, kernel_intervals
+from radixlm.utils.gpu_activity import (busy_and_span, gaps_by_neighbours, kernel_intervals,
+                                        named_device_events)
 
 
 def gpu_idle_fraction(prof) -> float | None:
@@ -67,7 +68,7 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
         sched.step()
     sync_device(dev)
     seconds = time.perf_counter() - t
-    idle, kernels = None, None
+    idle, kernels, gaps = None, None, None
     if dev.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -77,13 +78,15 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
         idle = gpu_idle_fraction(prof)
         if ns.kernel_table:
             kernels = kernel_table(prof, ns.profile_steps, ns.kernel_table)
+        if ns.gap_table:
+            gaps = gap_table(prof, ns.profile_steps, ns.gap_table)
     while sched.has_work:
         sched.step()
     return {"decode_steps": ns.steps, "seconds": seconds,
             "step_ms": seconds / ns.steps * 1e3,
             "decode_tok_s": ns.batch_size * ns.steps / seconds,
             "gpu_idle_fraction": idle, "overlapped_steps": sched.overlapped_steps,
-            "kernels_per_step": kernels,
+            "kernels_per_step": kernels, "gaps_per_step": gaps,
             "host_syncs_in_3_steps": syncs}
 
 
@@ -100,6 +103,23 @@ def kernel_table(prof, steps: int, rows: int) -> list[dict]:
         print(f"  {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  {row['name']}")
     return [{"name": "all", "per_step": sum(e.count for e in events) / steps,
              "us_per_step": total}] + table
+
+
+def gap_table(prof, steps: int, rows: int) -> list[dict]:
+    """Where the device waited (utils/gpu_activity.gaps_by_neighbours), per step: the `rows`
+    largest gaps over 3 us by the kernels or copies on either side. Gaps of a microsecond or
+    two between the kernels of a CUDA graph are launch latency; long ones next to a copy or a
+    kernel launched outside the graph are the host's."""
+    totals, short = gaps_by_neighbours(named_device_events(prof))
+    table = sorted(({"after": a[:60], "before": b[:60], "us_per_step": t / steps,
+                     "per_step": n / steps} for (a, b), (t, n) in totals.items()),
+                   key=lambda r: -r["us_per_step"])
+    print(f"device gaps a step: {sum(r['us_per_step'] for r in table):.0f} us in gaps > 3 us, "
+          f"{short / steps:.0f} us in shorter ones")
+    for row in table[:rows]:
+        print(f"  {row['us_per_step']:8.1f} us  x{row['per_step']:5.1f}  after {row['after']}"
+              f"  before {row['before']}")
+    return [{"name": "gaps of 3 us or less", "us_per_step": short / steps}] + table[:rows]
 
 
 def trace_host_syncs(fn) -> list[str] | None:
@@ -185,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--kernel-table", type=int, default=0,
                    help="print the N kernels with the most GPU time per profiled step")
+    p.add_argument("--gap-table", type=int, default=0,
+                   help="print the N largest device gaps per profiled step, by the kernels or "
+                        "copies on either side")
     p.add_argument("--check-syncs", action="store_true",
                    help="list the host synchronisations of 3 steps (CUDA sync debug mode)")
     p.add_argument("--output", default=None)
