@@ -7,6 +7,14 @@ A Scheduler is driven directly (in-memory transport, no tokenizer or HTTP) over 
 / (first kernel start to last kernel end) over that window: the time the device waited for the
 host. With the plain loop the host's per-step work (building the batch, reading results, stop
 checks) sits between kernels; with overlap it runs while the next step computes.
+
+The profiler itself slows the host: with CUPTI tracing the kernels of CUDA graphs, one
+`graph.replay()` took 500-680 us of host time on an H200 against 13-28 us without it
+(benchmarks/RESULTS.md), so under overlap the profiled window shows gaps the timed loop does
+not have. `busy_over_unprofiled_step` compares the kernels' busy time a profiled step with the
+wall time a step of the unprofiled loop: near 1 (or above: CUPTI also stretches short kernels
+slightly), the device did not wait for the host in the timed loop; 1 minus it bounds the idle
+time there from below when it is under 1.
 """
 
 from __future__ import annotations
@@ -33,13 +41,14 @@ from radixlm.utils.gpu_activity import (busy_and_span, gaps_by_neighbours, kerne
                                         named_device_events)
 
 
-def gpu_idle_fraction(prof) -> float | None:
-    """1 - busy / span over the CUDA kernels the profiler saw (overlapping kernels merged)."""
+def gpu_busy_and_idle(prof) -> tuple[float, float] | None:
+    """(busy microseconds, 1 - busy / span) over the CUDA kernels the profiler saw
+    (overlapping kernels merged); None without any."""
     intervals = kernel_intervals(prof)
     if not intervals:
         return None
     busy, span = busy_and_span(intervals)
-    return 1.0 - busy / span if span > 0 else 0.0
+    return busy, (1.0 - busy / span if span > 0 else 0.0)
 
 
 def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
@@ -68,14 +77,17 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
         sched.step()
     sync_device(dev)
     seconds = time.perf_counter() - t
-    idle, kernels, gaps = None, None, None
+    idle, busy_ratio, kernels, gaps = None, None, None, None
     if dev.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(ns.profile_steps):
                 sched.step()
             sync_device(dev)
-        idle = gpu_idle_fraction(prof)
+        busy_idle = gpu_busy_and_idle(prof)
+        if busy_idle is not None:
+            busy_us, idle = busy_idle
+            busy_ratio = busy_us / ns.profile_steps / (seconds / ns.steps * 1e6)
         if ns.kernel_table:
             kernels = kernel_table(prof, ns.profile_steps, ns.kernel_table)
         if ns.gap_table:
@@ -85,7 +97,8 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
     return {"decode_steps": ns.steps, "seconds": seconds,
             "step_ms": seconds / ns.steps * 1e3,
             "decode_tok_s": ns.batch_size * ns.steps / seconds,
-            "gpu_idle_fraction": idle, "overlapped_steps": sched.overlapped_steps,
+            "gpu_idle_fraction": idle, "busy_over_unprofiled_step": busy_ratio,
+            "overlapped_steps": sched.overlapped_steps,
             "kernels_per_step": kernels, "gaps_per_step": gaps,
             "host_syncs_in_3_steps": syncs}
 
@@ -217,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.update(environment(None), command="radixlm bench overlap " + " ".join(argv))
     path = write_json(ns.output or default_output_path("overlap"), result)
     on, off, roof = result["overlap_on"], result["overlap_off"], result["roofline"]
-    idle = (f", GPU idle {off['gpu_idle_fraction']:.1%} -> {on['gpu_idle_fraction']:.1%}"
+    idle = (f", GPU idle {off['gpu_idle_fraction']:.1%} -> {on['gpu_idle_fraction']:.1%} "
+            f"(profiled; kernel busy / unprofiled step {off['busy_over_unprofiled_step']:.3f}"
+            f" -> {on['busy_over_unprofiled_step']:.3f})"
             if on["gpu_idle_fraction"] is not None else "")
     print_summary(f"overlap bs {ns.batch_size}: decode {off['decode_tok_s']:.0f} -> "
                   f"{on['decode_tok_s']:.0f} tok/s ({result['speedup_on_over_off']:.2f}x)"
