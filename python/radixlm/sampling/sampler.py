@@ -13,6 +13,10 @@ Order of operations, per row (all rows at once, as whole-batch tensor ops):
 4. other rows: / temperature, then top-k, then top-p (on the distribution renormalised after
    top-k), then min-p, then a Gumbel-max draw with counter-based noise (`sampling.noise`).
 
+On CUDA the logprob of the chosen token, and for all-greedy batches without adjustments the
+argmax too, come from one pass over the logits (`logprob_kernels.py`) instead of the float32
+copy, argmax, logsumexp and gather (RADIXLM_DISABLE_FUSED_OPS=1: the PyTorch code).
+
 Filters are applied as a per-row logit threshold (keep tokens whose scaled logit >= threshold), so
 ties at a cut-off are all kept and the result does not depend on how a sort orders equal values
 (which differs between CPU and CUDA). Which filters run is decided on the host when the info is
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.layers.kernels import use_fused
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.noise import gumbel_argmax, token_keys
 
@@ -64,6 +69,15 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[1] != info.vocab_size:
             raise ValueError(f"logits of shape {tuple(logits.shape)} do not match vocab size "
                              f"{info.vocab_size}")
+        want_lse = alternatives > 0 or bool(top_logprobs_nums and max(top_logprobs_nums) > 0)
+        fused = (use_fused(logits) and logits.stride(1) == 1 and not want_lse)
+        if (fused and info.all_greedy and info.adjustments.is_noop
+                and info.vocab_mask is None):
+            # The common greedy step: argmax and its logprob in one pass over the logits in
+            # their own dtype (logprob_kernels.py), no float32 copy.
+            from radixlm.sampling.logprob_kernels import greedy_with_logprobs
+            next_ids, chosen = greedy_with_logprobs(logits)
+            return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
         raw = logits.float()
         x = self.process_logits(raw, info)
         if info.all_greedy:
@@ -71,6 +85,10 @@ class Sampler:
         else:
             next_ids = self._sample(x, info)
 
+        if fused:
+            from radixlm.sampling.logprob_kernels import chosen_logprobs
+            return SampleOutput(next_token_ids=next_ids,
+                                next_token_logprobs=chosen_logprobs(logits, next_ids))
         # log_softmax at one index = logit - logsumexp; avoids materialising a [B, V] result.
         lse = torch.logsumexp(raw, dim=-1)
         chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1) - lse

@@ -1,0 +1,113 @@
+"""The sampler's one-pass greedy / logprob kernels (sampling/logprob_kernels.py) against
+torch.argmax and logits.float() - logsumexp, and the Sampler taking them on CUDA.
+
+CPU: the cases below in a child process under TRITON_INTERPRET=1 (`run_cpu_interpreter_cases`);
+GPU: the same cases on CUDA, at the vocabulary sizes of the benchmark models, and the sampler's
+results with the fused path on against RADIXLM_DISABLE_FUSED_OPS=1.
+
+    TRITON_INTERPRET=1 python tests/test_logprob_kernels.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from helpers import run_cpu_interpreter_cases, run_interpreter_cases
+
+
+def make_logits(rows: int, vocab: int, dtype: torch.dtype, device: str, seed: int = 0
+                ) -> torch.Tensor:
+    """Random logits with the awkward cases planted: a maximum tied between two chunks (row 0)
+    and between two lanes of one chunk (row 1), -inf entries (row 2, as a vocabulary padding
+    or a ban leaves them), and a row of -inf only (row 3)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    if rows > 0:
+        x[0, [vocab - 5, 7000 % vocab]] = 60.0
+    if rows > 1:
+        x[1, [3, (3 + 2048) % vocab]] = 60.0
+    if rows > 2:
+        x[2, ::3] = float("-inf")
+    if rows > 3:
+        x[3] = float("-inf")
+    return x.to(device)
+
+
+def check(rows: int, vocab: int, dtype: torch.dtype, device: str) -> float:
+    from radixlm.sampling.logprob_kernels import chosen_logprobs, greedy_with_logprobs
+    x = make_logits(rows, vocab, dtype, device)
+    ids, logprobs = greedy_with_logprobs(x)
+    if rows == 0:
+        assert ids.shape == (0,) and logprobs.shape == (0,)
+        return 0.0
+    ref = x.float()
+    ref_ids = torch.argmax(ref, dim=-1)
+    ref_lp = ref.gather(1, ref_ids.unsqueeze(1)).squeeze(1) - torch.logsumexp(ref, dim=-1)
+    assert ids.dtype == torch.int64 and logprobs.dtype == torch.float32
+    assert torch.equal(ids.cpu(), ref_ids.cpu()), (ids, ref_ids)
+    # Row 3 (-inf only): NaN on both sides.
+    assert torch.equal(logprobs.isnan().cpu(), ref_lp.isnan().cpu())
+    err = (logprobs - ref_lp).nan_to_num().abs().max().item()
+    assert err <= 2e-5 * max(1.0, ref_lp.nan_to_num().abs().max().item()), err
+    # Given tokens (a sampled batch): some other than the argmax.
+    g = torch.Generator().manual_seed(1)
+    given = torch.randint(0, vocab, (rows,), generator=g).to(device)
+    lp = chosen_logprobs(x, given)
+    ref_given = ref.gather(1, given.unsqueeze(1)).squeeze(1) - torch.logsumexp(ref, dim=-1)
+    finite = ref_given.isfinite()
+    assert torch.equal(lp.isfinite().cpu(), finite.cpu())
+    err2 = (lp - ref_given)[finite].abs().max().item() if finite.any() else 0.0
+    assert err2 <= 2e-5 * max(1.0, ref_given[finite].abs().max().item()), err2
+    return max(err, err2)
+
+
+CPU_CASES = [(4, 20000, torch.float32), (5, 8192, torch.bfloat16), (1, 100, torch.float16),
+             (0, 300, torch.float32)]
+
+
+def _interpreter_cases():
+    for rows, vocab, dtype in CPU_CASES:
+        yield f"rows={rows} vocab={vocab} {dtype}", \
+            lambda a=(rows, vocab, dtype): check(*a, "cpu")
+
+
+def test_interpreter_cases():
+    run_cpu_interpreter_cases(__file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, vocab", [(1, 151936), (64, 151936), (4, 128256), (5, 49152),
+                                         (3, 100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_matches_torch(rows, vocab, dtype):
+    check(rows, vocab, dtype, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_sampler_same_with_and_without_fused(monkeypatch):
+    """The Sampler's outputs with the kernels (greedy batch; sampled batch) equal the PyTorch
+    path's: the same tokens, logprobs within float32 rounding."""
+    from radixlm.sampling.batch_info import SamplingBatchInfo
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.sampling.request import SamplingRequest
+    from radixlm.sampling.sampler import Sampler
+    x = make_logits(6, 32000, torch.bfloat16, "cuda")
+    x[3] = 0.0      # (no -inf-only row here: the sampled path's draw needs a finite logit)
+    for params in (dict(temperature=0), dict(temperature=0.8, top_p=0.9)):
+        reqs = [SamplingRequest(params=SamplingParams(**params), seed=i, prompt_ids=[1, 2],
+                                output_ids=[]) for i in range(6)]
+        info = SamplingBatchInfo.build(reqs, 32000, torch.device("cuda"))
+        outs = []
+        for disable in ("", "1"):
+            monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", disable)
+            outs.append(Sampler()(x, info))
+        assert torch.equal(outs[0].next_token_ids, outs[1].next_token_ids)
+        torch.testing.assert_close(outs[0].next_token_logprobs, outs[1].next_token_logprobs,
+                                   rtol=1e-5, atol=1e-5)
+
+
+if __name__ == "__main__":
+    sys.exit(run_interpreter_cases(_interpreter_cases()))
