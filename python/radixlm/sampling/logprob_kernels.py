@@ -3,9 +3,9 @@ chosen token's logprob (log_softmax of the raw logits at it).
 
 The PyTorch code (sampler.py) converts the [B, V] logits to float32, then runs argmax, a
 logsumexp (max, exp, sum, log) and a gather: six or seven kernels that each read the whole
-matrix, ~125 us a step at batch 64 over Qwen3's 151,936-token vocabulary on an H200, and one
-kernel per row band at batch 1 (torch's argmax of one 128k row runs in one thread block: 28 us).
-Here:
+matrix: ~125 us a step at batch 64 over Qwen3's 151,936-token vocabulary on an H200, and at
+batch 1 torch's argmax alone took 28 us over Llama-3's 128,256 tokens (too few rows to fill the
+GPU). Here:
 
   stage 1  grid (B, chunks): each program reads CHUNK logits of one row in their own dtype and
            keeps, per lane, the running maximum, the sum of exp(x - maximum) (rescaled when the
@@ -15,8 +15,9 @@ Here:
            index holding the maximum (torch.argmax's choice among ties), its logprob max - lse;
            with the tokens given (sampled rows), the logprob is x[token] - lse.
 
-Rows of -inf only give token 0 and a NaN logprob, as torch does. Capturable in CUDA graphs
-(shapes decide the grid and the buffers).
+Rows of -inf only give token 0 and a NaN logprob, as torch does (a NaN logit is not picked,
+where torch.argmax would pick it). Capturable in CUDA graphs (shapes decide the grid and the
+buffers).
 """
 
 from __future__ import annotations
