@@ -1,7 +1,9 @@
 """The sampler's one-pass greedy / logprob kernels (sampling/logprob_kernels.py) against
 torch.argmax and logits.float() - logsumexp, and the Sampler taking them on CUDA.
 
-CPU: the cases below in a child process under TRITON_INTERPRET=1 (`run_cpu_interpreter_cases`);
+CPU: the cases below in a child process under TRITON_INTERPRET=1 (`run_cpu_interpreter_cases`),
+the kernels against torch and the Sampler with its fused branch forced on against its PyTorch
+path for every kind of batch it routes (penalties, bias, bans, mixed, top logprobs, ...);
 GPU: the same cases on CUDA, at the vocabulary sizes of the benchmark models, and the sampler's
 results with the fused path on against RADIXLM_DISABLE_FUSED_OPS=1.
 
@@ -20,9 +22,10 @@ from helpers import run_cpu_interpreter_cases, run_interpreter_cases
 
 def make_logits(rows: int, vocab: int, dtype: torch.dtype, device: str, seed: int = 0
                 ) -> torch.Tensor:
-    """Random logits with the awkward cases planted: a maximum tied between two chunks (row 0)
-    and between two lanes of one chunk (row 1), -inf entries (row 2, as a vocabulary padding
-    or a ban leaves them), and a row of -inf only (row 3)."""
+    """Random logits with the awkward cases planted: a maximum tied between two chunks, or two
+    lanes of one chunk at small vocabularies (row 0), and within one lane, one load apart
+    (row 1); -inf entries (row 2, as a vocabulary padding or a ban leaves them), and a row of
+    -inf only (row 3)."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
     if rows > 0:
@@ -68,10 +71,58 @@ CPU_CASES = [(4, 20000, torch.float32), (5, 8192, torch.bfloat16), (1, 100, torc
              (0, 300, torch.float32)]
 
 
+# Batches the Sampler sends down each path: (params of each row, top_logprobs_nums,
+# alternatives). Plain greedy: both stages fused; penalties, a bias, a min_new_tokens ban, a
+# mixed or sampled batch: PyTorch tokens, fused logprob; top logprobs, alternatives: PyTorch.
+SAMPLER_BATCHES = [
+    ([dict(temperature=0)] * 3, None, 0),
+    ([dict(temperature=0, repetition_penalty=1.3, frequency_penalty=0.5)] * 3, None, 0),
+    ([dict(temperature=0, logit_bias={7: 50.0})] * 3, None, 0),
+    ([dict(temperature=0, min_new_tokens=4)] * 3, None, 0),
+    ([dict(temperature=0), dict(temperature=0.7, top_k=20), dict(temperature=0)], None, 0),
+    ([dict(temperature=0.9, top_p=0.8)] * 3, None, 0),
+    ([dict(temperature=0)] * 3, [0, 3, 1], 0),
+    ([dict(temperature=0)] * 3, None, 4),
+]
+
+
+def check_sampler(rows_params: list[dict], nums: list[int] | None, alternatives: int) -> float:
+    """The Sampler with its fused branch forced on (the kernels run where the logits are;
+    here the interpreter) against the PyTorch path: the same tokens, top logprobs and
+    alternatives, the chosen logprobs within float32 rounding."""
+    import radixlm.sampling.sampler as sampler_mod
+    from radixlm.sampling.batch_info import SamplingBatchInfo
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.sampling.request import SamplingRequest
+    vocab = 300
+    logits = make_logits(3, vocab, torch.float32, "cpu", seed=3)
+    logits[1] = torch.randn(vocab, generator=torch.Generator().manual_seed(5))  # all finite
+    reqs = [SamplingRequest(params=SamplingParams(**p), seed=i, prompt_ids=[1, 7, 9],
+                            output_ids=[7, 7, 2], eos_token_ids=[0])
+            for i, p in enumerate(rows_params)]
+    info = SamplingBatchInfo.build(reqs, vocab, torch.device("cpu"))
+    outs = []
+    for fused in (True, False):
+        sampler_mod.use_fused = lambda x, on=fused: on
+        outs.append(sampler_mod.Sampler()(logits, info, nums, alternatives))
+    assert torch.equal(outs[0].next_token_ids, outs[1].next_token_ids)
+    assert outs[0].top_logprobs == outs[1].top_logprobs
+    if alternatives:
+        assert torch.equal(outs[0].alternatives, outs[1].alternatives)
+    a, b = outs[0].next_token_logprobs, outs[1].next_token_logprobs
+    assert torch.equal(a.isnan(), b.isnan())
+    err = (a - b).nan_to_num().abs().max().item()
+    assert err <= 1e-5, err
+    return err
+
+
 def _interpreter_cases():
     for rows, vocab, dtype in CPU_CASES:
         yield f"rows={rows} vocab={vocab} {dtype}", \
             lambda a=(rows, vocab, dtype): check(*a, "cpu")
+    for rows_params, nums, alternatives in SAMPLER_BATCHES:
+        yield f"sampler {rows_params[0]}.. nums={nums} alternatives={alternatives}", \
+            lambda a=(rows_params, nums, alternatives): check_sampler(*a)
 
 
 def test_interpreter_cases():

@@ -170,6 +170,8 @@ def run_split_case(seq_lens: list[int], splits: list[int], max_kv_splits: int, h
     decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr, kv_indices,
                      torch.tensor(splits, dtype=torch.int32, device=device), max_kv_splits,
                      d ** -0.5, buffers, block_n=block_n)
+    # (checked here: the error below takes Python's max, which drops NaN)
+    assert not out.isnan().any(), "a row of the output was not written"
     assert torch.equal(kv_indices.cpu(), slots.long().int())
     err = 0.0
     for i, s in enumerate(slots.split(seq_lens)):
@@ -230,11 +232,12 @@ def run_tree_case(prefix_len: int, parents: list[int], hq: int, hk: int, d: int,
             table.to(device), torch.arange(n).to(device), torch.tensor(seq_lens).to(device),
             sum(seq_lens))
         buffers = alloc_decode_buffers(n, hq, d, splits, device)
-        out = torch.empty(n, hq, d, dtype=dtype, device=device)
+        out = torch.full((n, hq, d), float("nan"), dtype=dtype, device=device)
         decode_attention(q.to(device), kb.to(device), vb.to(device), out, kv_indptr,
                          kv_indices, torch.full((n,), splits, dtype=torch.int32, device=device),
                          splits, d ** -0.5, buffers, block_n=block_n,
                          tree_start=tree_start.to(device), tree_mask=tree_mask.to(device))
+    assert not out.isnan().any(), "a row of the output was not written"
     err = 0.0
     for j in range(n):
         seen = list(range(prefix_len)) + [prefix_len + i for i in range(n) if bits[j] >> i & 1]

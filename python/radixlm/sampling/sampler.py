@@ -15,7 +15,8 @@ Order of operations, per row (all rows at once, as whole-batch tensor ops):
 
 On CUDA the logprob of the chosen token, and for all-greedy batches without adjustments the
 argmax too, come from one pass over the logits (`logprob_kernels.py`) instead of the float32
-copy, argmax, logsumexp and gather (RADIXLM_DISABLE_FUSED_OPS=1: the PyTorch code).
+copy, argmax, logsumexp and gather (RADIXLM_DISABLE_FUSED_OPS=1: the PyTorch code); the
+same tokens and logprobs, except that a NaN logit is never the greedy token there.
 
 Filters are applied as a per-row logit threshold (keep tokens whose scaled logit >= threshold), so
 ties at a cut-off are all kept and the result does not depend on how a sort orders equal values
