@@ -11,8 +11,7 @@ import torch
 
 def kernel_intervals(prof) -> list[tuple[float, float]]:
     """(start, end) in microseconds of every device event a torch profiler recorded."""
-    return [(e.time_range.start, e.time_range.end) for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [(start, end) for start, end, _ in named_device_events(prof)]
 
 
 def busy_and_span(intervals: Iterable[tuple[float, float]]) -> tuple[float, float]:
