@@ -75,7 +75,7 @@ def unknown_args_message(parser: argparse.ArgumentParser, unknown: list[str]) ->
 # `radixlm bench NAME ...` runs radixlm.bench.NAME.main(...); each is also `python -m`-runnable.
 BENCHMARKS = ("structured", "grammar-fill", "programs", "one-batch", "offline", "serving",
               "headline", "overlap", "router", "hicache", "moe", "moe-tune", "quant", "spec",
-              "startup", "extend-kernel", "allreduce", "tp", "gemv", "latency")
+              "startup", "extend-kernel", "allreduce", "tp", "gemv", "latency", "sampler")
 
 
 def _generate(ns: argparse.Namespace) -> int:

@@ -15,8 +15,10 @@ Order of operations, per row (all rows at once, as whole-batch tensor ops):
 
 On CUDA the logprob of the chosen token, and for all-greedy batches without adjustments the
 argmax too, come from one pass over the logits (`logprob_kernels.py`) instead of the float32
-copy, argmax, logsumexp and gather (RADIXLM_DISABLE_FUSED_OPS=1: the PyTorch code); the
-same tokens and logprobs, except that a NaN logit is never the greedy token there.
+copy, argmax, logsumexp and gather; top logprobs and the redraw list (`alternatives`) from a
+top-k kernel pair (`topk_kernels.py`) instead of topk, gathers and casts
+(RADIXLM_DISABLE_FUSED_OPS=1: the PyTorch code). The same tokens and logprobs, except that a
+NaN logit is never the greedy token there, and equal values are listed by lower token id.
 
 Filters are applied as a per-row logit threshold (keep tokens whose scaled logit >= threshold), so
 ties at a cut-off are all kept and the result does not depend on how a sort orders equal values
@@ -70,31 +72,66 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[1] != info.vocab_size:
             raise ValueError(f"logits of shape {tuple(logits.shape)} do not match vocab size "
                              f"{info.vocab_size}")
-        want_lse = alternatives > 0 or bool(top_logprobs_nums and max(top_logprobs_nums) > 0)
-        fused = (use_fused(logits) and logits.stride(1) == 1 and not want_lse)
-        if (fused and info.all_greedy and info.adjustments.is_noop
-                and info.vocab_mask is None):
-            # The common greedy step: argmax and its logprob in one pass over the logits in
-            # their own dtype (logprob_kernels.py), no float32 copy.
-            from radixlm.sampling.logprob_kernels import greedy_with_logprobs
-            next_ids, chosen = greedy_with_logprobs(logits)
-            return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
+        k_top = max(top_logprobs_nums) if top_logprobs_nums else 0
+        if top_logprobs_nums and len(top_logprobs_nums) != logits.shape[0]:
+            raise ValueError(f"top_logprobs_nums has {len(top_logprobs_nums)} entries for "
+                             f"{logits.shape[0]} rows")
+        if use_fused(logits) and self._fused_takes(logits, k_top, alternatives):
+            return self._fused(logits, info, top_logprobs_nums, k_top, alternatives)
         raw = logits.float()
         x = self.process_logits(raw, info)
-        if info.all_greedy:
-            next_ids = torch.argmax(x, dim=-1)
-        else:
-            next_ids = self._sample(x, info)
-
-        if fused:
-            from radixlm.sampling.logprob_kernels import chosen_logprobs
-            return SampleOutput(next_token_ids=next_ids,
-                                next_token_logprobs=chosen_logprobs(logits, next_ids))
+        next_ids = torch.argmax(x, dim=-1) if info.all_greedy else self._sample(x, info)
         # log_softmax at one index = logit - logsumexp; avoids materialising a [B, V] result.
         lse = torch.logsumexp(raw, dim=-1)
         chosen = raw.gather(1, next_ids.unsqueeze(1)).squeeze(1) - lse
         top = self._top_logprobs(raw, lse, top_logprobs_nums)
         alts = self._alternatives(raw, x, lse, alternatives) if alternatives > 0 else None
+        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top,
+                            alternatives=alts)
+
+    @staticmethod
+    def _fused_takes(logits: torch.Tensor, k_top: int, alternatives: int) -> bool:
+        """Whether the kernels of logprob_kernels.py / topk_kernels.py take this batch."""
+        if logits.stride(1) != 1:
+            return False
+        from radixlm.sampling import topk_kernels
+        vocab = logits.shape[1]
+        return all(k <= 0 or topk_kernels.supports(logits, min(k, vocab))
+                   for k in (k_top, alternatives))
+
+    def _fused(self, logits: torch.Tensor, info: SamplingBatchInfo,
+               nums: list[int] | None, k_top: int, alternatives: int) -> SampleOutput:
+        """The same outputs as the PyTorch code in __call__, from a few Triton kernels that read
+        the logits in their own dtype: no float32 copy unless adjustments or a mask apply."""
+        from radixlm.sampling.logprob_kernels import chosen_logprobs, greedy_with_logprobs
+        from radixlm.sampling.topk_kernels import top_k_with_logprobs
+        vocab = logits.shape[1]
+        plain = info.adjustments.is_noop and info.vocab_mask is None
+        if info.all_greedy and plain and not (k_top > 0 or alternatives > 0):
+            # The common greedy step: argmax and its logprob in one pass.
+            next_ids, chosen = greedy_with_logprobs(logits)
+            return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
+        # What greedy rows take the argmax of, and alternatives are ranked by.
+        x = logits if plain else self.process_logits(logits.float(), info)
+        alts = top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives else None
+        tops = top_k_with_logprobs(logits, logits, min(k_top, vocab)) if k_top > 0 else None
+        # A greedy batch's tokens are the first of a top-k list over x (first index of the
+        # maximum, as torch.argmax), and their logprobs come with them.
+        first = alts if alts is not None else tops if plain else None
+        if info.all_greedy and first is not None:
+            next_ids, chosen = first[0, :, 0].long(), first[2, :, 0].contiguous()
+        else:
+            if info.all_greedy:
+                next_ids = torch.argmax(x, dim=-1)
+            else:
+                next_ids = self._sample(x.float() if plain else x, info)
+            chosen = chosen_logprobs(logits, next_ids)
+        top = None
+        if tops is not None:
+            # One host copy: ids (exact in float32) and logprobs of every row's k_top best.
+            ids, logprobs = tops[[0, 2]].tolist()
+            top = [([float(v) for v in logprobs[i][:n]], [int(t) for t in ids[i][:n]])
+                   if n > 0 else ([], []) for i, n in enumerate(nums)]
         return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top,
                             alternatives=alts)
 
