@@ -64,17 +64,26 @@ def _chunk_stats_kernel(logits, stride_row, part_max, part_sum, part_idx, V, num
 
 
 @triton.jit
-def _combine_kernel(part_max, part_sum, part_idx, logits, stride_row, ids, logprobs,
-                    num_chunks, GREEDY: tl.constexpr, BLOCK_C: tl.constexpr):
-    row = tl.program_id(0)
+def fold_chunk_stats(part_max, part_sum, row, num_chunks, BLOCK_C: tl.constexpr):
+    """A row's (chunk maxima [BLOCK_C], maximum, logsumexp) from its chunks' (max, sum of
+    exp(x - max)) (also topk_kernels.py's stage 2)."""
     offs = tl.arange(0, BLOCK_C)
     mask = offs < num_chunks
     c_max = tl.load(part_max + row * num_chunks + offs, mask=mask, other=float("-inf"))
     c_sum = tl.load(part_sum + row * num_chunks + offs, mask=mask, other=0.0)
     row_max = tl.max(c_max, 0)
     weight = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - row_max))
-    lse = row_max + tl.log(tl.sum(c_sum * weight, 0))
+    return c_max, row_max, row_max + tl.log(tl.sum(c_sum * weight, 0))
+
+
+@triton.jit
+def _combine_kernel(part_max, part_sum, part_idx, logits, stride_row, ids, logprobs,
+                    num_chunks, GREEDY: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    c_max, row_max, lse = fold_chunk_stats(part_max, part_sum, row, num_chunks, BLOCK_C)
     if GREEDY:
+        offs = tl.arange(0, BLOCK_C)
+        mask = offs < num_chunks
         c_idx = tl.load(part_idx + row * num_chunks + offs, mask=mask, other=2147483647)
         token = tl.min(tl.where(c_max == row_max, c_idx, 2147483647), 0)
         tl.store(ids + row, token.to(tl.int64))

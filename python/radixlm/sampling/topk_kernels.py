@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.sampling.logprob_kernels import fold_chunk_stats
+
 CHUNK = 2048           # scores a stage-1 program loads (16 a thread at 4 warps)
 MAX_K = 32             # larger k (a request's top_logprobs) stays with torch.topk
 _NO_ID = tl.constexpr(2147483647)   # sorts after every token id
@@ -68,13 +70,7 @@ def _combine_topk_kernel(part_max, part_sum, cand_val, cand_id, logits, stride_l
                          num_rows, num_chunks, k_out, K: tl.constexpr,
                          BLOCK_C: tl.constexpr, BLOCK_CAND: tl.constexpr):
     row = tl.program_id(0)
-    offs_c = tl.arange(0, BLOCK_C)
-    c_mask = offs_c < num_chunks
-    c_max = tl.load(part_max + row * num_chunks + offs_c, mask=c_mask, other=float("-inf"))
-    c_sum = tl.load(part_sum + row * num_chunks + offs_c, mask=c_mask, other=0.0)
-    row_max = tl.max(c_max, 0)
-    weight = tl.where(c_max == float("-inf"), 0.0, tl.exp(c_max - row_max))
-    lse = row_max + tl.log(tl.sum(c_sum * weight, 0))
+    _, _, lse = fold_chunk_stats(part_max, part_sum, row, num_chunks, BLOCK_C)
 
     offs = tl.arange(0, BLOCK_CAND)
     n_cand = num_chunks * K
