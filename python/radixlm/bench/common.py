@@ -54,6 +54,28 @@ def cuda_median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graph_seconds_per_call(fn: Callable[[], object], calls_in_fn: int = 1,
+                           graph_calls: int = 20, repeats: int = 10) -> float:
+    """Median GPU seconds of one of the `calls_in_fn` calls `fn` makes, timed as a CUDA graph of
+    `graph_calls` runs of fn (after warm-up runs on a side stream): no host launch time in it,
+    as in a captured decode step."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_calls):
+            fn()
+    seconds = cuda_median_seconds(graph.replay, repeats) / (graph_calls * calls_in_fn)
+    del graph
+    return seconds
+
+
 def median(values: Iterable[float]) -> float:
     xs = sorted(values)
     if not xs:

@@ -1,6 +1,9 @@
 """`python -m radixlm.bench.decode_kernel`: the split-KV decode kernel alone, over tile sizes,
 warps, pipeline stages and split counts, as achieved bandwidth (K/V bytes read / kernel time)
-against the device's copy bandwidth. Used to pick the kernel's defaults (CUDA only).
+against the device's copy bandwidth. Kernel time is taken inside a CUDA graph, over copies of
+the KV that together outgrow the L2 (events around one eager call measured the host's launch
+at small batches: 67-73 us for kernels that take 9-43 us in a decode step). Used to pick the
+kernel's defaults (CUDA only).
 
 `--kv-cache-dtype fp8_e4m3` sweeps the same batch twice in one run, over a bf16 KV pool and over
 an fp8 one (the same values, quantized), and reports the decode attention time of each at the
@@ -15,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from radixlm.bench.common import (cuda_median_seconds, default_output_path, environment,
+from radixlm.bench.common import (default_output_path, environment, graph_seconds_per_call,
                                   print_summary, write_json)
 
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
@@ -37,37 +40,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="fp8_e4m3: also sweep an fp8 KV pool and compare it with bf16")
+    p.add_argument("--splits", default="1,2,4",
+                   help="comma-separated max_kv_splits values to sweep")
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
     dev, dt = torch.device("cuda"), torch.bfloat16
     bs, ctx, hq, hk, d = ns.batch_size, ns.context, ns.num_heads, ns.num_kv_heads, ns.head_dim
-    slots = bs * ctx + 1
+    # As many copies of the batch's KV as it takes to pass 256 MB (the L2 holds a few tens of
+    # MB): each call of a timed run reads a copy the previous calls did not, as each layer of a
+    # model reads its own cache.
+    copies = max(1, min(32, -(-(256 << 20) // (2 * bs * ctx * hk * d * 2))))
+    slots = copies * bs * ctx + 1
     k_buf = torch.randn(slots, hk, d, dtype=dt, device=dev)
     v_buf = torch.randn(slots, hk, d, dtype=dt, device=dev)
     # Each request's slots are a shuffled range: contiguous runs like a real pool after churn.
-    table = (torch.randperm(bs, device=dev)[:, None] * ctx
-             + torch.arange(ctx, device=dev)[None, :] + 1).to(torch.int32)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int64, device=dev)
-    kv_indptr, kv_indices = build_kv_indices(table, torch.arange(bs, device=dev), seq_lens,
-                                             bs * ctx)
+    kv_indptr, indices = None, []
+    for c in range(copies):
+        table = (c * bs * ctx + torch.randperm(bs, device=dev)[:, None] * ctx
+                 + torch.arange(ctx, device=dev)[None, :] + 1).to(torch.int32)
+        kv_indptr, kv_indices = build_kv_indices(table, torch.arange(bs, device=dev), seq_lens,
+                                                 bs * ctx)
+        indices.append(kv_indices)
     q = torch.randn(bs, hq, d, dtype=dt, device=dev)
     out = torch.empty_like(q)
     bw = copy_bandwidth(dev)
+    split_counts = tuple(int(x) for x in ns.splits.split(","))
 
     def run(kb: torch.Tensor, vb: torch.Tensor, block_n: int, warps: int | None,
             stages: int | None, splits: int) -> Callable[[], object]:
+        """One call per KV copy; timed in a CUDA graph (`graph_seconds_per_call`), so host
+        launch time is not counted, as in a captured decode step."""
         nsplit = per_request_kv_splits(seq_lens, splits)
         buffers = alloc_decode_buffers(bs, hq, d, splits, dev)
-        return lambda: decode_attention(q, kb, vb, out, kv_indptr, kv_indices, nsplit, splits,
-                                        d ** -0.5, buffers, block_n=block_n,
-                                        num_warps=warps, num_stages=stages)
+
+        def calls() -> None:
+            for kv_indices in indices:
+                decode_attention(q, kb, vb, out, kv_indptr, kv_indices, nsplit, splits,
+                                 d ** -0.5, buffers, block_n=block_n, num_warps=warps,
+                                 num_stages=stages)
+        return calls
 
     def sweep(kb: torch.Tensor, vb: torch.Tensor) -> tuple[list[dict], list[dict], int]:
         kv_bytes = 2 * bs * ctx * hk * d * kb.element_size()
         rows = []
         for block_n, warps, stages, splits in itertools.product((32, 64, 128), (2, 4, 8),
-                                                               (1, 2, 3), (1, 2, 4)):
+                                                               (1, 2, 3), split_counts):
             call = run(kb, vb, block_n, warps, stages, splits)
             try:
                 call()
@@ -75,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append({"block_n": block_n, "warps": warps, "stages": stages,
                              "splits": splits, "error": str(e)[:100]})
                 continue
-            t = cuda_median_seconds(call)
+            t = graph_seconds_per_call(call, len(indices))
             rows.append({"block_n": block_n, "warps": warps, "stages": stages, "splits": splits,
                          "seconds": t, "fraction_of_copy_bw": kv_bytes / t / bw})
         ok = sorted((r for r in rows if "seconds" in r), key=lambda r: r["seconds"])
@@ -86,8 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.kv_cache_dtype != "auto":
         print("bf16 KV:")
     rows, ok, kv_bytes = sweep(k_buf, v_buf)
-    default = next(r for r in rows if (r["block_n"], r["warps"], r["stages"], r["splits"])
-                   == (64 if d <= 64 else 32, 4, 2, 1))
+    # What TritonAttnBackend launches for this batch: its tile and split choice, 4 warps and
+    # 2 stages for a 16-bit pool (missing from the table if its split count was not swept).
+    backend_splits = choose_max_kv_splits(bs, hk, ctx, num_sms(dev))
+    default = next((r for r in rows if (r["block_n"], r["warps"], r["stages"], r["splits"])
+                    == (decode_block_n(d, dt), 4, 2, backend_splits)), {})
     result = {"shape": vars(ns), "copy_bandwidth_gb_s": bw / 1e9, "kv_bytes": kv_bytes,
               "best": ok[0], "current_default": default, "all": rows}
     summary = (f"decode kernel bs {bs} ctx {ctx}: best {ok[0]['fraction_of_copy_bw']:.0%} of "
@@ -102,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # decode_attention's warps and stages for the pool's dtype (None: its own choice).
         splits = choose_max_kv_splits(bs, hk, ctx, num_sms(dev))
         backend = dict(block_n=decode_block_n(d, dt), warps=None, stages=None, splits=splits)
-        t16 = cuda_median_seconds(run(k_buf, v_buf, **backend))
-        t8 = cuda_median_seconds(run(k8, v8, **backend))
+        t16 = graph_seconds_per_call(run(k_buf, v_buf, **backend), copies)
+        t8 = graph_seconds_per_call(run(k8, v8, **backend), copies)
         result[ns.kv_cache_dtype] = {
             "kv_bytes": kv_bytes8, "best": ok8[0], "all": rows8,
             "backend_default": {**backend, "bf16_seconds": t16, "fp8_seconds": t8,

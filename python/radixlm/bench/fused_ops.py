@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from radixlm.bench.common import (default_output_path, environment, median, print_summary,
-                                  write_json)
+from radixlm.bench.common import (default_output_path, environment, graph_seconds_per_call,
+                                  median, print_summary, write_json)
 
 KNOB = "RADIXLM_DISABLE_FUSED_OPS"
 
@@ -75,21 +75,9 @@ def time_us(fn: Callable[[], Any], warmup: int, iters: int) -> float:
     return 1e3 * median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def time_graph_us(fn: Callable[[], Any], warmup: int, iters: int, calls: int) -> float:
+def time_graph_us(fn: Callable[[], Any], iters: int, calls: int) -> float:
     """Median microseconds of one call inside a CUDA graph of `calls` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    result = time_us(graph.replay, warmup, iters) / calls
-    del graph
-    return result
+    return graph_seconds_per_call(fn, graph_calls=calls, repeats=iters) * 1e6
 
 
 def _case(op: str, m: dict[str, Any], t: int, dtype: torch.dtype, layers: dict[str, Any],
@@ -154,11 +142,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 diff = _max_diff(call)
                 with _Fallback(True):
                     torch_us = time_us(call, args.warmup, args.iters)
-                    torch_graph_us = time_graph_us(call, args.warmup, args.iters,
+                    torch_graph_us = time_graph_us(call, args.iters,
                                                    args.graph_calls)
                 with _Fallback(False):
                     fused_us = time_us(call, args.warmup, args.iters)
-                    fused_graph_us = time_graph_us(call, args.warmup, args.iters,
+                    fused_graph_us = time_graph_us(call, args.iters,
                                                    args.graph_calls)
                 rows.append(dict(model=name, op=op, tokens=t, dtype=args.dtype,
                                  torch_us=torch_us, fused_us=fused_us,

@@ -62,7 +62,9 @@ def measure(runner: ModelRunner, kv: KVCacheManager, args: ServerArgs,
     total_steps = ns.steps + ns.profile_steps + 4
     for i in range(ns.batch_size):
         ids = torch.randint(0, vocab, (ns.input_len,), generator=gen).tolist()
-        params = SamplingParams(max_new_tokens=total_steps + 8, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=total_steps + 8, temperature=ns.temperature,
+                                top_p=ns.top_p, top_k=ns.top_k, sampling_seed=i,
+                                ignore_eos=True)
         sched.handle_message(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids,
                                                   sampling_params=params))
     while sched.waiting or sched.chunked_req or len(sched.running) < ns.batch_size:
@@ -215,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="every request's sampling (default greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1, help="-1: off")
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--kernel-table", type=int, default=0,
                    help="print the N kernels with the most GPU time per profiled step")

@@ -31,6 +31,9 @@ CASES: dict[str, tuple[dict[str, Any], int, int]] = {
     "greedy+top_logprobs5": (dict(temperature=0), 5, 0),
     "top_p": (dict(temperature=0.8, top_p=0.9), 0, 0),
     "top_p+top_logprobs5": (dict(temperature=0.8, top_p=0.9), 5, 0),
+    "top_k20": (dict(temperature=0.8, top_k=20), 0, 0),
+    "top_k40+top_p": (dict(temperature=0.8, top_k=40, top_p=0.9), 0, 0),
+    "min_p": (dict(temperature=0.8, min_p=0.05), 0, 0),
 }
 
 
