@@ -113,7 +113,7 @@ class Sampler:
             return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
         # What greedy rows take the argmax of, and alternatives are ranked by.
         x = logits if plain else self.process_logits(logits.float(), info)
-        alts = top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives else None
+        alts = top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives > 0 else None
         tops = top_k_with_logprobs(logits, logits, min(k_top, vocab)) if k_top > 0 else None
         # A greedy batch's tokens are the first of a top-k list over x (first index of the
         # maximum, as torch.argmax), and their logprobs come with them.
