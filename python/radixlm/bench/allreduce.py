@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.common import (capture_graph, default_output_path, environment, print_summary,
+                                  write_json)
 from radixlm.utils.server_process import free_port
 
 DEFAULT_SIZES_KB = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -31,16 +32,7 @@ DEFAULT_SIZES_KB = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 def _graph_us(fn: Callable[[], Any], ops: int, repeats: int) -> float:
     """Median microseconds per call of `fn` captured `ops` times in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):   # warm-up outside the graph (lazy NCCL/kernel set-up)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(ops):
-            fn()
+    graph = capture_graph(fn, ops)
     return _median_us(graph.replay, repeats) / ops
 
 

@@ -54,11 +54,9 @@ def cuda_median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def graph_seconds_per_call(fn: Callable[[], object], calls_in_fn: int = 1,
-                           graph_calls: int = 20, repeats: int = 10) -> float:
-    """Median GPU seconds of one of the `calls_in_fn` calls `fn` makes, timed as a CUDA graph of
-    `graph_calls` runs of fn (after warm-up runs on a side stream): no host launch time in it,
-    as in a captured decode step."""
+def capture_graph(fn: Callable[[], object], calls: int):
+    """A CUDA graph of `calls` runs of fn, captured after three warm-up runs on a side stream
+    (lazy set-up: Triton compiles, NCCL communicators)."""
     import torch
 
     side = torch.cuda.Stream()
@@ -69,8 +67,16 @@ def graph_seconds_per_call(fn: Callable[[], object], calls_in_fn: int = 1,
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(graph_calls):
+        for _ in range(calls):
             fn()
+    return graph
+
+
+def graph_seconds_per_call(fn: Callable[[], object], calls_in_fn: int = 1,
+                           graph_calls: int = 20, repeats: int = 10) -> float:
+    """Median GPU seconds of one of the `calls_in_fn` calls `fn` makes, timed as a CUDA graph of
+    `graph_calls` runs of fn: no host launch time in it, as in a captured decode step."""
+    graph = capture_graph(fn, graph_calls)
     seconds = cuda_median_seconds(graph.replay, repeats) / (graph_calls * calls_in_fn)
     del graph
     return seconds
