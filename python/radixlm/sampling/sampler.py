@@ -113,7 +113,8 @@ class Sampler:
             return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
         # What greedy rows take the argmax of, and alternatives are ranked by.
         x = logits if plain else self.process_logits(logits.float(), info)
-        alts = top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives > 0 else None
+        alts = (top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives > 0
+                else None)
         tops = top_k_with_logprobs(logits, logits, min(k_top, vocab)) if k_top > 0 else None
         # A greedy batch's tokens are the first of a top-k list over x (first index of the
         # maximum, as torch.argmax), and their logprobs come with them.
@@ -192,8 +193,6 @@ class Sampler:
                       nums: list[int] | None) -> list[tuple[list[float], list[int]]] | None:
         if not nums or max(nums) <= 0:
             return None
-        if len(nums) != raw.shape[0]:
-            raise ValueError(f"top_logprobs_nums has {len(nums)} entries for {raw.shape[0]} rows")
         k = min(max(nums), raw.shape[1])
         values, ids = torch.topk(raw, k, dim=-1)  # one topk for the batch, sliced per row below
         values = (values - lse.unsqueeze(1)).tolist()
