@@ -54,6 +54,32 @@ def cuda_median_seconds(call: Callable[[], object], repeats: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+FUSED_OPS_KNOB = "RADIXLM_DISABLE_FUSED_OPS"
+
+
+class FusedOpsFallback:
+    """Within the block, with on=True, layers and the sampler run their PyTorch code instead of
+    their Triton kernels (the knob is read at every call); on=False forces the kernels. The
+    environment's own setting comes back afterwards."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self) -> "FusedOpsFallback":
+        self.old = os.environ.get(FUSED_OPS_KNOB)
+        if self.on:
+            os.environ[FUSED_OPS_KNOB] = "1"
+        else:
+            os.environ.pop(FUSED_OPS_KNOB, None)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is None:
+            os.environ.pop(FUSED_OPS_KNOB, None)
+        else:
+            os.environ[FUSED_OPS_KNOB] = self.old
+
+
 def capture_graph(fn: Callable[[], object], calls: int):
     """A CUDA graph of `calls` runs of fn, captured after three warm-up runs on a side stream
     (lazy set-up: Triton compiles, NCCL communicators)."""

@@ -18,10 +18,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from radixlm.bench.common import (default_output_path, environment, graph_seconds_per_call,
-                                  median, print_summary, write_json)
+from radixlm.bench.common import (FUSED_OPS_KNOB, FusedOpsFallback, default_output_path,
+                                  environment, graph_seconds_per_call, median, print_summary,
+                                  write_json)
 
-KNOB = "RADIXLM_DISABLE_FUSED_OPS"
+KNOB = FUSED_OPS_KNOB
 
 # The shapes that matter here, as in benchmarks/configs/*/config.json.
 MODELS: dict[str, dict[str, Any]] = {
@@ -38,26 +39,6 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 OPS = ("rmsnorm", "rmsnorm_residual", "silu_and_mul", "rotary")
 MAX_POSITION = 131072
-
-
-class _Fallback:
-    """Within the block, the layers run their PyTorch code (the knob is read at every call)."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.old = os.environ.get(KNOB)
-        if self.on:
-            os.environ[KNOB] = "1"
-        else:
-            os.environ.pop(KNOB, None)
-
-    def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop(KNOB, None)
-        else:
-            os.environ[KNOB] = self.old
 
 
 def time_us(fn: Callable[[], Any], warmup: int, iters: int) -> float:
@@ -110,10 +91,10 @@ def _case(op: str, m: dict[str, Any], t: int, dtype: torch.dtype, layers: dict[s
 def _max_diff(call: Callable[[], Any]) -> float:
     """Max abs difference, fused vs fallback, on the same inputs (the fallback runs first: it
     writes nothing, while fused rotary rotates q/k in place)."""
-    with _Fallback(True):
+    with FusedOpsFallback(True):
         ref = call()
     ref = [t.clone() for t in (ref if isinstance(ref, tuple) else (ref,))]
-    with _Fallback(False):
+    with FusedOpsFallback(False):
         out = call()
     out = out if isinstance(out, tuple) else (out,)
     return max((a.float() - b.float()).abs().max().item() if a.numel() else 0.0
@@ -140,11 +121,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for op in args.ops:
                 call, nbytes = _case(op, m, t, dtype, layers, g)
                 diff = _max_diff(call)
-                with _Fallback(True):
+                with FusedOpsFallback(True):
                     torch_us = time_us(call, args.warmup, args.iters)
                     torch_graph_us = time_graph_us(call, args.iters,
                                                    args.graph_calls)
-                with _Fallback(False):
+                with FusedOpsFallback(False):
                     fused_us = time_us(call, args.warmup, args.iters)
                     fused_graph_us = time_graph_us(call, args.iters,
                                                    args.graph_calls)

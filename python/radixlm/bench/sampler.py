@@ -12,16 +12,13 @@ critical path. Two figures per case, medians of --iters after warm-up:
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any, Callable
 
 import torch
 
-from radixlm.bench.common import default_output_path, environment, median, print_summary, \
-    write_json
-
-KNOB = "RADIXLM_DISABLE_FUSED_OPS"
+from radixlm.bench.common import (FusedOpsFallback, default_output_path, environment, median,
+                                  print_summary, write_json)
 
 # name -> (per-row SamplingParams kwargs, top_logprobs_num a row, alternatives)
 CASES: dict[str, tuple[dict[str, Any], int, int]] = {
@@ -65,18 +62,14 @@ def run_case(vocab: int, batch: int, case: str, iters: int) -> dict[str, Any]:
     sampler = Sampler()
     row: dict[str, Any] = dict(vocab=vocab, batch=batch, case=case)
     outs = {}
+    call = lambda: sampler(logits, info, nums, alternatives)   # noqa: E731
     for name, off in (("fused", False), ("torch", True)):
-        if off:
-            os.environ[KNOB] = "1"
-        else:
-            os.environ.pop(KNOB, None)
-        call = lambda: sampler(logits, info, nums, alternatives)   # noqa: E731
-        for _ in range(3):
-            call()
-        row[f"{name}_host_us"] = _time(call, iters, sync=False) * 1e6
-        row[f"{name}_total_us"] = _time(call, iters, sync=True) * 1e6
-        outs[name] = call()
-    os.environ.pop(KNOB, None)
+        with FusedOpsFallback(off):
+            for _ in range(3):
+                call()
+            row[f"{name}_host_us"] = _time(call, iters, sync=False) * 1e6
+            row[f"{name}_total_us"] = _time(call, iters, sync=True) * 1e6
+            outs[name] = call()
     row["same_tokens"] = bool(torch.equal(outs["fused"].next_token_ids,
                                           outs["torch"].next_token_ids))
     return row

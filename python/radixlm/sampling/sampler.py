@@ -94,6 +94,8 @@ class Sampler:
         """Whether the kernels of logprob_kernels.py / topk_kernels.py take this batch."""
         if logits.stride(1) != 1:
             return False
+        if k_top <= 0 and alternatives <= 0:
+            return True
         from radixlm.sampling import topk_kernels
         vocab = logits.shape[1]
         return all(k <= 0 or topk_kernels.supports(logits, min(k, vocab))
