@@ -26,6 +26,7 @@ CASES: dict[str, tuple[dict[str, Any], int, int]] = {
     "greedy+alternatives16": (dict(temperature=0), 0, 16),
     "greedy+min_tokens+alternatives16": (dict(temperature=0, min_new_tokens=64), 0, 16),
     "greedy+top_logprobs5": (dict(temperature=0), 5, 0),
+    "temperature": (dict(temperature=0.8), 0, 0),
     "top_p": (dict(temperature=0.8, top_p=0.9), 0, 0),
     "top_p+top_logprobs5": (dict(temperature=0.8, top_p=0.9), 5, 0),
     "top_k20": (dict(temperature=0.8, top_k=20), 0, 0),

@@ -91,7 +91,8 @@ class ModelRunner:
         # reads it on the device, so that step can be launched before the host has seen it.
         self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
                                           device=self.device)
-        self.sampler = Sampler()
+        # The model's logits are its lm_head's output in self.dtype, as float32 (llama.py).
+        self.sampler = Sampler(logits_hold_bf16=self.dtype == torch.bfloat16)
         self.attn_backend: AttentionBackend | None = None
         self.graph_runner = None
         self.compiled_decode = None      # --enable-torch-compile
@@ -175,6 +176,8 @@ class ModelRunner:
                 draft_trees=draft_trees)
             with self.startup.phase("cuda_graphs"):
                 self.graph_runner.capture()
+        with self.startup.phase("sampler_kernels"):
+            self.sampler.warm_up(self.model_config.vocab_size, self.dtype, self.device)
 
     # ------------------------------------------------------------------ memory
 

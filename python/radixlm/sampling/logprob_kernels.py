@@ -32,6 +32,32 @@ CHUNK = BLOCK * ITERS
 
 
 @triton.jit
+def online_lse_step(lane_max, lane_sum, x):
+    """One step of a running (max, sum of exp(x - max)) per lane: the new pair after x.
+    exp(-inf - -inf) is NaN: an unchanged maximum scales by exactly 1, a -inf value adds
+    exactly 0."""
+    new_max = tl.maximum(lane_max, x)
+    scale = tl.where(new_max == lane_max, 1.0, tl.exp(lane_max - new_max))
+    term = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
+    return new_max, lane_sum * scale + term
+
+
+@triton.jit
+def load_scores_and_logits(scores, stride_s, logits, stride_l, row, idx, valid,
+                           SAME: tl.constexpr):
+    """One row's scores and raw logits at idx as float32 (-inf past the row), loaded once when
+    they are the same tensor (SAME) (topk_kernels.py, draw_kernels.py)."""
+    s = tl.load(scores + row.to(tl.int64) * stride_s + idx, mask=valid,
+                other=float("-inf")).to(tl.float32)
+    if SAME:
+        r = s
+    else:
+        r = tl.load(logits + row.to(tl.int64) * stride_l + idx, mask=valid,
+                    other=float("-inf")).to(tl.float32)
+    return s, r
+
+
+@triton.jit
 def _chunk_stats_kernel(logits, stride_row, part_max, part_sum, part_idx, V, num_chunks,
                         BLOCK: tl.constexpr, ITERS: tl.constexpr):
     row = tl.program_id(0)
@@ -45,14 +71,8 @@ def _chunk_stats_kernel(logits, stride_row, part_max, part_sum, part_idx, V, num
     for it in tl.static_range(ITERS):
         idx = first + it * BLOCK + offs
         x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(lane_max, x)
-        # exp(-inf - -inf) is NaN: an unchanged maximum scales by exactly 1, a -inf logit
-        # adds exactly 0.
-        scale = tl.where(new_max == lane_max, 1.0, tl.exp(lane_max - new_max))
-        term = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
-        lane_sum = lane_sum * scale + term
         lane_idx = tl.where(x > lane_max, idx, lane_idx)   # strict: the first index stays
-        lane_max = new_max
+        lane_max, lane_sum = online_lse_step(lane_max, lane_sum, x)
     chunk_max = tl.max(lane_max, 0)
     weight = tl.where(lane_max == float("-inf"), 0.0, tl.exp(lane_max - chunk_max))
     chunk_sum = tl.sum(lane_sum * weight, 0)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.sampling.logprob_kernels import fold_chunk_stats
+from radixlm.sampling.logprob_kernels import fold_chunk_stats, load_scores_and_logits
 
 CHUNK = 2048           # scores a stage-1 program loads (16 a thread at 4 warps)
 MAX_K = 32             # larger k (a request's top_logprobs) stays with torch.topk
@@ -39,13 +39,7 @@ def _chunk_topk_kernel(scores, stride_s, logits, stride_l, part_max, part_sum, c
     chunk = tl.program_id(1)
     idx = chunk * CHUNK + tl.arange(0, CHUNK)
     valid = idx < V
-    s = tl.load(scores + row.to(tl.int64) * stride_s + idx, mask=valid,
-                other=float("-inf")).to(tl.float32)
-    if SAME:
-        r = s
-    else:
-        r = tl.load(logits + row.to(tl.int64) * stride_l + idx, mask=valid,
-                    other=float("-inf")).to(tl.float32)
+    s, r = load_scores_and_logits(scores, stride_s, logits, stride_l, row, idx, valid, SAME)
     c_max = tl.max(r, 0)
     # (a -inf logit adds exactly 0; exp(-inf - -inf) would be NaN)
     c_sum = tl.sum(tl.where(r == float("-inf"), 0.0, tl.exp(r - c_max)), 0)

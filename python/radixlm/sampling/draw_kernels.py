@@ -1,0 +1,148 @@
+"""A sampled batch's draw in one pass over the logits: temperature, cut-off, Gumbel noise,
+argmax, and the chosen token's logprob.
+
+The PyTorch code (sampler.py, noise.py) divides by the temperature, masks the tokens below the
+row's cut-off, builds the [B, V] noise with a dozen int64 elementwise ops (the hash of
+noise.py), adds it, takes the argmax, and then computes the logprob in another pass: about
+twenty launches that each stream a [B, V] matrix, 78 MB per int64 op at batch 64 over Qwen3's
+151,936 tokens. Here, two kernels:
+
+  stage 1  grid (B, chunks): a program reads CHUNK scores of one row (and the raw logits, once
+           when they are the same tensor); per lane it keeps the running (max, sum of exp) of
+           the raw logits and the best noisy score with its first index, where the noisy score
+           of a token is scores / T + gumbel(row key, token) if scores / T >= cut-off, else
+           -inf; then folds its lanes into one of each for the chunk.
+  stage 2  grid (B,): folds a row's chunks; the token is the first index of the best noisy
+           score, its logprob raw logit - logsumexp.
+
+The noise is noise.py's: the same 32-bit hash bits, the same float32 ops on them (uint32
+arithmetic wraps here, which is the reference's `& 0xFFFFFFFF`). The division is rounded to
+nearest as torch's; only `log` may differ from torch's in the last bit, which can change the
+winner only between two noisy scores within an ulp of each other. Greedy rows (temperature 1,
+cut-off -inf) get no noise: their argmax. Capturable in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixlm.sampling.logprob_kernels import (fold_chunk_stats, load_scores_and_logits,
+                                              online_lse_step)
+from radixlm.sampling.noise import _MUL1, _MUL2, _TOKEN_SALT, _UNIFORM_BITS
+
+BLOCK = 256           # logits a program loads at once (2 a thread at 4 warps)
+ITERS = 8             # loads a program makes, unrolled: CHUNK = 2,048 logits a program
+CHUNK = BLOCK * ITERS
+WARPS = 4
+_NO_ID = tl.constexpr(2147483647)
+_M1 = tl.constexpr(_MUL1)
+_M2 = tl.constexpr(_MUL2)
+_SALT = tl.constexpr(_TOKEN_SALT)
+_SHIFT = tl.constexpr(32 - _UNIFORM_BITS)
+_UNIT = tl.constexpr(2.0 ** -_UNIFORM_BITS)
+
+
+@triton.jit
+def mix32(x):
+    """noise.py's `mix` on uint32 lanes (products wrap modulo 2**32)."""
+    x = x ^ (x >> 16)
+    x = x * _M1
+    x = x ^ (x >> 15)
+    x = x * _M2
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def gumbel(row_key, idx):
+    """Standard Gumbel noise of (row key: uint32 scalar, token ids: int32 lanes), bit for bit
+    noise.gumbel_noise's up to the two logs."""
+    tok = mix32(idx.to(tl.uint32) ^ _SALT)
+    bits = mix32(row_key ^ tok)
+    u = ((bits >> _SHIFT).to(tl.float32) + 0.5) * _UNIT
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit(do_not_specialize=["has_cut"])
+def _draw_chunk_kernel(scores, stride_s, logits, stride_l, temps, cutoffs, has_cut, greedy,
+                       row_keys, part_max, part_sum, part_best, part_idx, V, num_chunks,
+                       BLOCK: tl.constexpr, ITERS: tl.constexpr, SAME: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    t = tl.load(temps + row)
+    cut = tl.where(has_cut != 0, tl.load(cutoffs + row), float("-inf"))
+    noisy = tl.load(greedy + row) == 0
+    key = tl.load(row_keys + row).to(tl.uint32)
+    first = chunk * (BLOCK * ITERS)
+    offs = tl.arange(0, BLOCK)
+    lane_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    lane_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    lane_best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    lane_idx = first + offs      # a row of -inf only keeps each lane's first index (min: 0)
+    for it in tl.static_range(ITERS):
+        idx = first + it * BLOCK + offs
+        valid = idx < V
+        x, r = load_scores_and_logits(scores, stride_s, logits, stride_l, row, idx, valid,
+                                      SAME)
+        # The raw logits' (max, sum of exp), as logprob_kernels' stage 1.
+        lane_max, lane_sum = online_lse_step(lane_max, lane_sum, r)
+        s = tl.math.div_rn(x, t)
+        v = tl.where(noisy, s + gumbel(key, idx), s)
+        v = tl.where((s >= cut) & valid, v, float("-inf"))
+        lane_idx = tl.where(v > lane_best, idx, lane_idx)     # strict: the first index stays
+        lane_best = tl.maximum(lane_best, v)
+    c_max = tl.max(lane_max, 0)
+    weight = tl.where(lane_max == float("-inf"), 0.0, tl.exp(lane_max - c_max))
+    best = tl.max(lane_best, 0)
+    slot = row * num_chunks + chunk
+    tl.store(part_max + slot, c_max)
+    tl.store(part_sum + slot, tl.sum(lane_sum * weight, 0))
+    tl.store(part_best + slot, best)
+    tl.store(part_idx + slot, tl.min(tl.where(lane_best == best, lane_idx, _NO_ID), 0))
+
+
+@triton.jit
+def _draw_combine_kernel(part_max, part_sum, part_best, part_idx, logits, stride_l, ids,
+                         logprobs, num_chunks, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    _, _, lse = fold_chunk_stats(part_max, part_sum, row, num_chunks, BLOCK_C)
+    offs = tl.arange(0, BLOCK_C)
+    mask = offs < num_chunks
+    c_best = tl.load(part_best + row * num_chunks + offs, mask=mask, other=float("-inf"))
+    c_idx = tl.load(part_idx + row * num_chunks + offs, mask=mask, other=_NO_ID)
+    token = tl.min(tl.where(c_best == tl.max(c_best, 0), c_idx, _NO_ID), 0)
+    tl.store(ids + row, token.to(tl.int64))
+    raw = tl.load(logits + row.to(tl.int64) * stride_l + token).to(tl.float32)
+    tl.store(logprobs + row, raw - lse)
+
+
+def draw_with_logprobs(scores: torch.Tensor, logits: torch.Tensor, temperatures: torch.Tensor,
+                       cutoffs: torch.Tensor | None, greedy_mask: torch.Tensor,
+                       row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of scores [B, V] (rows contiguous; the adjusted logits, or `logits` itself):
+    the Gumbel-max draw from softmax(scores / T) over the tokens with scores / T >= cutoffs
+    (argmax for greedy rows), and log_softmax(logits) at it. temperatures [B] or [B, 1],
+    cutoffs [B] float32 (-inf or None: none), greedy_mask [B] bool, row_keys [B] int64
+    (noise.row_key).
+    Returns (ids [B] int64, logprobs [B] float32)."""
+    b, v = scores.shape
+    if scores.stride(1) != 1 or logits.stride(1) != 1 or logits.shape != scores.shape:
+        raise ValueError("draw_with_logprobs needs scores and logits of one shape, unit stride")
+    device = scores.device
+    ids = torch.empty(b, dtype=torch.int64, device=device)
+    logprobs = torch.empty(b, dtype=torch.float32, device=device)
+    if b == 0:
+        return ids, logprobs
+    chunks = triton.cdiv(v, CHUNK)
+    parts = torch.empty((3, b, chunks), dtype=torch.float32, device=device)
+    part_idx = torch.empty((b, chunks), dtype=torch.int32, device=device)
+    _draw_chunk_kernel[(b, chunks)](
+        scores, scores.stride(0), logits, logits.stride(0), temperatures.reshape(b),
+        temperatures if cutoffs is None else cutoffs, int(cutoffs is not None), greedy_mask,
+        row_keys, parts[0], parts[1], parts[2], part_idx, v, chunks, BLOCK=BLOCK, ITERS=ITERS,
+        SAME=scores is logits, num_warps=WARPS)
+    _draw_combine_kernel[(b,)](parts[0], parts[1], parts[2], part_idx, logits,
+                               logits.stride(0), ids, logprobs, chunks,
+                               BLOCK_C=max(16, triton.next_power_of_2(chunks)), num_warps=1)
+    return ids, logprobs

@@ -1,0 +1,246 @@
+"""The sampled rows' kernels against the sampler's PyTorch code: the top-k / top-p / min-p
+cut-offs from a value search (sampling/cutoff_kernels.py) against the sort
+(`_top_k_top_p_threshold` and `filter_logits`), and the one-pass draw (sampling/draw_kernels.py)
+against `Sampler._sample` (noise.py's Gumbel-max) plus the chosen tokens' logprobs.
+
+CPU: the cases below in a child process under TRITON_INTERPRET=1; GPU: the same at the
+vocabulary sizes of the benchmark models.
+
+    TRITON_INTERPRET=1 python tests/test_draw_kernels.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from helpers import run_cpu_interpreter_cases, run_interpreter_cases
+
+# Rows: temperature 1 unless given; each row one kind of filter.
+ROW_PARAMS = [
+    dict(top_p=0.9), dict(top_k=20), dict(top_k=50, top_p=0.5), dict(), dict(top_p=0.99),
+    dict(top_p=0.01), dict(top_k=40), dict(top_k=3, top_p=0.95), dict(top_p=0.5, min_p=0.1),
+    dict(top_k=7), dict(top_p=0.7, temperature=0.6), dict(top_k=5, temperature=1.7),
+    dict(top_k=2, top_p=0.3), dict(min_p=0.2, temperature=0.8), dict(temperature=0),
+]
+
+
+def make_logits(vocab: int, device: str, seed: int) -> torch.Tensor:
+    """Logits with the awkward cases planted: a tie across the top-k boundary (row 1: 30 equal
+    maxima for top_k 20), most of a row -inf (row 2), bf16-rounded values with many ties (row
+    6, top_k 40), a row of -inf but one token (row 9), a flat row (row 10)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(ROW_PARAMS), vocab, generator=g) * 3
+    x[1, 5:35] = 40.0
+    x[2, vocab // 3:] = float("-inf")
+    x[6] = x[6].to(torch.bfloat16).float().round()
+    x[9] = float("-inf")
+    x[9, vocab // 2] = 1.0
+    x[10] = 0.5
+    return x.to(device)
+
+
+def _info(vocab: int, device: str, params=ROW_PARAMS, step: int = 0):
+    from radixlm.sampling.batch_info import SamplingBatchInfo
+    from radixlm.sampling.params import SamplingParams
+    from radixlm.sampling.request import SamplingRequest
+    reqs = [SamplingRequest(params=SamplingParams(**({"temperature": 1.0} | p)), seed=i,
+                            prompt_ids=[1], output_ids=[7] * step) for i, p in enumerate(params)]
+    return SamplingBatchInfo.build(reqs, vocab, torch.device(device))
+
+
+def _cutoffs(x: torch.Tensor, info, bf16_values: bool = False) -> torch.Tensor:
+    from radixlm.sampling.cutoff_kernels import sampling_cutoffs
+    return sampling_cutoffs(x, info.temperatures, info.top_ks, info.top_p_limits,
+                            info.log_min_ps, top_k=info.need_top_k, top_p=info.need_top_p,
+                            min_p=info.need_min_p, bf16_values=bf16_values)
+
+
+def _reference_cutoffs(scaled: torch.Tensor, info) -> torch.Tensor:
+    """The sampler's cut-off: the value filter_logits masks below."""
+    from radixlm.sampling.sampler import _top_k_top_p_threshold
+    if info.need_top_k or info.need_top_p:
+        cut = _top_k_top_p_threshold(scaled, info)
+    else:
+        cut = scaled.new_full((scaled.shape[0],), float("-inf"))
+    return torch.maximum(cut, scaled.amax(dim=-1) + info.log_min_ps)
+
+
+def check_cutoffs(vocab: int, device: str, seed: int = 0, chunk: int | None = None,
+                  dtype=torch.float32, bf16_values: bool = False) -> float:
+    """The kernels' kept sets against the sort's: equal on the CPU (the interpreter, small
+    vocabularies); on the GPU against the sort in float64, equal up to tokens whose softmax
+    mass sums to < 1e-4 per row (float32 sums over 10**5 tokens, the sort's cumsum included,
+    can move a token that sits at the top_p boundary). Returns the largest such mass.
+    bf16 / fp16 logits take the 16-bit key search, float32 ones the 32-bit one, or with
+    `bf16_values` (float32 logits rounded to bf16, as a bf16 model's) the 16-bit one."""
+    from radixlm.sampling import cutoff_kernels
+    x = make_logits(vocab, device, seed)
+    x = x.to(torch.bfloat16).float() if bf16_values else x.to(dtype)
+    info = _info(vocab, device)
+    old = cutoff_kernels.CHUNK
+    cutoff_kernels.CHUNK = chunk or old       # several chunks a row at a small vocabulary
+    try:
+        got = _cutoffs(x, info, bf16_values)
+    finally:
+        cutoff_kernels.CHUNK = old
+    assert got.dtype == torch.float32 and got.shape == (len(ROW_PARAMS),)
+    scaled = x.float() / info.temperatures
+    kept_got = (scaled >= got.unsqueeze(1)).cpu()
+    assert kept_got.any(dim=-1)[[i for i in range(len(ROW_PARAMS)) if i != 9]].all()
+    if device == "cpu":
+        ref = _reference_cutoffs(scaled, info)
+        assert torch.equal(kept_got, scaled >= ref.unsqueeze(1)), (ref, got)
+        return 0.0
+    x64 = scaled.double().cpu()
+    ref = _reference_cutoffs(x64, _info(vocab, "cpu"))
+    kept_ref = x64 >= ref.unsqueeze(1)
+    probs = torch.softmax(x64, dim=-1).nan_to_num()
+    moved = ((kept_ref ^ kept_got) * probs).sum(dim=-1)
+    assert moved.max().item() < 1e-4, (moved, ref, got)
+    return moved.max().item()
+
+
+def check_only(vocab: int, device: str, which: str) -> float:
+    """Batches that use one filter kind only run only its search."""
+    params = {"top_k": [dict(top_k=5), dict(top_k=60), dict()],
+              "top_p": [dict(top_p=0.8), dict(), dict(top_p=0.3, temperature=0.5)],
+              "min_p": [dict(min_p=0.05), dict(), dict(min_p=0.5, temperature=2.0)]}[which]
+    x = make_logits(vocab, device, 4)[:len(params)].to(torch.bfloat16)
+    info = _info(vocab, device, params)
+    got = _cutoffs(x, info)
+    scaled = x.float() / info.temperatures
+    ref = _reference_cutoffs(scaled, info)
+    kept_got, kept_ref = scaled >= got.unsqueeze(1), scaled >= ref.unsqueeze(1)
+    assert torch.equal(kept_got, kept_ref), (which, got, ref)
+    return 0.0
+
+
+def check_draw(vocab: int, device: str, seed: int = 0, dtype=torch.float32,
+               adjusted: bool = False) -> float:
+    """Tokens of the one-pass draw equal `Sampler._sample`'s (same noise bits, cut-offs by
+    the sort), its logprobs log_softmax(raw logits) at them; greedy row 14 takes the argmax.
+    `adjusted`: scores differ from the raw logits (penalties), as the sampler passes them."""
+    from radixlm.sampling.draw_kernels import draw_with_logprobs
+    from radixlm.sampling.sampler import Sampler
+    raw = make_logits(vocab, device, seed).to(dtype)
+    scores = raw.float() - 0.25 * (torch.arange(vocab, device=device) % 3) if adjusted else raw
+    for step in (0, 5):
+        info = _info(vocab, device, step=step)
+        scaled = scores.float() / info.temperatures
+        cut = _reference_cutoffs(scaled, info).float()
+        ids, logprobs = draw_with_logprobs(scores, raw, info.temperatures, cut,
+                                           info.greedy_mask, info.row_keys)
+        ref = Sampler()._sample(scores.float(), info)
+        same = ids == ref
+        # Only an ulp-level difference of the two logs can split a near-tie of noisy scores.
+        assert same.sum().item() >= len(ROW_PARAMS) - 1, (ids, ref)
+        assert ids[14].item() == torch.argmax(scores[14].float()).item()
+        want = raw.float().log_softmax(dim=-1).gather(1, ids.unsqueeze(1)).squeeze(1)
+        ok = torch.isclose(logprobs, want, atol=1e-4, rtol=1e-4) | (want.isnan() &
+                                                                   logprobs.isnan())
+        assert ok.all(), (logprobs, want)
+    return (logprobs - want).abs().nan_to_num().max().item()
+
+
+def check_draw_no_cutoffs(vocab: int, device: str) -> float:
+    """cutoffs None: plain temperature sampling, as the sampler's unfiltered rows."""
+    from radixlm.sampling.draw_kernels import draw_with_logprobs
+    from radixlm.sampling.sampler import Sampler
+    params = [dict(temperature=0.7), dict(temperature=1.3), dict(temperature=0)]
+    raw = make_logits(vocab, device, 5)[:3].contiguous()
+    info = _info(vocab, device, params)
+    ids, _ = draw_with_logprobs(raw, raw, info.temperatures, None, info.greedy_mask,
+                                info.row_keys)
+    assert torch.equal(ids, Sampler()._sample(raw, info)), ids
+    return 0.0
+
+
+def check_empty() -> float:
+    from radixlm.sampling.cutoff_kernels import sampling_cutoffs
+    from radixlm.sampling.draw_kernels import draw_with_logprobs
+    z = torch.zeros(0)
+    out = sampling_cutoffs(torch.zeros(0, 10), z, torch.zeros(0, dtype=torch.int64), z, z,
+                           top_k=True, top_p=True, min_p=True)
+    ids, logprobs = draw_with_logprobs(torch.zeros(0, 10), torch.zeros(0, 10), z, None,
+                                       torch.zeros(0, dtype=torch.bool),
+                                       torch.zeros(0, dtype=torch.int64))
+    assert out.shape == ids.shape == logprobs.shape == (0,)
+    return 0.0
+
+
+def _interpreter_cases():
+    for vocab, seed in ((100, 0), (3000, 1)):
+        yield f"cutoffs vocab={vocab} seed={seed}", lambda a=(vocab, "cpu", seed): \
+            check_cutoffs(*a)
+    yield "cutoffs vocab=2500, 5 chunks", lambda: check_cutoffs(2500, "cpu", 2, chunk=512)
+    for dtype in (torch.bfloat16, torch.float16):
+        yield f"cutoffs vocab=3000 {dtype}", lambda d=dtype: check_cutoffs(3000, "cpu", 3,
+                                                                            dtype=d)
+    yield "cutoffs vocab=3000 float32 holding bf16", lambda: check_cutoffs(
+        3000, "cpu", 4, bf16_values=True)
+    for which in ("top_k", "top_p", "min_p"):
+        yield f"only {which}", lambda w=which: check_only(1000, "cpu", w)
+    yield "draw vocab=3000", lambda: check_draw(3000, "cpu")
+    yield "draw vocab=9000 bf16, adjusted", lambda: check_draw(9000, "cpu", 1, torch.bfloat16,
+                                                                adjusted=True)
+    yield "draw without cut-offs", lambda: check_draw_no_cutoffs(500, "cpu")
+    yield "no rows", check_empty
+
+
+def test_interpreter_cases():
+    run_cpu_interpreter_cases(__file__)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [151936, 128256, 49152, 100])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_cutoffs_match_sort(vocab, seed, dtype):
+    check_cutoffs(vocab, "cuda", seed, dtype=dtype)
+    if dtype == torch.float32:
+        check_cutoffs(vocab, "cuda", seed, bf16_values=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["top_k", "top_p", "min_p"])
+def test_gpu_single_filter(which):
+    check_only(49152, "cuda", which)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [151936, 49152])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_draw_matches_sampler(vocab, dtype):
+    check_draw(vocab, "cuda", 0, dtype)
+    check_draw(vocab, "cuda", 1, dtype, adjusted=True)
+    check_draw_no_cutoffs(vocab, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_sampler_draws_same_tokens(monkeypatch):
+    """The Sampler with the kernels draws the tokens its PyTorch code draws (the noise is a
+    function of seed, position and token), at batch 64 and bf16 logits."""
+    from radixlm.sampling.sampler import Sampler
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 49152, generator=g) * 4).to(torch.bfloat16).cuda()
+    for params in (dict(temperature=0.8, top_p=0.9), dict(temperature=0.7, top_k=40),
+                   dict(temperature=1.0, top_k=100, top_p=0.8, min_p=0.05),
+                   dict(temperature=0.9)):
+        info = _info(49152, "cuda", [params] * 64)
+        # bf16 logits, and float32 ones holding bf16 values (a bf16 model's: 16-bit keys)
+        for logits, hold_bf16 in ((x, False), (x.float(), True)):
+            outs = []
+            for disable in ("", "1"):
+                monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", disable)
+                outs.append(Sampler(logits_hold_bf16=hold_bf16)(logits, info))
+            same = outs[0].next_token_ids == outs[1].next_token_ids
+            assert same.sum().item() >= 63, params
+            assert torch.allclose(outs[0].next_token_logprobs, outs[1].next_token_logprobs,
+                                  atol=1e-4), params
+
+
+if __name__ == "__main__":
+    sys.exit(run_interpreter_cases(_interpreter_cases()))
