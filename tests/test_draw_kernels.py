@@ -158,6 +158,18 @@ def check_draw_no_cutoffs(vocab: int, device: str) -> float:
     return 0.0
 
 
+def check_noise_bits(vocab: int, device: str) -> float:
+    """The draw kernel's noise comes from noise.py's hash bits, bit for bit (seeds with the
+    high bit set, steps past 2**31, token ids past 2**16)."""
+    from radixlm.sampling.draw_kernels import draw_noise_bits
+    from radixlm.sampling.noise import hash_bits, row_key, token_keys
+    keys = torch.tensor([row_key(s, t) for s, t in ((0, 0), (2**63 + 5, 7), (123, 2**31 + 3))],
+                        dtype=torch.int64, device=device)
+    got = draw_noise_bits(keys, vocab)
+    assert torch.equal(got, hash_bits(keys, token_keys(vocab, torch.device(device))))
+    return 0.0
+
+
 def check_empty() -> float:
     from radixlm.sampling.cutoff_kernels import sampling_cutoffs
     from radixlm.sampling.draw_kernels import draw_with_logprobs
@@ -187,6 +199,7 @@ def _interpreter_cases():
     yield "draw vocab=9000 bf16, adjusted", lambda: check_draw(9000, "cpu", 1, torch.bfloat16,
                                                                 adjusted=True)
     yield "draw without cut-offs", lambda: check_draw_no_cutoffs(500, "cpu")
+    yield "noise bits", lambda: check_noise_bits(70000, "cpu")
     yield "no rows", check_empty
 
 
@@ -217,6 +230,38 @@ def test_gpu_draw_matches_sampler(vocab, dtype):
     check_draw(vocab, "cuda", 0, dtype)
     check_draw(vocab, "cuda", 1, dtype, adjusted=True)
     check_draw_no_cutoffs(vocab, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_warm_up_compiles_what_batches_use():
+    """After Sampler.warm_up, sampled batches of any size and mix of filters compile nothing
+    more (the kernels do not specialise on batch size or on the per-row tensors' alignment)."""
+    from radixlm.sampling import cutoff_kernels as ck
+    from radixlm.sampling import draw_kernels as dk
+    from radixlm.sampling.sampler import Sampler
+    vocab = 151936
+    sampler = Sampler(logits_hold_bf16=True)
+    sampler.warm_up(vocab, torch.float32, torch.device("cuda"))
+    kernels = [ck._stats_kernel, ck._search_kernel, ck._topk_mass_kernel, ck._finish_kernel,
+               dk._draw_chunk_kernel, dk._draw_combine_kernel]
+
+    def compiled() -> int:
+        return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
+
+    before = compiled()
+    kinds = [dict(top_p=0.9), dict(top_k=20), dict(min_p=0.1), dict(), dict(temperature=0),
+             dict(top_k=40, top_p=0.8)]
+    for batch in (1, 3, 27, 64, 65, 256):
+        for mix in (kinds, kinds[1:2], kinds[3:4], kinds[2:3]):
+            params = [mix[i % len(mix)] for i in range(batch)]
+            logits = torch.randn(batch, vocab, device="cuda").to(torch.bfloat16).float()
+            sampler(logits, _info(vocab, "cuda", params))
+    assert compiled() == before
+
+
+@pytest.mark.gpu
+def test_gpu_noise_bits_match_noise_py():
+    check_noise_bits(151936, "cuda")
 
 
 @pytest.mark.gpu

@@ -177,7 +177,8 @@ class ModelRunner:
             with self.startup.phase("cuda_graphs"):
                 self.graph_runner.capture()
         with self.startup.phase("sampler_kernels"):
-            self.sampler.warm_up(self.model_config.vocab_size, self.dtype, self.device)
+            # the logits the sampler gets are float32 (llama.py's compute_logits)
+            self.sampler.warm_up(self.model_config.vocab_size, torch.float32, self.device)
 
     # ------------------------------------------------------------------ memory
 

@@ -182,9 +182,11 @@ def _top_p_goal(X, ws, iws, row, k, p, c2, V, C, WIDE: tl.constexpr, BLOCK_C: tl
     return p * z, m
 
 
-# Chunk sizes, chunk counts and flags are run-time arguments, not specialised: one compiled
-# kernel serves every batch size (`Sampler.warm_up` compiles them at start-up).
-@triton.jit(do_not_specialize=["C", "chunk_len"])
+# Chunk sizes, chunk counts and flags are run-time arguments, not specialised, and so is the
+# alignment of the per-row parameters (views into SamplingBatchInfo's stacked tensors, aligned
+# or not depending on the batch size): one compiled kernel serves every batch size, and
+# `Sampler.warm_up` compiles them at start-up.
+@triton.jit(do_not_specialize=["C", "chunk_len"], do_not_specialize_on_alignment=["temps"])
 def _stats_kernel(X, stride, temps, ws, V, C, chunk_len, BLOCK: tl.constexpr):
     """Each chunk's (max logit, sum of exp((x - that max) / T))."""
     row = tl.program_id(0)
@@ -207,7 +209,8 @@ def _stats_kernel(X, stride, temps, ws, V, C, chunk_len, BLOCK: tl.constexpr):
     tl.store(ws + (tl.num_programs(0) + row) * C + chunk, tl.sum(lane_sum * weight, 0))
 
 
-@triton.jit(do_not_specialize=["C", "chunk_len", "src", "first"])
+@triton.jit(do_not_specialize=["C", "chunk_len", "src", "first"],
+            do_not_specialize_on_alignment=["temps", "top_ks", "top_ps"])
 def _search_kernel(X, stride, temps, top_ks, top_ps, ws, iws, V, C, chunk_len, src, first,
                    MASS: tl.constexpr, WIDE: tl.constexpr, LOW: tl.constexpr,
                    HIGH: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
@@ -221,13 +224,15 @@ def _search_kernel(X, stride, temps, top_ks, top_ps, ws, iws, V, C, chunk_len, s
     p = tl.load(top_ps + row)
     c2 = _LOG2E / tl.load(temps + row)
     if MASS:
-        goal, m = _top_p_goal(X, ws, iws, row, k, p, c2, V, C, WIDE, BLOCK_C)
         active = p < 1.0
     else:
-        goal = k.to(tl.float32)
-        m = 0.0
         active = k < V
     if active:
+        if MASS:
+            goal, m = _top_p_goal(X, ws, iws, row, k, p, c2, V, C, WIDE, BLOCK_C)
+        else:
+            goal = k.to(tl.float32)
+            m = 0.0
         lo = tl.full((), LOW, dtype=tl.int64)
         hi = tl.full((), HIGH, dtype=tl.int64)
         if first == 0:
@@ -253,7 +258,8 @@ def _search_kernel(X, stride, temps, top_ks, top_ps, ws, iws, V, C, chunk_len, s
         tl.store(out + j, tl.sum(acc, 1))
 
 
-@triton.jit(do_not_specialize=["C", "chunk_len", "src", "top_p"])
+@triton.jit(do_not_specialize=["C", "chunk_len", "src", "top_p"],
+            do_not_specialize_on_alignment=["temps", "top_ks", "top_ps"])
 def _topk_mass_kernel(X, stride, temps, top_ks, top_ps, ws, iws, V, C, chunk_len, src, top_p,
                       WIDE: tl.constexpr, LOW: tl.constexpr, BLOCK: tl.constexpr,
                       PIVOTS: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -283,7 +289,8 @@ def _topk_mass_kernel(X, stride, temps, top_ks, top_ps, ws, iws, V, C, chunk_len
                 tl.store(zpart + 1, tl.sum(n_above, 0))
 
 
-@triton.jit(do_not_specialize=["C", "src", "top_k", "top_p", "min_p"])
+@triton.jit(do_not_specialize=["C", "src", "top_k", "top_p", "min_p"],
+            do_not_specialize_on_alignment=["temps", "top_ks", "top_ps", "log_min_ps"])
 def _finish_kernel(X, temps, top_ks, top_ps, log_min_ps, ws, iws, out, V, C, src, top_k,
                    top_p, min_p, WIDE: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr,
                    PIVOTS: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -341,7 +348,9 @@ def sampling_cutoffs(x: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.
     temps = temperatures.reshape(b)
     grid = (b, chunks)
     keys = dict(WIDE=bits == 32, LOW=-(1 << (bits - 1)))
-    sizes = dict(PIVOTS=PIVOTS, BLOCK_C=max(16, triton.next_power_of_2(chunks)))
+    # BLOCK_C covers the most chunks a row can have (not this batch's count: one compile)
+    most_chunks = triton.cdiv(v, min(chunk, MIN_CHUNK))
+    sizes = dict(PIVOTS=PIVOTS, BLOCK_C=max(16, triton.next_power_of_2(most_chunks)))
     rows = (x, x.stride(0), temps, top_ks, top_p_limits, ws, iws, v, chunks, chunk)
     if top_p or min_p:
         _stats_kernel[grid](x, x.stride(0), temps, ws, v, chunks, chunk, BLOCK=BLOCK,

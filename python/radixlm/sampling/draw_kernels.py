@@ -55,16 +55,24 @@ def mix32(x):
 
 
 @triton.jit
+def noise_bits(row_key, idx):
+    """noise.hash_bits of (row key: uint32 scalar, token ids: int32 lanes), as uint32."""
+    return mix32(row_key ^ mix32(idx.to(tl.uint32) ^ _SALT))
+
+
+@triton.jit
 def gumbel(row_key, idx):
     """Standard Gumbel noise of (row key: uint32 scalar, token ids: int32 lanes), bit for bit
     noise.gumbel_noise's up to the two logs."""
-    tok = mix32(idx.to(tl.uint32) ^ _SALT)
-    bits = mix32(row_key ^ tok)
+    bits = noise_bits(row_key, idx)
     u = ((bits >> _SHIFT).to(tl.float32) + 0.5) * _UNIT
     return -tl.log(-tl.log(u))
 
 
-@triton.jit(do_not_specialize=["has_cut"])
+# The per-row parameters' alignment is not specialised (views into SamplingBatchInfo's stacked
+# tensors: aligned or not depending on the batch size).
+@triton.jit(do_not_specialize=["has_cut"],
+            do_not_specialize_on_alignment=["temps", "cutoffs", "greedy", "row_keys"])
 def _draw_chunk_kernel(scores, stride_s, logits, stride_l, temps, cutoffs, has_cut, greedy,
                        row_keys, part_max, part_sum, part_best, part_idx, V, num_chunks,
                        BLOCK: tl.constexpr, ITERS: tl.constexpr, SAME: tl.constexpr):
@@ -117,6 +125,25 @@ def _draw_combine_kernel(part_max, part_sum, part_best, part_idx, logits, stride
     tl.store(logprobs + row, raw - lse)
 
 
+@triton.jit
+def _noise_bits_kernel(row_keys, out, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    bits = noise_bits(tl.load(row_keys + row).to(tl.uint32), idx)
+    tl.store(out + row.to(tl.int64) * V + idx, bits.to(tl.int64), mask=idx < V)
+
+
+def draw_noise_bits(row_keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] int64: the hash bits the draw kernel's noise comes from (for checks against
+    noise.hash_bits)."""
+    out = torch.empty((row_keys.shape[0], vocab_size), dtype=torch.int64,
+                      device=row_keys.device)
+    if out.numel():
+        _noise_bits_kernel[(row_keys.shape[0], triton.cdiv(vocab_size, 1024))](
+            row_keys, out, vocab_size, BLOCK=1024)
+    return out
+
+
 def draw_with_logprobs(scores: torch.Tensor, logits: torch.Tensor, temperatures: torch.Tensor,
                        cutoffs: torch.Tensor | None, greedy_mask: torch.Tensor,
                        row_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +162,10 @@ def draw_with_logprobs(scores: torch.Tensor, logits: torch.Tensor, temperatures:
     if b == 0:
         return ids, logprobs
     chunks = triton.cdiv(v, CHUNK)
-    parts = torch.empty((3, b, chunks), dtype=torch.float32, device=device)
+    # Three [B, chunks] partials in one buffer, each starting 16-byte aligned (so that the
+    # kernels' pointer arguments align the same way at every batch size: one compile).
+    per_part = triton.cdiv(b * chunks, 4) * 4
+    parts = torch.empty((3, per_part), dtype=torch.float32, device=device)
     part_idx = torch.empty((b, chunks), dtype=torch.int32, device=device)
     _draw_chunk_kernel[(b, chunks)](
         scores, scores.stride(0), logits, logits.stride(0), temperatures.reshape(b),

@@ -103,7 +103,9 @@ class Sampler:
     def warm_up(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile the sampled-batch kernels (cut-off search, draw) at start-up rather than in
         the first sampled step (seconds on a cold Triton cache): one batch using every filter,
-        on logits of `dtype`. Penalised rows (float32 scores) compile on first use."""
+        on logits of `dtype` (the model runner's: float32). The kernels do not specialise on
+        the batch size; penalised rows' variants (scores apart from the logits) compile on
+        first use."""
         if device.type != "cuda" or not use_fused(torch.empty(0, device=device)):
             return
         from radixlm.sampling.params import SamplingParams
@@ -177,7 +179,8 @@ class Sampler:
             scaled = x.float() / info.temperatures
             cutoffs = _top_k_top_p_threshold(scaled, info)
             if info.need_min_p:
-                cutoffs = torch.maximum(cutoffs, scaled.amax(dim=-1) + info.log_min_ps)
+                # fmax: a row without min-p whose max is +inf has inf + -inf = NaN here
+                cutoffs = torch.fmax(cutoffs, scaled.amax(dim=-1) + info.log_min_ps)
         elif info.need_top_k or info.need_top_p or info.need_min_p:
             cutoffs = sampling_cutoffs(x, info.temperatures, info.top_ks, info.top_p_limits,
                                        info.log_min_ps, top_k=info.need_top_k,
