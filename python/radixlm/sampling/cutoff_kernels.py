@@ -17,8 +17,9 @@ the sum of exp((x - max) / T) over the tokens whose logit is strictly above u:
   * the row's cut-off is max(tk / T, up / T, max / T + log(min_p)).
 Each search runs over the logits' values in their ordered-integer form ("keys": 2**16 of them
 for bf16 / fp16 logits and float32 ones that hold bf16 values, as a bf16 model's, 2**32 for
-other float32 ones): a pass tests 16 pivots at once and narrows the
-bracket 16-fold, so 4 passes (8 for float32) find the exact value.
+other float32 ones): a pass tests 16 pivots at once and narrows the bracket 16-fold, so 4
+passes (8 for float32) find the exact value. The caller vouches for `bf16_values`: float32
+logits with other low bits would be compared by their top 16 bits (ties within a bf16 step).
 
 Every pass is one launch over (rows x chunks of CHUNK values): a program first folds the
 previous pass's per-chunk results of its row (a [chunks, 16] tile) into the narrowed bracket,
