@@ -59,13 +59,9 @@ def _cutoffs(x: torch.Tensor, info, bf16_values: bool = False) -> torch.Tensor:
 
 
 def _reference_cutoffs(scaled: torch.Tensor, info) -> torch.Tensor:
-    """The sampler's cut-off: the value filter_logits masks below."""
-    from radixlm.sampling.sampler import _top_k_top_p_threshold
-    if info.need_top_k or info.need_top_p:
-        cut = _top_k_top_p_threshold(scaled, info)
-    else:
-        cut = scaled.new_full((scaled.shape[0],), float("-inf"))
-    return torch.maximum(cut, scaled.amax(dim=-1) + info.log_min_ps)
+    """The sampler's PyTorch cut-off: the value filter_logits masks below."""
+    from radixlm.sampling.sampler import Sampler
+    return Sampler.cutoffs(scaled, info)
 
 
 def check_cutoffs(vocab: int, device: str, seed: int = 0, chunk: int | None = None,

@@ -177,6 +177,15 @@ def test_min_p_filter():
     assert set(ids.tolist()) == {0, 1, 2}  # 0.3 * 0.4 = 0.12
 
 
+def test_min_p_in_the_batch_keeps_other_rows_filters_at_an_infinite_logit():
+    """A row without min-p whose maximum is +inf keeps its top-k cut-off when another row of
+    the batch uses min-p (max + log(min_p) is inf + -inf = NaN there, and must not count)."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("inf"), 3.0], [0.0, 1.0, 2.0, 3.0, 4.0]])
+    info = SamplingBatchInfo.build([req(top_k=2), req(min_p=0.5)], 5, CPU)
+    kept = Sampler.filter_logits(logits, info) > float("-inf")
+    assert kept.tolist() == [[False, False, False, True, True], [False, False, False, False, True]]
+
+
 # ---------------------------------------------------------------- logit adjustments
 
 
