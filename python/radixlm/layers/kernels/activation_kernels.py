@@ -16,11 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Out, n_cols, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Out, n_cols, stride_x, stride_out, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)   # x is the previous kernel's output (layers/kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -53,5 +58,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(_BLOCK, triton.next_power_of_2(i))
     grid = (n_rows, triton.cdiv(i, block))
     _silu_and_mul_kernel[grid](x2, out, i, x2.stride(0), i, BLOCK=block,
-                               num_warps=max(1, min(4, block // 256)))
+                               num_warps=max(1, min(4, block // 256)),
+                               **pdl_kwargs(x2.device, n_rows))
     return out

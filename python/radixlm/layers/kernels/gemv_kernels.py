@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 
 @dataclass(frozen=True)
 class GemvTiles:
@@ -33,11 +35,27 @@ class GemvTiles:
 
 
 @triton.jit
+def _load_tile(w_ptrs, x_ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile at columns k0.. and the matching x; the tail mask exists only where K
+    is not a multiple of BLOCK_K."""
+    if K % BLOCK_K == 0:
+        w = tl.load(w_ptrs)
+        x = tl.load(x_ptrs)
+    else:
+        k_mask = k0 + offs_k < K
+        w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=k_mask, other=0.0)
+    return w, x
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """y[n] = sum_k x[k] w[n, k] (+ b[n]) for BLOCK_N consecutive n. K is a compile-time
-    constant (a model has two or three): the trip count is known, and the tail mask exists
-    only where K is not a multiple of BLOCK_K."""
+    constant (a model has two or three): the trip count is known. With PDL the first weight
+    tile is requested before waiting for the kernel that writes x (layers/kernels/pdl.py)."""
+    pdl_launch_dependents(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     # Rows past N read row N - 1 again instead of a masked load (their sums are never
@@ -46,18 +64,23 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     x_ptrs = x_ptr + offs_k
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if K % BLOCK_K == 0:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
-        else:
-            k_mask = k0 + offs_k < K
-            w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=k_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    # Tile 0 is peeled off the loop: its weights are requested before the wait (with PDL),
+    # its x, the previous kernel's output, after it.
+    if K % BLOCK_K == 0:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    pdl_wait(PDL)
+    if K % BLOCK_K == 0:
+        x = tl.load(x_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=offs_k < K, other=0.0)
+    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+        w, x = _load_tile(w_ptrs, x_ptrs, k0, offs_k, K, BLOCK_K)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -101,5 +124,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     _gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
         x, weight, bias if bias is not None else weight, y, n, weight.stride(0), K=k,
         HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_kwargs(x.device, 1))
     return y

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 # Elements one program normalises: rows are batched per program for small hidden sizes.
 _TILE = 2048
 # Largest hidden size the single-pass kernel takes (the whole row lives in registers).
@@ -32,7 +34,9 @@ MAX_HIDDEN = 32768
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
                     sx_outer, sx_inner, sr_outer, sr_inner, n_float, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                    HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    pdl_launch_dependents(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
@@ -41,6 +45,9 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
     outer = rows // inner
     in_row = rows % inner
     x_ptrs = X + (outer * sx_outer + in_row * sx_inner)[:, None] + cols[None, :]
+    # The norm's weight is no kernel's output: loaded before the wait (layers/kernels/pdl.py).
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     out_off = rows[:, None] * n_cols + cols[None, :]
     if HAS_RESIDUAL:
@@ -52,7 +59,6 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
         x = s.to(tl.float32)
     ms = tl.math.div_rn(tl.sum(x * x, axis=1), n_float)
     rstd = tl.math.rsqrt(ms + eps)
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = w[None, :] * (x * rstd[:, None])
     tl.store(Out + out_off, y.to(Out.dtype.element_ty), mask=mask)
 
@@ -113,5 +119,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         xv, rv, weight, out, out if res_out is None else res_out,
         n_rows, n, inner, sx0, sx1, sr0, sr1, float(n), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=rows,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_kwargs(x.device, n_rows // inner))
     return out if residual is None else (out, res_out)

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 # Elements of each half one program rotates (heads are batched per program): 512 was fastest on
 # an H200 for head dims 64 and 128 at 256 and 8192 tokens (1024 within 5%).
 _TILE = 512
@@ -59,7 +61,9 @@ def _rotate_heads(X, t, head_block, n_heads, stride_t, stride_h, c1, c2, s1, s2,
 def _rope_kernel(Q, K, Cos, Sin, Pos, QW, KW, eps, n_q_heads, n_k_heads, n_q_blocks,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
                  HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                 HALVES_EQUAL: tl.constexpr, NORM: tl.constexpr):
+                 HALVES_EQUAL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)   # positions, q and k are this step's (layers/kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -145,5 +149,6 @@ def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
                        cos.stride(0), sin.stride(0),
                        HALF=d // 2, BLOCK_D=block_d, BLOCK_H=block_h, HALVES_EQUAL=halves_equal,
-                       NORM=qk_norm is not None, num_warps=num_warps, **_LAUNCH)
+                       NORM=qk_norm is not None, num_warps=num_warps, **_LAUNCH,
+                       **pdl_kwargs(q3.device, n_tokens))
     return q3.view(q.shape), k3.view(k.shape)

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Upper bound on splits per request: bounds the partial-output buffer
 # ([B, num_heads, max_kv_splits, head_dim] fp32) and stage 2's tile.
@@ -102,7 +103,10 @@ def _decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, ONE_SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)   # the pool's newest K/V and the index lists are this step's (kernels/pdl.py)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -183,8 +187,10 @@ def _decode_reduce_kernel(
     stride_mlb, stride_mlh,
     stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
 
@@ -268,6 +274,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     has_tree = tree_mask is not None
 
     one_split = max_kv_splits == 1
+    pdl = pdl_kwargs(q.device, bs)
     _decode_kernel[(bs, hk, max_kv_splits)](
         q, k_buf, v_buf, out, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse,
         sm_scale * LOG2E * k_scale, v_scale,
@@ -279,7 +286,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
         BLOCK_N=block_n, DOT_PREC=dot_prec, HAS_TREE=has_tree, ONE_SPLIT=one_split,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl,
     )
     if not one_split:
         _decode_reduce_kernel[(bs, hq)](
@@ -288,6 +295,6 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
             mid_lse.stride(0), mid_lse.stride(1),
             out.stride(0), out.stride(1),
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=next_pow2(max_kv_splits), BLOCK_N=block_n,
-            num_warps=4 if block_d >= 128 else 2,
+            num_warps=4 if block_d >= 128 else 2, **pdl,
         )
     return out

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from radixlm.core.kv_quant import FP8_E4M3_MAX, is_fp8
 from radixlm.layers.attention.kernels.common import next_pow2
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -26,8 +27,11 @@ def _quantized(x, inv_scale, FP8_MAX: tl.constexpr):
 @triton.jit
 def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt, stride_vbt,
                      k_inv_scale, v_inv_scale,
-                     ROW: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr):
+                     ROW: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """FP8_MAX > 0: the pool is fp8 (scale and clamp before the cast); 0: a plain cast."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)   # k, v and the slots are this step's (layers/kernels/pdl.py)
     t = tl.program_id(0)
     slot = tl.load(locs + t).to(tl.int64)
     for start in range(0, ROW, BLOCK):
@@ -60,4 +64,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
     _store_kv_kernel[(num_tokens,)](k, v, k_buf, v_buf, locs, k.stride(0), v.stride(0),
                                     k_buf.stride(0), v_buf.stride(0), 1.0 / k_scale,
                                     1.0 / v_scale, ROW=row, BLOCK=min(next_pow2(row), 2048),
-                                    FP8_MAX=fp8_max, num_warps=4)
+                                    FP8_MAX=fp8_max, num_warps=4,
+                                    **pdl_kwargs(k.device, num_tokens))
