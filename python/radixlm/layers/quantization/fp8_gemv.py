@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 
 # The most rows of x the FP8 layers send here. The kernel takes any number (one program row
 # each), but at two rows each row's programs read the weight from memory again: slower than
@@ -41,12 +43,54 @@ class Fp8GemvTiles:
 
 
 @triton.jit
+def _load_w(w_ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile at columns k0.. (masked only where K is not a multiple of BLOCK_K)."""
+    if K % BLOCK_K == 0:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=(k0 + offs_k < K)[None, :, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _accumulate(acc, w, x_ptrs, s_ptr, rows, first_row, stride_sn, k0, offs_k, offs_c,
+                K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
+                BLOCK_SCALES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """acc + the weight tile w at columns k0.. times x's matching chunks (and block scales)."""
+    if K % BLOCK_K == 0:
+        x = tl.load(x_ptrs)
+    else:
+        x = tl.load(x_ptrs, mask=k0 + offs_k < K, other=0.0)
+    x = x.to(tl.float32)
+    if BLOCK_SCALES:
+        chunk_k = k0 + offs_c * CHUNK
+        if SCALE_BN % BLOCK_N == 0:
+            # The tile's rows lie in one scale row (tail rows repeat row N - 1 and are
+            # not stored): scale x's chunks once instead of every weight.
+            s = tl.load(s_ptr + (first_row // SCALE_BN) * stride_sn + chunk_k // SCALE_BK,
+                        mask=chunk_k < K, other=0.0)
+            acc += w.to(tl.float32) * (x * s[:, None])[None, :, :]
+        else:
+            s = tl.load(s_ptr + (rows // SCALE_BN)[:, None] * stride_sn
+                        + (chunk_k // SCALE_BK)[None, :], mask=(chunk_k < K)[None, :],
+                        other=0.0)
+            acc += w.to(tl.float32) * x[None, :, :] * s[:, :, None]
+    else:
+        acc += w.to(tl.float32) * x[None, :, :]
+    return acc
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn, stride_ym,
                      stride_sn, K: tl.constexpr, SCALE_BN: tl.constexpr,
                      SCALE_BK: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-                     CHUNK: tl.constexpr):
-    """y[m, n] = sum_k x[m, k] w[n, k] scale (+ b[n]) for BLOCK_N consecutive n of row m."""
+                     CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    """y[m, n] = sum_k x[m, k] w[n, k] scale (+ b[n]) for BLOCK_N consecutive n of row m.
+    With PDL the first weight tile is requested before waiting for the kernel that writes x
+    (layers/kernels/pdl.py)."""
+    pdl_launch_dependents(PDL)
     m = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -58,33 +102,18 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     offs_k = offs_c[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]          # [CHUNKS, CHUNK]
     w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     x_ptrs = x_ptr + m * stride_xm + offs_k
-    acc = tl.zeros((BLOCK_N, CHUNKS, CHUNK), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if K % BLOCK_K == 0:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
-        else:
-            k_mask = k0 + offs_k < K
-            w = tl.load(w_ptrs, mask=k_mask[None, :, :], other=0.0)
-            x = tl.load(x_ptrs, mask=k_mask, other=0.0)
-        x = x.to(tl.float32)
-        if BLOCK_SCALES:
-            chunk_k = k0 + offs_c * CHUNK
-            if SCALE_BN % BLOCK_N == 0:
-                # The tile's rows lie in one scale row (tail rows repeat row N - 1 and are
-                # not stored): scale x's chunks once instead of every weight.
-                s = tl.load(s_ptr + (first_row // SCALE_BN) * stride_sn + chunk_k // SCALE_BK,
-                            mask=chunk_k < K, other=0.0)
-                acc += w.to(tl.float32) * (x * s[:, None])[None, :, :]
-            else:
-                s = tl.load(s_ptr + (rows // SCALE_BN)[:, None] * stride_sn
-                            + (chunk_k // SCALE_BK)[None, :], mask=(chunk_k < K)[None, :],
-                            other=0.0)
-                acc += w.to(tl.float32) * x[None, :, :] * s[:, :, None]
-        else:
-            acc += w.to(tl.float32) * x[None, :, :]
+    # Tile 0 is peeled off the loop: its weights before the wait, everything else after it.
+    w = _load_w(w_ptrs, 0, offs_k, K, BLOCK_K)
+    pdl_wait(PDL)
+    acc = _accumulate(tl.zeros((BLOCK_N, CHUNKS, CHUNK), dtype=tl.float32), w, x_ptrs, s_ptr,
+                      rows, first_row, stride_sn, 0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
+                      BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+        acc = _accumulate(acc, _load_w(w_ptrs, k0, offs_k, K, BLOCK_K), x_ptrs, s_ptr, rows,
+                          first_row, stride_sn, k0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
+                          BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if not BLOCK_SCALES:
         y *= tl.load(s_ptr + rows)
@@ -122,5 +151,6 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
         y.stride(0), scale.stride(0) if block else 0, K=k,
         SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 1,
         BLOCK_SCALES=block is not None, HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        CHUNKS=tiles.chunks, CHUNK=tiles.chunk, num_warps=tiles.num_warps, num_stages=1)
+        CHUNKS=tiles.chunks, CHUNK=tiles.chunk, num_warps=tiles.num_warps, num_stages=1,
+        **pdl_kwargs(x.device, m))
     return y
