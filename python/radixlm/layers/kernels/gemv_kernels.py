@@ -35,17 +35,15 @@ class GemvTiles:
 
 
 @triton.jit
-def _load_tile(w_ptrs, x_ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight tile at columns k0.. and the matching x; the tail mask exists only where K
-    is not a multiple of BLOCK_K."""
+def load_k_tile(ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The tile of `ptrs` at K offsets k0 + offs_k (offs_k broadcasts against ptrs' shape),
+    masked only where K is not a multiple of BLOCK_K: the loads stay unpredicated otherwise.
+    Shared with the FP8 one-row kernel."""
     if K % BLOCK_K == 0:
-        w = tl.load(w_ptrs)
-        x = tl.load(x_ptrs)
+        t = tl.load(ptrs)
     else:
-        k_mask = k0 + offs_k < K
-        w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
-        x = tl.load(x_ptrs, mask=k_mask, other=0.0)
-    return w, x
+        t = tl.load(ptrs, mask=k0 + offs_k < K, other=0.0)
+    return t
 
 
 @triton.jit
@@ -66,20 +64,15 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
     x_ptrs = x_ptr + offs_k
     # Tile 0 is peeled off the loop: its weights are requested before the wait (with PDL),
     # its x, the previous kernel's output, after it.
-    if K % BLOCK_K == 0:
-        w = tl.load(w_ptrs)
-    else:
-        w = tl.load(w_ptrs, mask=(offs_k < K)[None, :], other=0.0)
+    w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
     pdl_wait(PDL)
-    if K % BLOCK_K == 0:
-        x = tl.load(x_ptrs)
-    else:
-        x = tl.load(x_ptrs, mask=offs_k < K, other=0.0)
+    x = load_k_tile(x_ptrs, 0, offs_k, K, BLOCK_K)
     acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-        w, x = _load_tile(w_ptrs, x_ptrs, k0, offs_k, K, BLOCK_K)
+        w = load_k_tile(w_ptrs, k0, offs_k, K, BLOCK_K)
+        x = load_k_tile(x_ptrs, k0, offs_k, K, BLOCK_K)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.gemv_kernels import load_k_tile
 from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
@@ -43,26 +44,12 @@ class Fp8GemvTiles:
 
 
 @triton.jit
-def _load_w(w_ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight tile at columns k0.. (masked only where K is not a multiple of BLOCK_K)."""
-    if K % BLOCK_K == 0:
-        w = tl.load(w_ptrs)
-    else:
-        w = tl.load(w_ptrs, mask=(k0 + offs_k < K)[None, :, :], other=0.0)
-    return w
-
-
-@triton.jit
 def _accumulate(acc, w, x_ptrs, s_ptr, rows, first_row, stride_sn, k0, offs_k, offs_c,
                 K: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
                 BLOCK_SCALES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 CHUNK: tl.constexpr):
     """acc + the weight tile w at columns k0.. times x's matching chunks (and block scales)."""
-    if K % BLOCK_K == 0:
-        x = tl.load(x_ptrs)
-    else:
-        x = tl.load(x_ptrs, mask=k0 + offs_k < K, other=0.0)
-    x = x.to(tl.float32)
+    x = load_k_tile(x_ptrs, k0, offs_k, K, BLOCK_K).to(tl.float32)
     if BLOCK_SCALES:
         chunk_k = k0 + offs_c * CHUNK
         if SCALE_BN % BLOCK_N == 0:
@@ -103,7 +90,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     x_ptrs = x_ptr + m * stride_xm + offs_k
     # Tile 0 is peeled off the loop: its weights before the wait, everything else after it.
-    w = _load_w(w_ptrs, 0, offs_k, K, BLOCK_K)
+    w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
     pdl_wait(PDL)
     acc = _accumulate(tl.zeros((BLOCK_N, CHUNKS, CHUNK), dtype=tl.float32), w, x_ptrs, s_ptr,
                       rows, first_row, stride_sn, 0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
@@ -111,7 +98,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-        acc = _accumulate(acc, _load_w(w_ptrs, k0, offs_k, K, BLOCK_K), x_ptrs, s_ptr, rows,
+        acc = _accumulate(acc, load_k_tile(w_ptrs, k0, offs_k, K, BLOCK_K), x_ptrs, s_ptr, rows,
                           first_row, stride_sn, k0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
                           BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
