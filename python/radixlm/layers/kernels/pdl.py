@@ -68,7 +68,9 @@ def _triton_has_pdl() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _device_supports_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9 and _triton_has_pdl()
+    # NVIDIA only: a ROCm build reports AMD GPUs through torch.cuda too (MI300: "9.4").
+    return (torch.version.hip is None
+            and torch.cuda.get_device_capability(device_index)[0] >= 9 and _triton_has_pdl())
 
 
 # Largest batch (rows, i.e. tokens, of the launching layer) whose kernels take PDL: one.
