@@ -4,7 +4,8 @@ linear layers take it.
   * `test_interpreter_cases`: small shapes (K not a multiple of the tile, N not a multiple of the
     rows a program takes, with and without a bias) under Triton's CPU interpreter in a child
     process. By hand: TRITON_INTERPRET=1 python tests/test_gemv.py
-  * CPU: the dispatch rule (one row, 1,024 <= N < 8,192, 1,024 <= K <= 8,192, bf16/fp16) and the
+  * CPU: the dispatch rule (one row, 1,024 <= N < 8,192, 1,024 <= K <= 8,192, or an 8B-sized
+    MLP's gate_up or down, bf16/fp16) and the
     layers never taking the kernel off CUDA.
   * `gpu`: the served shapes against F.linear, inside a CUDA graph, and a linear layer at batch 1
     taking the kernel unless RADIXLM_DISABLE_GEMV=1.
@@ -64,9 +65,10 @@ def test_interpreter_cases():
 def test_dispatch_rule():
     pytest.importorskip("triton")
     from radixlm.layers.kernels.gemv_kernels import gemv_tiles, supports
-    assert gemv_tiles(1, 3072, 4096) is not None
+    for n, k in [(3072, 4096), (28672, 4096), (14336, 4096), (16384, 2048), (4096, 14336)]:
+        assert gemv_tiles(1, n, k) is not None, (n, k)
     for m, n, k in [(2, 3072, 4096), (1, 8192, 2048), (1, 128256, 4096), (1, 512, 4096),
-                    (1, 4096, 576), (1, 4096, 14336)]:
+                    (1, 4096, 576), (1, 28672, 8192), (1, 8192, 14336), (2, 28672, 4096)]:
         assert gemv_tiles(m, n, k) is None, (m, n, k)
     w = torch.empty(3072, 4096, dtype=BF16)
     assert supports(torch.empty(1, 4096, dtype=BF16), w) is not None
@@ -91,7 +93,7 @@ def test_cpu_layers_use_f_linear(monkeypatch):
 # ---------------------------------------------------------------------------------- GPU
 
 SERVED = [(1536, 4096), (2560, 8192), (3072, 4096), (4096, 1024), (4096, 3584), (4096, 14336),
-          (6144, 4096), (7168, 4096), (2048, 2048), (1280, 8192)]
+          (6144, 4096), (7168, 4096), (2048, 2048), (1280, 8192), (14336, 4096)]
 
 
 @pytest.mark.gpu

@@ -46,6 +46,8 @@ import triton
 import triton.language as tl
 
 from radixlm import envs
+# (a leaf module of Triton helpers that imports nothing of layers/ or distributed/)
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 logger = logging.getLogger(__name__)
 
@@ -67,24 +69,31 @@ def _all_reduce_rms_norm_kernel(
         X, R, W, Out, ResOut, Peers, Epochs,
         rank, n_rows, n_cols, slot_elems, flags_offset, n_float, eps,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, PROGRAMS: tl.constexpr,
-        BLOCK_N: tl.constexpr, PHASES: tl.constexpr):
+        BLOCK_N: tl.constexpr, PHASES: tl.constexpr, PDL: tl.constexpr = False):
+    # With PDL (layers/kernels/pdl.py) the next kernel launches now and requests its first
+    # weights while this one waits for its peers; before the wait only the norm weight and
+    # the peers' addresses (fixed at the rendezvous) are read.
+    pdl_launch_dependents(PDL)
     pid = tl.program_id(0)
     dt = X.dtype.element_ty
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
+    if PHASES & 2:
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    mine = tl.load(Peers + rank)
+    # Every rank's buffer address, and the flag slot of this program for this rank on each
+    # (all ranks at once: one signalling round trip, not one per peer).
+    ranks = tl.arange(0, WORLD_P2)
+    valid = ranks < WORLD
+    bases = tl.load(Peers + ranks, mask=valid, other=0)
+    pdl_wait(PDL)   # x, the residual and the epochs are the previous kernels' writes
+
     if PHASES & 1:   # SEND
         epoch = tl.load(Epochs + pid) + 1
         tl.store(Epochs + pid, epoch)
     else:
         epoch = tl.load(Epochs + pid)
     parity = epoch % 2
-    mine = tl.load(Peers + rank)
-
-    # Every rank's buffer address, and the flag slot of this program for this rank on each
-    # (all ranks at once: one signalling round trip, not one per peer).
-    ranks = tl.arange(0, WORLD_P2)
-    valid = ranks < WORLD
-    bases = tl.load(Peers + ranks, mask=valid, other=0)
 
     if PHASES & 1:
         row = pid.to(tl.int64)   # rows pid, pid + PROGRAMS, ...
@@ -113,7 +122,6 @@ def _all_reduce_rms_norm_kernel(
                       scope="sys")
         tl.debug_barrier()
         mine_data = tl.multiple_of(mine.to(tl.pointer_type(dt)), 16)
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
         row = pid.to(tl.int64)
         while row < n_rows:
             off = row * n_cols + cols
@@ -204,7 +212,7 @@ class FusedAllReduceRMSNorm:
             float(n_cols), eps,
             WORLD=self.world_size, WORLD_P2=triton.next_power_of_2(self.world_size),
             PROGRAMS=PROGRAMS, BLOCK_N=block_n, PHASES=phases,
-            num_warps=min(16, max(4, block_n // 512)))
+            num_warps=min(16, max(4, block_n // 512)), **pdl_kwargs(x.device, n_rows))
         return out, res_out
 
 

@@ -9,8 +9,8 @@ x on the CUDA cores and summed along K once, after the loop. Accumulation is in 
 one output rounding, as cuBLAS.
 
 Taken only where `radixlm bench gemv --sweep` measured it faster than F.linear
-(`gemv_tiles`); wide layers (N >= 8192: gate_up, the LM head) and long ones (K > 8192), where
-cuBLAS is at 86-100% of the copy bandwidth, stay with cuBLAS, as does every product of more
+(`gemv_tiles`); the LM head and the 70B's wide and long layers, where cuBLAS is at 86-100% of
+the copy bandwidth, stay with cuBLAS, as does every product of more
 than one row (two or four rows through this kernel were slower than cuBLAS on nearly every
 shape). Capturable in CUDA graphs (grid and output from shapes only).
 """
@@ -86,9 +86,19 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
     Fit to `radixlm bench gemv --sweep` on an H200 (benchmarks/results/gemv/): a few hundred
     to a thousand programs, each loading 2-8 rows x 1,024 columns at a time, did best; narrower
     layers want fewer rows per program to keep enough programs in flight. Left to cuBLAS,
-    which reaches 86-100% of the copy bandwidth there: N >= 8,192 (gate_up, the LM head, the
-    70B's o and down) and K > 8,192 (the 8B's down at TP1)."""
-    if m != 1 or not 1024 <= n < 8192 or not 1024 <= k <= 8192:
+    which reaches 86-100% of the copy bandwidth there: the LM head, N = 8,192 (the 70B's o and
+    down) and the 70B's wide and long layers. The 8B's gate_up and TP1 down went to cuBLAS too
+    until the kernels took PDL (layers/kernels/pdl.py); since, the GEMV is faster on them in
+    the whole model (the rule's first branch)."""
+    if m != 1:
+        return None
+    if (8192 < n <= 32768 and 1024 <= k <= 4096) or (1024 <= n <= 4096 and 8192 < k <= 16384):
+        # gate_up and the long down of an 8B-sized MLP: with PDL the GEMV's first weights and
+        # the next kernel's launch overlap the neighbours, which cuBLAS's kernels cannot
+        # (Llama-3.1-8B batch 1, 2 x H200: TP1 4.31 -> 4.23 ms a step, TP2 2.92 -> 2.87).
+        # 4 rows a program: 8 was slower at TP1.
+        return GemvTiles(block_n=4, block_k=1024)
+    if not 1024 <= n < 8192 or not 1024 <= k <= 8192:
         return None
     block_n = 2 if n <= 2560 else 4 if n <= 3072 else 8 if n <= 4096 else 2
     return GemvTiles(block_n=block_n, block_k=1024)
