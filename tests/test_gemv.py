@@ -111,6 +111,28 @@ def test_gpu_odd_shapes():
     _check(5, 4096, BF16, "cuda", bias=False, tiles=GemvTiles(8, 1024))
 
 
+def test_router_rule():
+    pytest.importorskip("triton")
+    from radixlm.layers.kernels.gemv_kernels import router_tiles
+    one = torch.empty(1, 2048, dtype=BF16)
+    assert router_tiles(one, torch.empty(128, 2048, dtype=BF16)) is not None
+    assert router_tiles(torch.empty(1, 4096, dtype=BF16), torch.empty(8, 4096, dtype=BF16))
+    assert router_tiles(one, torch.empty(1, 2048, dtype=BF16)) is None       # a shared gate
+    assert router_tiles(one, torch.empty(128, 2048)) is None                 # an fp32 router
+    assert router_tiles(torch.empty(2, 2048, dtype=BF16),
+                        torch.empty(128, 2048, dtype=BF16)) is None          # two rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(128, 2048), (64, 2048), (8, 4096), (160, 5120)])
+def test_gpu_router_shapes(n, k):
+    from radixlm.layers.kernels.gemv_kernels import router_tiles
+    x = torch.empty(1, k, dtype=BF16)
+    tiles = router_tiles(x, torch.empty(n, k, dtype=BF16))
+    assert tiles is not None
+    _check(n, k, BF16, "cuda", bias=False, tiles=tiles)
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_graph():
     from radixlm.layers.kernels.gemv_kernels import gemv, gemv_tiles

@@ -115,3 +115,63 @@ def test_gpu_captured_chain_same_bits_with_and_without_pdl(monkeypatch):
         for name, u, w in zip(("output", "residual", "stored k"), a, b):
             assert u.isfinite().all(), (step, name)
             assert torch.equal(u, w), f"replay {step}: {name} differs with PDL"
+
+
+
+def _moe_chain(x, res, w_norm, w_router, w13, w2, top_k):
+    """Four MoE blocks of a batch-1 decode step, each consuming the one before: router GEMV,
+    routing, the two per-pair GEMVs (the expert ids decide which weights they read), the
+    pair sum, add + RMSNorm."""
+    from radixlm.layers.kernels.gemv_kernels import gemv, router_tiles
+    from radixlm.layers.kernels.norm_kernels import rms_norm
+    from radixlm.layers.moe.experts import fused_experts
+    from radixlm.layers.moe.topk import RoutingConfig, select_experts
+
+    routing = RoutingConfig(top_k, renormalize=True)
+    h, res = rms_norm(x, w_norm, 1e-6, res)
+    for _ in range(4):
+        logits = gemv(h, w_router, None, router_tiles(h, w_router))
+        weights, ids = select_experts(logits, routing)
+        y = fused_experts(h, w13, w2, weights, ids, pair_gemv=True)
+        h, res = rms_norm(y, w_norm, 1e-6, res)
+    return h, res
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_captured_moe_chain_same_bits_with_and_without_pdl(monkeypatch):
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    if not pdl.pdl_enabled(dev):
+        pytest.skip("PDL needs compute capability 9.0+ and a Triton with launch_pdl")
+    g = torch.Generator(device=dev).manual_seed(0)
+    hidden, experts, inter, top_k = 2048, 64, 512, 4
+    w_norm = torch.rand(hidden, device=dev, dtype=dt, generator=g) + 0.5
+    w_router = torch.randn(experts, hidden, device=dev, dtype=dt, generator=g) * 0.05
+    w13 = torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dt, generator=g) * 0.03
+    w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dt, generator=g) * 0.03
+    x = torch.empty(1, hidden, device=dev, dtype=dt)
+    res = torch.empty_like(x)
+    outs = {}
+    for mode in ("off", "on"):
+        if mode == "off":
+            monkeypatch.setenv("RADIXLM_DISABLE_PDL", "1")
+        else:
+            monkeypatch.delenv("RADIXLM_DISABLE_PDL")
+        args = (w_norm, w_router, w13, w2, top_k)
+        _moe_chain(x, res, *args)               # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, r = _moe_chain(x, res, *args)
+        results = []
+        for step in range(20):
+            gen = torch.Generator(device=dev).manual_seed(100 + step)
+            x.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
+            res.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
+            graph.replay()
+            results.append((y.clone(), r.clone()))
+        torch.cuda.synchronize()
+        outs[mode] = results
+    for step, (a, b) in enumerate(zip(outs["off"], outs["on"])):
+        for name, u, w in zip(("output", "residual"), a, b):
+            assert u.isfinite().all(), (step, name)
+            assert torch.equal(u, w), f"replay {step}: {name} differs with PDL"

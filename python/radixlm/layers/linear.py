@@ -30,9 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import radixlm.envs as envs
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
-from radixlm.layers.kernels import use_fused
+from radixlm.layers.kernels import takes_one_row_gemv
 
 # (param, full checkpoint tensor[, shard id]) -> copies this rank's part into param.
 WeightLoader = Callable[..., None]
@@ -108,10 +107,7 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
-        # (is_compiling first: under torch.compile the row count is symbolic, and comparing it
-        # with 1 would be a data-dependent guard)
-        if (not torch.compiler.is_compiling() and x.shape[0] == 1 and use_fused(x)
-                and not envs.disable_gemv()):
+        if takes_one_row_gemv(x):
             from radixlm.layers.kernels import gemv_kernels
             tiles = gemv_kernels.supports(x, layer.weight)
             if tiles is not None:

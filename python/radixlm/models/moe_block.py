@@ -17,6 +17,7 @@ from torch import nn
 
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import TPGroup
+from radixlm.layers.kernels import takes_one_row_gemv
 from radixlm.layers.linear import current_linear_method
 from radixlm.layers.moe.build import build_experts
 from radixlm.layers.moe.topk import RoutingConfig, select_experts
@@ -38,7 +39,13 @@ class MoEGate(nn.Module):
             if correction_bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight)
+        x = x.to(self.weight.dtype)
+        if takes_one_row_gemv(x):
+            from radixlm.layers.kernels import gemv_kernels
+            tiles = gemv_kernels.router_tiles(x, self.weight)
+            if tiles is not None:
+                return gemv_kernels.gemv(x, self.weight, None, tiles)
+        return F.linear(x, self.weight)
 
 
 class SparseMoeBlock(nn.Module):

@@ -42,3 +42,11 @@ def use_fused(x: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     return x.is_cuda and not envs.disable_fused_ops() and triton_available()
+
+
+def takes_one_row_gemv(x: torch.Tensor) -> bool:
+    """Whether a product of `x` may go to the one-row GEMV (gemv_kernels.py): one row, the fused
+    path on, RADIXLM_DISABLE_GEMV unset. (is_compiling first: under torch.compile the row
+    count is symbolic, and comparing it with 1 would be a data-dependent guard.)"""
+    return (not torch.compiler.is_compiling() and x.shape[0] == 1 and use_fused(x)
+            and not envs.disable_gemv())

@@ -104,6 +104,20 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
     return GemvTiles(block_n=block_n, block_k=1024)
 
 
+def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
+    """The tiles for a MoE router's logits at batch 1 (8-512 experts, N below `gemv_tiles`'
+    range), or None: two expert rows a program. The router's cuBLAS kernel cannot launch
+    early as this one can (PDL), and it sits between two kernels that do."""
+    n, k = weight.shape[0], x.shape[-1]
+    if not 8 <= n <= 512 or not 1024 <= k <= 8192 or x.numel() != k:
+        return None
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
+        return None
+    if weight.dim() != 2 or weight.stride(1) != 1 or weight.shape[1] != k:
+        return None
+    return GemvTiles(block_n=2, block_k=1024)
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     """The tiles `gemv` would use for x [..., K] times weight [N, K], or None if not taken."""
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:

@@ -123,7 +123,8 @@ def _pair_gemvs(x, w13, w2, topk_weights, topk_ids, add,
     down = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     pair_gemv(gate_up, w2, down, ids, 1, gated=True,
               pair_weights=topk_weights.reshape(-1).to(torch.float32),
-              b_scale=scales.w2 if scales is not None else None, scale_block=block)
+              b_scale=scales.w2 if scales is not None else None, scale_block=block,
+              num_tokens=x.shape[0])
     return sum_pairs(down, top_k, add)
 
 

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 
 @dataclass(frozen=True)
 class MoETileConfig:
@@ -286,7 +288,10 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, pairs: Ali
 
 @triton.jit
 def _sum_pairs_kernel(pairs_ptr, add_ptr, out_ptr, hidden, stride_p, stride_a, stride_o,
-                      TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr):
+                      TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < hidden
@@ -313,5 +318,6 @@ def sum_pairs(pairs: torch.Tensor, top_k: int, add: torch.Tensor | None = None) 
     _sum_pairs_kernel[(t, triton.cdiv(hidden, block))](
         pairs, add if add is not None else out, out, hidden, pairs.stride(0),
         add.stride(0) if add is not None else 0, out.stride(0),
-        TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block, num_warps=4)
+        TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block, num_warps=4,
+        **pdl_kwargs(pairs.device, t))
     return out

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 # Up to this many tokens a step's experts may run as per-pair GEMVs (bench moe --parts kernel,
 # both paths forced, H200: at 4 tokens still ahead on Qwen3-30B-A3B, even on DeepSeek-V2-Lite;
 # at 16 behind on every shape).
@@ -68,13 +70,18 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
                       stride_se, stride_sn,
                       MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr, B_SCALES: tl.constexpr,
                       SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """c[pair, n-strip] = a_row(pair) . b[expert(pair), n-strip, :] (* weight[pair]).
 
     B_SCALES as in the grouped GEMM: 0 none, 1 one scale per (expert, row), 2 one per
     (expert, SCALE_BN x SCALE_BK block); a K tile spanning several blocks reduces per block
     first. GATED: a's row is [gate (K) | up (K)] and the input is silu(gate) * up, rounded to
-    a's dtype as the separate activation kernel would store it."""
+    a's dtype as the separate activation kernel would store it.
+
+    With PDL (layers/kernels/pdl.py) the wait comes first: which weights to read depends on
+    the expert ids the routing kernel just wrote."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
     pair = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -120,10 +127,12 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
               a_rows_per_pair: int, gated: bool = False,
               pair_weights: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
               scale_block: tuple[int, int] | None = None,
-              tiles: PairGemvTiles | None = None) -> torch.Tensor:
+              tiles: PairGemvTiles | None = None, num_tokens: int | None = None
+              ) -> torch.Tensor:
     """out[p] = in(p) @ b[expert_ids[p]]^T (* pair_weights[p]), in(p) = a[p // a_rows_per_pair]
     or, `gated`, silu(gate) * up of a[p] = [gate | up]. b [E, N, K] K-contiguous; `b_scale` /
-    `scale_block`: FP8 b, as in fused_moe_kernel.grouped_gemm."""
+    `scale_block`: FP8 b, as in fused_moe_kernel.grouped_gemm. `num_tokens`: the step's
+    tokens, which decide whether the kernel launches with PDL (default: a's rows)."""
     n, k = b.shape[1], b.shape[2]
     if b.stride(2) != 1:
         raise ValueError("pair_gemv needs K-contiguous expert weights")
@@ -145,5 +154,6 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
         scales.stride(1) if b_scale is not None else 0,
         MUL_WEIGHT=pair_weights is not None, GATED=gated, B_SCALES=mode, SCALE_BN=scale_bn,
         SCALE_BK=scale_bk, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **pdl_kwargs(a.device, a.shape[0] if num_tokens is None else num_tokens))
     return out

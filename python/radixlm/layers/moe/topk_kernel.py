@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+
 MAX_TOP_K = 16
 MAX_EXPERTS = 1024
 
@@ -21,10 +23,15 @@ MAX_EXPERTS = 1024
 def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
                   scaling_factor,
                   TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr):
+                  SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    pdl_launch_dependents(PDL)
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < num_experts
+    if HAS_BIAS:   # (a weight: read before the wait for the router's logits)
+        bias = tl.load(bias_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
     x = tl.load(logits_ptr + t * stride_l + offs, mask=ok, other=float("-inf")).to(tl.float32)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
@@ -34,7 +41,7 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, num_experts, strid
     scores = tl.where(ok, scores, 0.0)
     choice = scores
     if HAS_BIAS:
-        choice += tl.load(bias_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        choice += bias
     choice = tl.where(ok, choice, float("-inf"))
     offs_k = tl.arange(0, BLOCK_K)
     picked_w = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -73,5 +80,5 @@ def route(logits: torch.Tensor, top_k: int, sigmoid: bool, renormalize: bool,
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(e),
         BLOCK_K=max(2, triton.next_power_of_2(top_k)), SIGMOID=sigmoid,
         HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize and top_k > 1,
-        num_warps=1 if e <= 128 else 4)
+        num_warps=1 if e <= 128 else 4, **pdl_kwargs(logits.device, t))
     return weights, ids

@@ -32,6 +32,7 @@ from radixlm.layers.attention.kernels.decode_attention import (
     split_range,
 )
 from radixlm.layers.attention.kernels.extend_attention import _online_softmax_step
+from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -58,7 +59,10 @@ def _mla_decode_partial_kernel(
     stride_mlh, num_heads,
     LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)   # the latents, the query and the index lists are this step's
     b = tl.program_id(0)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
@@ -126,18 +130,19 @@ def mla_decode_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tenso
     block_h = mla_block_h(hq)
     block_n = block_n or mla_decode_block_n(lora, q.dtype)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    pdl = pdl_kwargs(q.device, bs)
     _mla_decode_partial_kernel[(bs, triton.cdiv(hq, block_h), max_kv_splits)](
         q, kv_buf, kv_indptr, kv_indices, num_kv_splits, mid_o, mid_lse, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv_buf.stride(0), mid_o.stride(0), mid_o.stride(1),
         mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1), hq,
         LORA=lora, ROPE=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_H=block_h,
-        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, DOT_PREC=dot_prec, num_warps=num_warps, num_stages=num_stages, **pdl)
     _decode_reduce_kernel[(bs, hq)](
         mid_o, mid_lse, kv_indptr, num_kv_splits, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=lora, BLOCK_D=block_l, BLOCK_S=next_pow2(max_kv_splits), BLOCK_N=block_n,
-        num_warps=4)
+        num_warps=4, **pdl)
     return out
 
 
