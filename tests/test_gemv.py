@@ -42,9 +42,31 @@ def _check(n: int, k: int, dtype: torch.dtype, device: str, bias: bool, tiles=No
     return err
 
 
+def _check_gated(i: int, k: int, dtype: torch.dtype, device: str, tiles=None) -> None:
+    """The gated kernel (silu(gate) * up stored by the GEMV) against the two steps it
+    replaces: an fp32 product rounded to the dtype, then silu_and_mul's rounding. Within one
+    ulp of the output (the kernel's K sums may round differently in their last fp32 bits)."""
+    from radixlm.layers.kernels.gemv_kernels import gated_supports, gemv
+    gen = torch.Generator().manual_seed(i * 5 + k)
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
+    w = (torch.randn(2 * i, k, generator=gen) * k ** -0.5).to(device=device, dtype=dtype)
+    tiles = tiles or gated_supports(x, w)
+    y = gemv(x, w, None, tiles, gated=True)
+    assert y.shape == (1, i) and y.dtype == dtype
+    gate_up = F.linear(x.float(), w.float()).to(dtype).float()
+    gate, up = gate_up[:, :i], gate_up[:, i:]
+    ref = (F.silu(gate).to(dtype).float() * up).to(dtype).float()
+    err = (y.float() - ref).abs()
+    ulp = torch.finfo(dtype).eps * (ref.abs() + gate.abs() * up.abs() + 1e-3)
+    assert (err <= 2 * ulp).all(), f"I={i} K={k} {dtype} {tiles}: error {err.max():.3g}"
+
+
 def _interpreter_cases():
     from radixlm.layers.kernels.gemv_kernels import GemvTiles
     cases = []
+    for i, k, tiles in [(20, 1024, GemvTiles(4, 256)), (9, 600, GemvTiles(2, 256))]:
+        cases.append((f"gated I={i} K={k} {tiles}",
+                      lambda i=i, k=k, t=tiles: _check_gated(i, k, BF16, "cpu", t)))
     for n, k, bias, tiles in [(40, 1024, False, GemvTiles(8, 256)),
                               (37, 600, True, GemvTiles(8, 256)),     # K and N tails
                               (9, 1100, True, GemvTiles(2, 1024)),    # one K tile + tail
@@ -102,6 +124,52 @@ SERVED = [(1536, 4096), (2560, 8192), (3072, 4096), (4096, 1024), (4096, 3584), 
 def test_gpu_served_shapes(n, k, dtype):
     _check(n, k, dtype, "cuda", bias=False)
     _check(n, k, dtype, "cuda", bias=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i,k", [(14336, 4096), (7168, 4096), (8192, 2048), (3072, 1024),
+                                 (1536, 4096)])
+def test_gpu_gated_served_shapes(i, k):
+    _check_gated(i, k, BF16, "cuda")
+
+
+def test_gated_rule():
+    pytest.importorskip("triton")
+    from radixlm.layers.kernels.gemv_kernels import gated_supports, gemv_tiles
+    x = torch.empty(1, 4096, dtype=BF16)
+    tiles = gated_supports(x, torch.empty(28672, 4096, dtype=BF16))
+    assert tiles is not None and tiles.block_n == max(2, gemv_tiles(1, 28672, 4096).block_n // 2)
+    assert gated_supports(x, torch.empty(3, 4096, dtype=BF16)) is None        # odd rows
+    assert gated_supports(x, torch.empty(128256, 4096, dtype=BF16)) is None   # not taken
+    assert gated_supports(torch.empty(2, 4096, dtype=BF16),
+                          torch.empty(28672, 4096, dtype=BF16)) is None       # two rows
+
+
+@pytest.mark.gpu
+def test_gpu_mlp_takes_gated_gemv_at_batch_1(monkeypatch):
+    """A gate_up layer's silu_and_mul at batch 1 is one gated GEMV; with the GEMV off, or two
+    rows, the product and the activation kernel; the results agree."""
+    from radixlm.layers import linear
+    from radixlm.layers.activation import silu_and_mul
+    from radixlm.layers.kernels import gemv_kernels
+    calls = []
+    real = gemv_kernels.gemv
+    monkeypatch.setattr(gemv_kernels, "gemv",
+                        lambda *a, **kw: calls.append(kw.get("gated", False)) or real(*a, **kw))
+    with torch.device("cuda"):
+        layer = linear.MergedColumnParallelLinear(4096, [7168, 7168]).to(BF16)
+    layer.weight.data.normal_(std=4096 ** -0.5)
+    x = torch.randn(1, 4096, device="cuda", dtype=BF16)
+    y = layer.silu_and_mul(x)
+    assert calls == [True] and y.shape == (1, 7168)
+    monkeypatch.setenv("RADIXLM_DISABLE_GEMV", "1")
+    unfused = layer.silu_and_mul(x)
+    assert calls == [True]
+    assert torch.equal(unfused, silu_and_mul(F.linear(x, layer.weight)))
+    assert (y.float() - unfused.float()).abs().max().item() <= 0.02 * unfused.abs().max().item()
+    monkeypatch.delenv("RADIXLM_DISABLE_GEMV")
+    two = layer.silu_and_mul(torch.randn(2, 4096, device="cuda", dtype=BF16))
+    assert two.shape == (2, 7168) and calls == [True]
 
 
 @pytest.mark.gpu
@@ -173,9 +241,9 @@ def test_gpu_layer_takes_gemv_at_batch_1(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_model_logits_gemv_on_vs_off(tmp_path, monkeypatch):
-    """A bf16 Llama whose every linear layer takes the kernel at batch 1 (hidden 1,024): the
-    logits of a prefill and four batch-1 decode steps with the kernel equal cuBLAS's within
-    bf16 tolerance."""
+    """A bf16 Llama whose every linear layer takes the kernel at batch 1 (hidden 1,024; gate_up
+    the gated kernel): the logits of a prefill and four batch-1 decode steps with the kernel
+    equal cuBLAS's within bf16 tolerance."""
     import transformers
 
     from radixlm.layers.kernels import gemv_kernels
@@ -197,10 +265,12 @@ def test_gpu_model_logits_gemv_on_vs_off(tmp_path, monkeypatch):
     decode = [torch.randint(0, 1000, (1,), generator=g).tolist() for _ in range(4)]
     calls = []
     real = gemv_kernels.gemv
-    monkeypatch.setattr(gemv_kernels, "gemv", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(gemv_kernels, "gemv",
+                        lambda *a, **kw: calls.append(kw.get("gated", False)) or real(*a, **kw))
     monkeypatch.delenv("RADIXLM_DISABLE_GEMV", raising=False)
     on = _forward_steps(runner, prompt, decode)
     assert len(calls) == 4 * 2 * 4, "4 decode steps x 2 layers x 4 linear layers"
+    assert sum(calls) == 4 * 2, "gate_up with SiLU-and-mul: one gated GEMV a layer"
     monkeypatch.setenv("RADIXLM_DISABLE_GEMV", "1")
     off = _forward_steps(runner, prompt, decode)
     assert len(calls) == 4 * 2 * 4

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
+from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.kernels import takes_one_row_gemv
 
 # (param, full checkpoint tensor[, shard id]) -> copies this rank's part into param.
@@ -86,6 +87,12 @@ class LinearMethod:
         after the all-reduce themselves."""
         raise NotImplementedError
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a [gate | up] layer without a bias, in one kernel, or None where
+        the method has no such kernel for x (the caller then runs `apply` and the activation
+        kernel)."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once all of the layer's tensors are loaded: repack or quantize them into the
         layout `apply` reads. Nothing to do by default."""
@@ -113,6 +120,15 @@ class UnquantizedLinearMethod(LinearMethod):
             if tiles is not None:
                 return gemv_kernels.gemv(x, layer.weight, bias, tiles)
         return F.linear(x, layer.weight, bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        # At batch 1 the GEMV stores silu(gate) * up itself: one launch a layer fewer.
+        if takes_one_row_gemv(x):
+            from radixlm.layers.kernels import gemv_kernels
+            tiles = gemv_kernels.gated_supports(x, layer.weight)
+            if tiles is not None:
+                return gemv_kernels.gemv(x, layer.weight, None, tiles, gated=True)
+        return None
 
 
 # Stateless, so every layer without an explicit method shares this one.
@@ -197,6 +213,16 @@ class ColumnParallelLinear(_QuantizableLinear):
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices with the same input fused into one matmul (gate_up)."""
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of a [gate | up] layer's output: one kernel where the linear method
+        has one for x (the batch-1 GEMV), else the product and then the activation kernel."""
+        if (self.bias is None and len(self.shard_sizes) == 2
+                and self.shard_sizes[0] == self.shard_sizes[1]):
+            y = self.linear_method.apply_gated(self, x)
+            if y is not None:
+                return y
+        return silu_and_mul(self(x))
 
 
 def kv_heads_of_rank(num_kv_heads: int, tp: TPGroup) -> tuple[int, int]:

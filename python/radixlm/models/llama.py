@@ -19,7 +19,6 @@ from radixlm.core.kv_quant import CheckpointKVScales
 from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
-from radixlm.layers.activation import silu_and_mul
 from radixlm.layers.attention.radix_attention import RadixAttention
 from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -42,7 +41,7 @@ class LlamaMLP(nn.Module):
         self.partial_output_group = None if reduce_results else tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class LlamaAttention(nn.Module):

@@ -49,10 +49,14 @@ def load_k_tile(ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 GATED: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[n] = sum_k x[k] w[n, k] (+ b[n]) for BLOCK_N consecutive n. K is a compile-time
     constant (a model has two or three): the trip count is known. With PDL the first weight
-    tile is requested before waiting for the kernel that writes x (layers/kernels/pdl.py)."""
+    tile is requested before waiting for the kernel that writes x (layers/kernels/pdl.py).
+
+    GATED: w is [gate | up], 2N rows; the program also takes up's rows n + N and stores
+    silu(gate) * up, rounded as `gemv` followed by silu_and_mul (activation_kernels.py) round
+    it: the MLP's activation kernel is not launched."""
     pdl_launch_dependents(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -64,19 +68,33 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
     x_ptrs = x_ptr + offs_k
     # Tile 0 is peeled off the loop: its weights are requested before the wait (with PDL),
     # its x, the previous kernel's output, after it.
+    up_ptrs = w_ptrs + N * stride_wn     # (GATED only)
     w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
+    if GATED:
+        u = load_k_tile(up_ptrs, 0, offs_k, K, BLOCK_K)
     pdl_wait(PDL)
-    x = load_k_tile(x_ptrs, 0, offs_k, K, BLOCK_K)
-    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
+    x = load_k_tile(x_ptrs, 0, offs_k, K, BLOCK_K).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    if GATED:
+        acc_up = u.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w = load_k_tile(w_ptrs, k0, offs_k, K, BLOCK_K)
-        x = load_k_tile(x_ptrs, k0, offs_k, K, BLOCK_K)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x = load_k_tile(x_ptrs, k0, offs_k, K, BLOCK_K).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if GATED:
+            up_ptrs += BLOCK_K
+            acc_up += load_k_tile(up_ptrs, k0, offs_k, K, BLOCK_K).to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if GATED:
+        dt = y_ptr.dtype.element_ty
+        gate = y.to(dt).to(tl.float32)
+        up = tl.sum(acc_up, axis=1).to(dt).to(tl.float32)
+        silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(dt).to(tl.float32)
+        y = silu * up
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -128,19 +146,33 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     return gemv_tiles(m, weight.shape[0], weight.shape[1])
 
 
+def gated_supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
+    """The tiles `gemv(..., gated=True)` would use for x [..., K] and a [gate | up] weight
+    [2I, K], or None if not taken: where the plain product takes the kernel, with half its
+    rows a program (each program reads as many gate rows as up rows)."""
+    tiles = supports(x, weight)
+    if tiles is None or weight.shape[0] % 2:
+        return None
+    return GemvTiles(block_n=max(2, tiles.block_n // 2), block_k=tiles.block_k,
+                     num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-         tiles: GemvTiles) -> torch.Tensor:
+         tiles: GemvTiles, gated: bool = False) -> torch.Tensor:
     """x [..., K] (one row in all) times weight [N, K]^T (+ bias [N]) -> [..., N] in x's
-    dtype."""
+    dtype. `gated`: weight is [gate | up] and the result silu(gate) * up, [..., N / 2]
+    (no bias)."""
     k = x.shape[-1]
     if x.numel() != k:
         raise ValueError(f"gemv takes one row of x, got shape {tuple(x.shape)}")
+    if gated and (bias is not None or weight.shape[0] % 2):
+        raise ValueError("a gated gemv takes an even number of weight rows and no bias")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
     y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
         x, weight, bias if bias is not None else weight, y, n, weight.stride(0), K=k,
         HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_kwargs(x.device, 1))
+        BLOCK_K=tiles.block_k, GATED=gated, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages, **pdl_kwargs(x.device, 1))
     return y
