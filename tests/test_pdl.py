@@ -59,14 +59,44 @@ def _layer_chain(x, res, w_norm, w_qkv, w_o, w_up, positions, cos, sin, k_buf, v
     return x, res
 
 
+def _same_bits_with_and_without_pdl(monkeypatch, build, names):
+    """build() -> (run, refill): run() launches a chain of kernels and returns its output
+    tensors, refill(generator) writes fresh inputs. The chain is captured in a CUDA graph
+    with PDL off, then on, and replayed 20 times on the same inputs: every output must be
+    finite and bit-identical across the two."""
+    dev = torch.device("cuda")
+    if not pdl.pdl_enabled(dev):
+        pytest.skip("PDL needs compute capability 9.0+ and a Triton with launch_pdl")
+    outs = {}
+    for mode in ("off", "on"):
+        if mode == "off":
+            monkeypatch.setenv("RADIXLM_DISABLE_PDL", "1")
+        else:
+            monkeypatch.delenv("RADIXLM_DISABLE_PDL")
+        run, refill = build()
+        run()                                   # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = run()
+        results = []
+        for step in range(20):
+            refill(torch.Generator(device=dev).manual_seed(100 + step))
+            graph.replay()
+            results.append(tuple(t.clone() for t in got))
+        torch.cuda.synchronize()
+        outs[mode] = results
+    for step, (a, b) in enumerate(zip(outs["off"], outs["on"])):
+        for name, u, w in zip(names, a, b):
+            assert u.isfinite().all(), (step, name)
+            assert torch.equal(u, w), f"replay {step}: {name} differs with PDL"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_captured_chain_same_bits_with_and_without_pdl(monkeypatch):
     from radixlm.layers.attention.kernels.decode_attention import (alloc_decode_buffers,
                                                                    per_request_kv_splits)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    if not pdl.pdl_enabled(dev):
-        pytest.skip("PDL needs compute capability 9.0+ and a Triton with launch_pdl")
     g = torch.Generator(device=dev).manual_seed(0)
     hidden, hq, hk, d, ctx = 2048, 16, 4, 128, 700
     w_norm = torch.rand(hidden, device=dev, dtype=dt, generator=g) + 0.5
@@ -84,38 +114,22 @@ def test_gpu_captured_chain_same_bits_with_and_without_pdl(monkeypatch):
     buffers = alloc_decode_buffers(1, hq, d, max_splits, dev)
     x = torch.empty(1, hidden, device=dev, dtype=dt)
     res = torch.empty_like(x)
-    pools = {}
-    outs = {}
-    for mode in ("off", "on"):
-        if mode == "off":
-            monkeypatch.setenv("RADIXLM_DISABLE_PDL", "1")
-        else:
-            monkeypatch.delenv("RADIXLM_DISABLE_PDL")
+
+    def build():
         k_buf = torch.zeros(ctx + 2, hk, d, device=dev, dtype=dt)
         v_buf = torch.zeros_like(k_buf)
-        pools[mode] = (k_buf, v_buf)
         args = (w_norm, w_qkv, w_o, w_up, positions, cos, sin, k_buf, v_buf, locs, kv_indptr,
                 kv_indices, n_splits, max_splits, buffers, hq, hk, d)
-        _layer_chain(x, res, *args)              # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y, r = _layer_chain(x, res, *args)
-        results = []
-        for step in range(20):
-            gen = torch.Generator(device=dev).manual_seed(100 + step)
-            x.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
-            res.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
-            k_buf.copy_(torch.randn(k_buf.shape, device=dev, dtype=dt, generator=gen))
-            v_buf.copy_(torch.randn(v_buf.shape, device=dev, dtype=dt, generator=gen))
-            graph.replay()
-            results.append((y.clone(), r.clone(), k_buf[ctx].clone()))
-        torch.cuda.synchronize()
-        outs[mode] = results
-    for step, (a, b) in enumerate(zip(outs["off"], outs["on"])):
-        for name, u, w in zip(("output", "residual", "stored k"), a, b):
-            assert u.isfinite().all(), (step, name)
-            assert torch.equal(u, w), f"replay {step}: {name} differs with PDL"
 
+        def run():
+            return (*_layer_chain(x, res, *args), k_buf[ctx])
+
+        def refill(gen):
+            for t in (x, res, k_buf, v_buf):
+                t.copy_(torch.randn(t.shape, device=dev, dtype=dt, generator=gen))
+        return run, refill
+
+    _same_bits_with_and_without_pdl(monkeypatch, build, ("output", "residual", "stored k"))
 
 
 def _moe_chain(x, res, w_norm, w_router, w13, w2, top_k):
@@ -141,8 +155,6 @@ def _moe_chain(x, res, w_norm, w_router, w13, w2, top_k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_captured_moe_chain_same_bits_with_and_without_pdl(monkeypatch):
     dev, dt = torch.device("cuda"), torch.bfloat16
-    if not pdl.pdl_enabled(dev):
-        pytest.skip("PDL needs compute capability 9.0+ and a Triton with launch_pdl")
     g = torch.Generator(device=dev).manual_seed(0)
     hidden, experts, inter, top_k = 2048, 64, 512, 4
     w_norm = torch.rand(hidden, device=dev, dtype=dt, generator=g) + 0.5
@@ -151,27 +163,11 @@ def test_gpu_captured_moe_chain_same_bits_with_and_without_pdl(monkeypatch):
     w2 = torch.randn(experts, hidden, inter, device=dev, dtype=dt, generator=g) * 0.03
     x = torch.empty(1, hidden, device=dev, dtype=dt)
     res = torch.empty_like(x)
-    outs = {}
-    for mode in ("off", "on"):
-        if mode == "off":
-            monkeypatch.setenv("RADIXLM_DISABLE_PDL", "1")
-        else:
-            monkeypatch.delenv("RADIXLM_DISABLE_PDL")
-        args = (w_norm, w_router, w13, w2, top_k)
-        _moe_chain(x, res, *args)               # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            y, r = _moe_chain(x, res, *args)
-        results = []
-        for step in range(20):
-            gen = torch.Generator(device=dev).manual_seed(100 + step)
-            x.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
-            res.copy_(torch.randn(x.shape, device=dev, dtype=dt, generator=gen))
-            graph.replay()
-            results.append((y.clone(), r.clone()))
-        torch.cuda.synchronize()
-        outs[mode] = results
-    for step, (a, b) in enumerate(zip(outs["off"], outs["on"])):
-        for name, u, w in zip(("output", "residual"), a, b):
-            assert u.isfinite().all(), (step, name)
-            assert torch.equal(u, w), f"replay {step}: {name} differs with PDL"
+
+    def build():
+        def refill(gen):
+            for t in (x, res):
+                t.copy_(torch.randn(t.shape, device=dev, dtype=dt, generator=gen))
+        return lambda: _moe_chain(x, res, w_norm, w_router, w13, w2, top_k), refill
+
+    _same_bits_with_and_without_pdl(monkeypatch, build, ("output", "residual"))
