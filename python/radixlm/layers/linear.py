@@ -90,7 +90,7 @@ class LinearMethod:
     def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """silu(gate) * up of a [gate | up] layer without a bias, in one kernel, or None where
         the method has no such kernel for x (the caller then runs `apply` and the activation
-        kernel)."""
+        kernel). A subclass that changes what `apply` computes must override this too."""
         return None
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
