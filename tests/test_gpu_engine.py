@@ -76,7 +76,7 @@ def test_gpu_graphs_and_overlap_match_plain_paths(make_engine, model_path, monke
     monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", "1")
     unfused = _generate(make_engine, model_path)
     assert unfused == plain
-    # The batch-1 steps at the end launch their kernels with PDL (layers/kernels/pdl.py).
+    # The batch-1 steps at the end launch their kernels with PDL (utils/pdl.py).
     monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", "")
     monkeypatch.setenv("RADIXLM_DISABLE_PDL", "1")
     assert _generate(make_engine, model_path) == plain

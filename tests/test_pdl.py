@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (layers/kernels/pdl.py): when it is on, and that a captured
+"""Programmatic dependent launch (utils/pdl.py): when it is on, and that a captured
 chain of the decode step's kernels gives the same bits with and without it (a kernel reading
 its predecessor's output before that output is complete would show up as a mismatch)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.layers.kernels import pdl
+from radixlm.utils import pdl
 
 
 def test_off_on_cpu_and_by_knob(monkeypatch):

@@ -49,14 +49,14 @@ def disable_gemv() -> bool:
 
 def disable_pdl() -> bool:
     """RADIXLM_DISABLE_PDL=1: the decode step's Triton kernels launch the usual way instead of
-    with programmatic dependent launch (layers/kernels/pdl.py; A/B checks). Read at each call;
+    with programmatic dependent launch (utils/pdl.py; A/B checks). Read at each call;
     decode CUDA graphs keep the launches they were captured with."""
     return _flag("RADIXLM_DISABLE_PDL")
 
 
 def pdl_max_rows() -> int | None:
     """RADIXLM_PDL_MAX_ROWS=N: launch with PDL only the kernels of batches of at most N rows
-    (tokens); unset: layers/kernels/pdl.py's measured default."""
+    (tokens); unset: utils/pdl.py's measured default."""
     value = os.environ.get("RADIXLM_PDL_MAX_ROWS")
     return int(value) if value else None
 

@@ -46,8 +46,7 @@ import triton
 import triton.language as tl
 
 from radixlm import envs
-# (a leaf module of Triton helpers that imports nothing of layers/ or distributed/)
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def _all_reduce_rms_norm_kernel(
         rank, n_rows, n_cols, slot_elems, flags_offset, n_float, eps,
         WORLD: tl.constexpr, WORLD_P2: tl.constexpr, PROGRAMS: tl.constexpr,
         BLOCK_N: tl.constexpr, PHASES: tl.constexpr, PDL: tl.constexpr = False):
-    # With PDL (layers/kernels/pdl.py) the next kernel launches now and requests its first
+    # With PDL (utils/pdl.py) the next kernel launches now and requests its first
     # weights while this one waits for its peers; before the wait only the norm weight and
     # the peers' addresses (fixed at the rendezvous) are read.
     pdl_launch_dependents(PDL)

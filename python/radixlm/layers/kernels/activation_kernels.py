@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 _BLOCK = 1024
 
@@ -25,7 +25,7 @@ _BLOCK = 1024
 def _silu_and_mul_kernel(X, Out, n_cols, stride_x, stride_out, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = False):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)   # x is the previous kernel's output (layers/kernels/pdl.py)
+    pdl_wait(PDL)   # x is the previous kernel's output (utils/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

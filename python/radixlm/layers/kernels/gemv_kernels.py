@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
                  GATED: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[n] = sum_k x[k] w[n, k] (+ b[n]) for BLOCK_N consecutive n. K is a compile-time
     constant (a model has two or three): the trip count is known. With PDL the first weight
-    tile is requested before waiting for the kernel that writes x (layers/kernels/pdl.py).
+    tile is requested before waiting for the kernel that writes x (utils/pdl.py).
 
     GATED: w is [gate | up], 2N rows; the program also takes up's rows n + N and stores
     silu(gate) * up, rounded as `gemv` followed by silu_and_mul (activation_kernels.py) round
@@ -106,7 +106,7 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
     layers want fewer rows per program to keep enough programs in flight. Left to cuBLAS,
     which reaches 86-100% of the copy bandwidth there: the LM head, N = 8,192 (the 70B's o and
     down) and the 70B's wide and long layers. The 8B's gate_up and TP1 down went to cuBLAS too
-    until the kernels took PDL (layers/kernels/pdl.py); since, the GEMV is faster on them in
+    until the kernels took PDL (utils/pdl.py); since, the GEMV is faster on them in
     the whole model (the rule's first branch)."""
     if m != 1:
         return None

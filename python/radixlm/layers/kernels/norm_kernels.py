@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Elements one program normalises: rows are batched per program for small hidden sizes.
 _TILE = 2048
@@ -45,7 +45,7 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
     outer = rows // inner
     in_row = rows % inner
     x_ptrs = X + (outer * sx_outer + in_row * sx_inner)[:, None] + cols[None, :]
-    # The norm's weight is no kernel's output: loaded before the wait (layers/kernels/pdl.py).
+    # The norm's weight is no kernel's output: loaded before the wait (utils/pdl.py).
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)

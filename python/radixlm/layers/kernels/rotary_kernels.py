@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Elements of each half one program rotates (heads are batched per program): 512 was fastest on
 # an H200 for head dims 64 and 128 at 256 and 8192 tokens (1024 within 5%).
@@ -63,7 +63,7 @@ def _rope_kernel(Q, K, Cos, Sin, Pos, QW, KW, eps, n_q_heads, n_k_heads, n_q_blo
                  HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                  HALVES_EQUAL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)   # positions, q and k are this step's (layers/kernels/pdl.py)
+    pdl_wait(PDL)   # positions, q and k are this step's (utils/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(Pos + t).to(tl.int64)

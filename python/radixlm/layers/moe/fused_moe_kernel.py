@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Up to this many tokens a step's experts may run as per-pair GEMVs (bench moe --parts kernel,
 # both paths forced, H200: at 4 tokens still ahead on Qwen3-30B-A3B, even on DeepSeek-V2-Lite;
@@ -78,7 +78,7 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
     first. GATED: a's row is [gate (K) | up (K)] and the input is silu(gate) * up, rounded to
     a's dtype as the separate activation kernel would store it.
 
-    With PDL (layers/kernels/pdl.py) the wait comes first: which weights to read depends on
+    With PDL (utils/pdl.py) the wait comes first: which weights to read depends on
     the expert ids the routing kernel just wrote."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)

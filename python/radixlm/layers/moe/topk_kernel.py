@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 MAX_TOP_K = 16
 MAX_EXPERTS = 1024

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.kernels.gemv_kernels import load_k_tile
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 # The most rows of x the FP8 layers send here. The kernel takes any number (one program row
@@ -76,7 +76,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
                      CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k] scale (+ b[n]) for BLOCK_N consecutive n of row m.
     With PDL the first weight tile is requested before waiting for the kernel that writes x
-    (layers/kernels/pdl.py)."""
+    (utils/pdl.py)."""
     pdl_launch_dependents(PDL)
     m = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

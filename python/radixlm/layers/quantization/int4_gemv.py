@@ -152,7 +152,7 @@ def w4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros:
     per_program = -(-groups // tiles.split)
     split = -(-groups // per_program)          # no program without groups
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    # Launched without PDL (layers/kernels/pdl.py): its grid of column blocks x K splits,
+    # Launched without PDL (utils/pdl.py): its grid of column blocks x K splits,
     # launched early, made Llama-3.1-8B's 4-bit batch-1 decode 16% slower (H200).
     _w4_gemv_kernel[(triton.cdiv(n, tiles.block_n), split)](
         x, qweight, scales, zeros, bias if bias is not None else scales, y, scratch.partials,

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from radixlm.layers.attention.kernels.common import block_dmodel, next_pow2
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Upper bound on splits per request: bounds the partial-output buffer
 # ([B, num_heads, max_kv_splits, head_dim] fp32) and stage 2's tile.
@@ -106,7 +106,7 @@ def _decode_kernel(
     PDL: tl.constexpr = False,
 ):
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)   # the pool's newest K/V and the index lists are this step's (kernels/pdl.py)
+    pdl_wait(PDL)   # the pool's newest K/V and the index lists are this step's (utils/pdl.py)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)

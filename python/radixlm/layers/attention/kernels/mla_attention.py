@@ -32,7 +32,7 @@ from radixlm.layers.attention.kernels.decode_attention import (
     split_range,
 )
 from radixlm.layers.attention.kernels.extend_attention import _online_softmax_step
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from radixlm.core.kv_quant import FP8_E4M3_MAX, is_fp8
 from radixlm.layers.attention.kernels.common import next_pow2
-from radixlm.layers.kernels.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
+from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt,
                      PDL: tl.constexpr = False):
     """FP8_MAX > 0: the pool is fp8 (scale and clamp before the cast); 0: a plain cast."""
     pdl_launch_dependents(PDL)
-    pdl_wait(PDL)   # k, v and the slots are this step's (layers/kernels/pdl.py)
+    pdl_wait(PDL)   # k, v and the slots are this step's (utils/pdl.py)
     t = tl.program_id(0)
     slot = tl.load(locs + t).to(tl.int64)
     for start in range(0, ROW, BLOCK):

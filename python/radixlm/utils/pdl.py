@@ -23,6 +23,9 @@ The protocol every kernel taking `PDL` follows (`pdl_kwargs` turns it on):
 
 CUDA graphs keep the attribute as a programmatic edge between kernel nodes (captured decode
 steps are where this pays). `RADIXLM_DISABLE_PDL=1` launches every kernel the usual way.
+
+Here in utils/ because the kernels of layers/ and of distributed/ (the all-reduce + RMSNorm)
+both use it, and layers/ imports distributed/.
 """
 
 from __future__ import annotations
