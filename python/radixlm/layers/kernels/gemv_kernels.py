@@ -122,6 +122,12 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
     return GemvTiles(block_n=block_n, block_k=1024)
 
 
+def _operands_fit(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x [..., K] and weight [N, K] in one 16-bit dtype, the weight K-contiguous."""
+    return (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and weight.dim() == 2 and weight.stride(1) == 1 and x.shape[-1] == weight.shape[1])
+
+
 def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     """The tiles for a MoE router's logits at batch 1 (8-512 experts, N below `gemv_tiles`'
     range), or None: two expert rows a program. The router's cuBLAS kernel cannot launch
@@ -129,18 +135,12 @@ def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     n, k = weight.shape[0], x.shape[-1]
     if not 8 <= n <= 512 or not 1024 <= k <= 8192 or x.numel() != k:
         return None
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        return None
-    if weight.dim() != 2 or weight.stride(1) != 1 or weight.shape[1] != k:
-        return None
-    return GemvTiles(block_n=2, block_k=1024)
+    return GemvTiles(block_n=2, block_k=1024) if _operands_fit(x, weight) else None
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     """The tiles `gemv` would use for x [..., K] times weight [N, K], or None if not taken."""
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype:
-        return None
-    if weight.dim() != 2 or weight.stride(1) != 1 or x.shape[-1] != weight.shape[1]:
+    if not _operands_fit(x, weight):
         return None
     m = x.numel() // max(1, x.shape[-1])
     return gemv_tiles(m, weight.shape[0], weight.shape[1])
