@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bw = copy_bandwidth(dev)
     split_counts = tuple(int(x) for x in ns.splits.split(","))
 
-    def run(kb: torch.Tensor, vb: torch.Tensor, block_n: int, warps: int | None,
+    def run(kb: torch.Tensor, vb: torch.Tensor, block_n: int | None, warps: int | None,
             stages: int | None, splits: int) -> Callable[[], object]:
         """One call per KV copy; timed in a CUDA graph (`graph_seconds_per_call`), so host
         launch time is not counted, as in a captured decode step."""
@@ -120,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         k8, v8 = quantize(k_buf, 1.0, kv_dt), quantize(v_buf, 1.0, kv_dt)
         print(f"{ns.kv_cache_dtype} KV:")
         rows8, ok8, kv_bytes8 = sweep(k8, v8)
-        # What TritonAttnBackend launches: its tile heuristic and split choice, and
-        # decode_attention's warps and stages for the pool's dtype (None: its own choice).
+        # What TritonAttnBackend launches: its split choice, and decode_attention's tile,
+        # warps and stages for the pool's dtype (None: its own choice).
         splits = choose_max_kv_splits(bs, hk, ctx, num_sms(dev))
-        backend = dict(block_n=decode_block_n(d, dt), warps=None, stages=None, splits=splits)
+        backend = dict(block_n=None, warps=None, stages=None, splits=splits)
         t16 = graph_seconds_per_call(run(k_buf, v_buf, **backend), copies)
         t8 = graph_seconds_per_call(run(k8, v8, **backend), copies)
         result[ns.kv_cache_dtype] = {

@@ -29,8 +29,14 @@ Scores use exp2 with the softmax scale pre-multiplied by log2(e); accumulation i
 the input dtype. For fp32 inputs the dots run in IEEE fp32 (tensor-core TF32 would lose ~1e-3).
 
 An fp8 pool (`--kv-cache-dtype fp8_e4m3`) holds K / k_scale and V / v_scale: the tiles are loaded
-as fp8 (half the bytes of bf16, which is what a memory-bound decode pays for) and converted to
-the query's dtype in registers. The per-tensor scales are not multiplied into every element: K's
+as fp8 (half the bytes of bf16, which is what a memory-bound decode pays for) and widened in
+registers. With bf16 queries the dots then run in fp16, not bf16: Hopper widens two e4m3 values
+to two fp16 ones in one instruction, while bf16 takes that and two more conversions per pair
+(the PTX Triton emits), and at bs 64, 4k the conversions, not the bytes, bounded the bf16 dots
+(47% of copy bandwidth against a bf16 pool's 86%). fp16 holds every e4m3 value exactly, and the
+query, rounded from bf16, exactly too down to 6e-5 (below, to 6e-8 absolute); queries past
+fp16's range (65504) are clamped to it. p is in [0, 1]: fp16 rounds it finer than bf16. The
+per-tensor scales are not multiplied into every element: K's
 is folded into the score scale (q . (k_scale k) = k_scale (q . k)) and V's multiplies the split's
 output once (sum p (v_scale v) = v_scale sum p v). Both are 1.0 for other pools, which leaves
 their arithmetic exactly as before.
@@ -103,7 +109,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PREC: tl.constexpr, HAS_TREE: tl.constexpr, ONE_SPLIT: tl.constexpr,
-    PDL: tl.constexpr = False,
+    FP16_DOTS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)   # the pool's newest K/V and the index lists are this step's (utils/pdl.py)
@@ -125,6 +131,8 @@ def _decode_kernel(
 
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+        if FP16_DOTS:   # an fp8 pool under bf16 queries (module docstring)
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -216,7 +224,8 @@ def _decode_reduce_kernel(
 
 
 def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
-    # 64 tokens x 128 dims x 2 bytes = 16 KiB per K or V tile: room for double buffering.
+    """Keys per tile for a pool of `dtype`. 64 tokens x 128 dims x 2 bytes = 16 KiB per K or V
+    tile: room for double buffering."""
     return 32 if block_dmodel(head_dim) * torch.empty((), dtype=dtype).element_size() > 256 else 64
 
 
@@ -262,7 +271,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         return out
     group = hq // hk
     block_d = block_dmodel(d)
-    block_n = block_n or decode_block_n(d, q.dtype)
+    block_n = block_n or decode_block_n(d, k_buf.dtype)
     if num_warps is None or num_stages is None:
         # FP8 tiles are widened in registers: 2 warps and a third stage keep the conversion off
         # the critical path (4 warps measured 1.8x slower at bs 64, 4k, head dim 128: bench
@@ -286,6 +295,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
         BLOCK_N=block_n, DOT_PREC=dot_prec, HAS_TREE=has_tree, ONE_SPLIT=one_split,
+        FP16_DOTS=k_buf.element_size() == 1 and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages, **pdl,
     )
     if not one_split:
