@@ -61,7 +61,7 @@ def timed_over_copies(op: Callable[[Any], Any], copies: list) -> float:
     (a decode step reads each weight once: L2 hits would flatter every side)."""
     from radixlm.bench.fused_ops import time_graph_us
     cycle = itertools.cycle(copies)
-    return time_graph_us(lambda: op(next(cycle)), warmup=3, iters=20,
+    return time_graph_us(lambda: op(next(cycle)), iters=20,
                          calls=max(len(copies), 8))
 
 

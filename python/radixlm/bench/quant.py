@@ -57,7 +57,7 @@ def _weight_bytes(layer) -> int:
 
 def _timed(fn: Callable[[], Any], calls: int = 20) -> float:
     from radixlm.bench.fused_ops import time_graph_us
-    return time_graph_us(fn, warmup=3, iters=20, calls=calls)
+    return time_graph_us(fn, iters=20, calls=calls)
 
 
 def kernel_part(ms: list[int]) -> list[dict]:
