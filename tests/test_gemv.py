@@ -61,9 +61,24 @@ def _check_gated(i: int, k: int, dtype: torch.dtype, device: str, tiles=None) ->
     assert (err <= 2 * ulp).all(), f"I={i} K={k} {dtype} {tiles}: error {err.max():.3g}"
 
 
+def _check_fp32_router(n: int, k: int, device: str) -> None:
+    """A float32 router (DeepSeek's) on 16-bit x: float32 logits equal to F.linear on x cast
+    to float32, up to the summation order."""
+    from radixlm.layers.kernels.gemv_kernels import gemv, router_tiles
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=BF16)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device)
+    tiles = router_tiles(x, w)
+    assert tiles is not None
+    y = gemv(x, w, None, tiles)
+    assert y.dtype == torch.float32 and y.shape == (1, n)
+    ref = F.linear(x.float(), w)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
 def _interpreter_cases():
     from radixlm.layers.kernels.gemv_kernels import GemvTiles
-    cases = []
+    cases = [("fp32 router N=64 K=1024", lambda: _check_fp32_router(64, 1024, "cpu"))]
     for i, k, tiles in [(20, 1024, GemvTiles(4, 256)), (9, 600, GemvTiles(2, 256))]:
         cases.append((f"gated I={i} K={k} {tiles}",
                       lambda i=i, k=k, t=tiles: _check_gated(i, k, BF16, "cpu", t)))
@@ -87,7 +102,8 @@ def test_interpreter_cases():
 def test_dispatch_rule():
     pytest.importorskip("triton")
     from radixlm.layers.kernels.gemv_kernels import gemv_tiles, supports
-    for n, k in [(3072, 4096), (28672, 4096), (14336, 4096), (16384, 2048), (4096, 14336)]:
+    for n, k in [(3072, 4096), (28672, 4096), (14336, 4096), (16384, 2048), (4096, 14336),
+                 (576, 2048)]:     # the last: DeepSeek's latent projection
         assert gemv_tiles(1, n, k) is not None, (n, k)
     for m, n, k in [(2, 3072, 4096), (1, 8192, 2048), (1, 128256, 4096), (1, 512, 4096),
                     (1, 4096, 576), (1, 28672, 8192), (1, 8192, 14336), (2, 28672, 4096)]:
@@ -186,7 +202,8 @@ def test_router_rule():
     assert router_tiles(one, torch.empty(128, 2048, dtype=BF16)) is not None
     assert router_tiles(torch.empty(1, 4096, dtype=BF16), torch.empty(8, 4096, dtype=BF16))
     assert router_tiles(one, torch.empty(1, 2048, dtype=BF16)) is None       # a shared gate
-    assert router_tiles(one, torch.empty(128, 2048)) is None                 # an fp32 router
+    assert router_tiles(one, torch.empty(64, 2048)) is not None             # an fp32 router
+    assert router_tiles(one.float(), torch.empty(64, 2048)) is None         # an fp32 model
     assert router_tiles(torch.empty(2, 2048, dtype=BF16),
                         torch.empty(128, 2048, dtype=BF16)) is None          # two rows
 
@@ -199,6 +216,12 @@ def test_gpu_router_shapes(n, k):
     tiles = router_tiles(x, torch.empty(n, k, dtype=BF16))
     assert tiles is not None
     _check(n, k, BF16, "cuda", bias=False, tiles=tiles)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(64, 2048), (256, 7168)])     # DeepSeek-V2-Lite's, V3's
+def test_gpu_fp32_router(n, k):
+    _check_fp32_router(n, k, "cuda")
 
 
 @pytest.mark.gpu

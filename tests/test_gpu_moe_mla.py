@@ -30,10 +30,12 @@ def tokenizer_dir(request):
             or request.getfixturevalue("smollm_dir"))
 
 
-def _logits_per_step(checkpoint: str, dtype: str, backend: str, steps: int = 3):
-    """Logits of a prefill of 4 prompts (one of 130 tokens) and `steps` decode steps, each
+def _logits_per_step(checkpoint: str, dtype: str, backend: str, steps: int = 3,
+                     lengths: tuple[int, ...] = (7, 130, 1, 45)):
+    """Logits of a prefill of prompts of `lengths` tokens and `steps` decode steps, each
     fed HF fp32's greedy token so that every configuration sees the same inputs; also HF's
-    logits for the same rows."""
+    logits for the same rows. One prompt: decode steps of one row (the batch-1 kernels:
+    one-row GEMVs, MLA's absorbed products)."""
     import transformers
 
     from radixlm.core.forward_batch import ForwardMode
@@ -48,7 +50,7 @@ def _logits_per_step(checkpoint: str, dtype: str, backend: str, steps: int = 3):
         model_path=checkpoint, device="cuda", dtype=dtype, max_total_tokens=4096,
         attention_backend=backend, disable_cuda_graph=True))
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (7, 130, 1, 45)]
+    prompts = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in lengths]
     reqs = [Req(f"r{i}", p, SamplingParams(), seed=0) for i, p in enumerate(prompts)]
     for r in reqs:
         r.extend_input_len = r.seq_len
@@ -72,25 +74,28 @@ def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).abs().amax(-1) / b.abs().amax(-1)).max())
 
 
-def test_gpu_fp32_kernels_match_hf(checkpoint):
+@pytest.mark.parametrize("lengths", [(7, 130, 1, 45), (130,)], ids=["batch4", "batch1"])
+def test_gpu_fp32_kernels_match_hf(checkpoint, lengths):
     """Every Triton kernel of the model (MLA or GQA attention, routing, alignment, grouped
     GEMMs) in fp32 against HF transformers."""
-    ours, hf = _logits_per_step(checkpoint, "float32", "triton")
+    ours, hf = _logits_per_step(checkpoint, "float32", "triton", lengths=lengths)
     for step, (a, b) in enumerate(zip(ours, hf)):
         assert _max_rel_err(a, b) < 1e-4, f"step {step}"
 
 
-def test_gpu_bf16_kernels_match_torch_path(checkpoint, monkeypatch):
+@pytest.mark.parametrize("lengths", [(7, 130, 1, 45), (130,)], ids=["batch4", "batch1"])
+def test_gpu_bf16_kernels_match_torch_path(checkpoint, lengths, monkeypatch):
     """bf16: the Triton path against the torch path (torch_native attention, per-expert loop,
-    torch routing) on the same GPU. Not against HF fp32: bf16 rounding alone can flip a
-    token's expert choice (seen on DeepSeek-V3's sigmoid routing, identically on both of our
-    paths), after which that row's logits differ by far more than rounding."""
-    fast, _ = _logits_per_step(checkpoint, "bfloat16", "triton")
+    torch routing, no fused kernels) on the same GPU. Not against HF fp32: bf16 rounding alone
+    can flip a token's expert choice (seen on DeepSeek-V3's sigmoid routing, identically on
+    both of our paths), after which that row's logits differ by far more than rounding."""
+    fast, _ = _logits_per_step(checkpoint, "bfloat16", "triton", lengths=lengths)
     import radixlm.layers.moe.experts as experts
     import radixlm.layers.moe.topk as topk
     monkeypatch.setattr(experts, "triton_available", lambda: False)
     monkeypatch.setattr(topk, "triton_available", lambda: False)
-    ref, _ = _logits_per_step(checkpoint, "bfloat16", "torch_native")
+    monkeypatch.setenv("RADIXLM_DISABLE_FUSED_OPS", "1")
+    ref, _ = _logits_per_step(checkpoint, "bfloat16", "torch_native", lengths=lengths)
     for step, (a, b) in enumerate(zip(fast, ref)):
         assert _max_rel_err(a, b) < 3e-2, f"step {step}"
 

@@ -20,6 +20,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.eps = eps
 
+    def forward_leading(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """x [T, N] with this norm applied to each row's first `width` values (the norm's
+        size), the rest copied: MLA's latent row [c | k_rope] with c normalised. A new tensor."""
+        if use_fused(x):
+            from radixlm.layers.kernels import norm_kernels
+            if norm_kernels.supports(x[..., :width], self.weight) and x.dim() == 2:
+                return norm_kernels.rms_norm_leading(x, self.weight, self.eps, width)
+        return torch.cat([self._norm(x[..., :width]), x[..., width:]], dim=-1)
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Compute in float32 like the reference implementations, then cast back.
         xf = x.float()

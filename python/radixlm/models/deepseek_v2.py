@@ -35,6 +35,7 @@ from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.attention.radix_attention import RadixAttention
+from radixlm.layers.kernels import use_fused
 from radixlm.layers.linear import (ColumnParallelLinear, RowParallelLinear,
                                    current_linear_method)
 from radixlm.layers.moe.topk import RoutingConfig
@@ -132,15 +133,23 @@ class DeepseekMLAAttention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(t, nh, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        latent = self.kv_a_proj_with_mqa(x)
-        c, k_rope = latent.split([self.lora, self.rope], dim=-1)
-        c = self.kv_a_layernorm(c.contiguous())
-        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope.unsqueeze(1))
+        # The latent row as cached: [c normalised | k_rope rotated] (one launch for the first).
+        k_full = self.kv_a_layernorm.forward_leading(self.kv_a_proj_with_mqa(x), self.lora)
+        k_rope = k_full[:, self.lora:]
+        q_rope, rotated = self.rotary_emb(positions, q_rope, k_rope.unsqueeze(1))
+        if rotated.data_ptr() != k_rope.data_ptr():     # PyTorch's rotation returns copies
+            k_rope.copy_(rotated.reshape(t, self.rope))
         w_uk, w_uv = self._absorbed_weights()
-        q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk)                  # [nh, T, lora]
-        q_full = torch.cat([q_lat.transpose(0, 1), q_rope.to(q_lat.dtype)], dim=-1)
-        k_full = torch.cat([c, k_rope.reshape(t, self.rope).to(c.dtype)], dim=-1)
-        o_lat = self.attn(q_full.reshape(t, -1), k_full, c, fb)          # [T, nh * lora]
+        one_row = t == 1 and use_fused(x)
+        if one_row:     # the decode step at batch 1: no cuBLAS kernels, no concatenation
+            from radixlm.layers.kernels.mla_absorb_kernels import absorb_output, absorb_query
+            q_full = absorb_query(q_nope, w_uk, q_rope)
+        else:
+            q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk)              # [nh, T, lora]
+            q_full = torch.cat([q_lat.transpose(0, 1), q_rope.to(q_lat.dtype)], dim=-1)
+        o_lat = self.attn(q_full.reshape(t, -1), k_full, k_full[:, :self.lora], fb)
+        if one_row:                                                      # [T, nh * lora]
+            return self.o_proj(absorb_output(o_lat.view(t, nh, self.lora), w_uv))
         o = torch.bmm(o_lat.view(t, nh, self.lora).transpose(0, 1), w_uv.transpose(1, 2))
         return self.o_proj(o.transpose(0, 1).reshape(t, nh * self.v_dim))
 

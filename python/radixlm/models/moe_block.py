@@ -39,13 +39,12 @@ class MoEGate(nn.Module):
             if correction_bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
         if takes_one_row_gemv(x):
             from radixlm.layers.kernels import gemv_kernels
             tiles = gemv_kernels.router_tiles(x, self.weight)
-            if tiles is not None:
+            if tiles is not None:   # a float32 router widens x itself
                 return gemv_kernels.gemv(x, self.weight, None, tiles)
-        return F.linear(x, self.weight)
+        return F.linear(x.to(self.weight.dtype), self.weight)
 
 
 class SparseMoeBlock(nn.Module):

@@ -51,7 +51,7 @@ from radixlm.layers.attention.kernels.mla_attention import (
     mla_decode_programs_per_request,
     mla_extend_attention,
 )
-from radixlm.layers.attention.kernels.store_kv import store_kv
+from radixlm.layers.attention.kernels.store_kv import store_kv, store_rows
 from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class TritonAttnBackend(AttentionBackend):
         hk, d = layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = self.kv_pool.get_kv(layer.layer_id)
         if self.kv_pool.is_latent:      # one row per token; V is its first v_head_dim values
-            self.kv_pool.set_kv(layer.layer_id, fb.out_cache_loc, k.reshape(-1, hk, d))
+            store_rows(k.reshape(-1, hk, d), k_buf, fb.out_cache_loc)
             return k_buf, v_buf
         store_kv(k.reshape(-1, hk, d), v.reshape(-1, hk, d), k_buf, v_buf, fb.out_cache_loc,
                  *self.kv_pool.scales(layer.layer_id))

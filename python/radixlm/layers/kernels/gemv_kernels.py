@@ -116,6 +116,10 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
         # (Llama-3.1-8B batch 1, 2 x H200: TP1 4.31 -> 4.23 ms a step, TP2 2.92 -> 2.87).
         # 4 rows a program: 8 was slower at TP1.
         return GemvTiles(block_n=4, block_k=1024)
+    if 512 < n < 1024 and 1024 <= k <= 8192:
+        # MLA's latent projection (DeepSeek's kv_a_proj_with_mqa, 576 rows): cuBLAS's kernel
+        # there cannot launch early (PDL) and sits between two kernels that do.
+        return GemvTiles(block_n=2, block_k=1024)
     if not 1024 <= n < 8192 or not 1024 <= k <= 8192:
         return None
     block_n = 2 if n <= 2560 else 4 if n <= 3072 else 8 if n <= 4096 else 2
@@ -131,11 +135,17 @@ def _operands_fit(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     """The tiles for a MoE router's logits at batch 1 (8-512 experts, N below `gemv_tiles`'
     range), or None: two expert rows a program. The router's cuBLAS kernel cannot launch
-    early as this one can (PDL), and it sits between two kernels that do."""
+    early as this one can (PDL), and it sits between two kernels that do. A float32 router
+    (DeepSeek's) takes 16-bit x as it is: the kernel widens x to float32 in registers, which
+    is what casting x first does, and stores float32 logits (one launch instead of a cast
+    and cuBLAS's two-kernel float32 GEMV)."""
     n, k = weight.shape[0], x.shape[-1]
     if not 8 <= n <= 512 or not 1024 <= k <= 8192 or x.numel() != k:
         return None
-    return GemvTiles(block_n=2, block_k=1024) if _operands_fit(x, weight) else None
+    fp32_router = (weight.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)
+                   and weight.dim() == 2 and weight.stride(1) == 1 and weight.shape[1] == k)
+    return (GemvTiles(block_n=2, block_k=1024) if fp32_router or _operands_fit(x, weight)
+            else None)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
@@ -160,8 +170,8 @@ def gated_supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
          tiles: GemvTiles, gated: bool = False) -> torch.Tensor:
     """x [..., K] (one row in all) times weight [N, K]^T (+ bias [N]) -> [..., N] in x's
-    dtype. `gated`: weight is [gate | up] and the result silu(gate) * up, [..., N / 2]
-    (no bias)."""
+    dtype (float32 for a float32 weight: `router_tiles`). `gated`: weight is [gate | up] and
+    the result silu(gate) * up, [..., N / 2] (no bias)."""
     k = x.shape[-1]
     if x.numel() != k:
         raise ValueError(f"gemv takes one row of x, got shape {tuple(x.shape)}")
@@ -169,7 +179,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError("a gated gemv takes an even number of weight rows and no bias")
     x = x if x.stride(-1) == 1 else x.contiguous()
     n = weight.shape[0] // 2 if gated else weight.shape[0]
-    y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    y = torch.empty((*x.shape[:-1], n), dtype=torch.promote_types(x.dtype, weight.dtype),
+                    device=x.device)
     _gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
         x, weight, bias if bias is not None else weight, y, n, weight.stride(0), K=k,
         HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,

@@ -13,6 +13,10 @@ an add outside the sum, so FMA contraction cannot change the rounding order.
 Rows: x may be [N], [T, N] or [T, H, N] with any strides whose last one is 1 (e.g. per-head
 q/k views of a fused qkv projection, for Qwen3's q/k norm); other layouts are copied to
 contiguous first. Outputs are new contiguous tensors; inputs are never written.
+
+`rms_norm_leading(x, w, eps, n)` normalises only the first n values of each row and copies the
+rest as they are: MLA's latent row [c | k_rope] with c normalised, built in one launch (the
+norm, then a concatenation, before).
 """
 
 from __future__ import annotations
@@ -35,20 +39,26 @@ MAX_HIDDEN = 32768
 def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
                     sx_outer, sx_inner, sr_outer, sr_inner, n_float, eps,
                     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False, N_NORM: tl.constexpr = 0):
+    """N_NORM > 0: only a row's first N_NORM values are normalised (n_float == N_NORM), the
+    rest stored as they are (`rms_norm_leading`)."""
     pdl_launch_dependents(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
+    norm_cols = cols < N_NORM if N_NORM > 0 else col_mask
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
     # Row r of a [T, H, N] view starts at (r // H) * stride(0) + (r % H) * stride(1).
     outer = rows // inner
     in_row = rows % inner
     x_ptrs = X + (outer * sx_outer + in_row * sx_inner)[:, None] + cols[None, :]
     # The norm's weight is no kernel's output: loaded before the wait (utils/pdl.py).
-    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=norm_cols, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if N_NORM > 0:
+        tail = x
+        x = tl.where(norm_cols[None, :], x, 0.0)
     out_off = rows[:, None] * n_cols + cols[None, :]
     if HAS_RESIDUAL:
         r_ptrs = R + (outer * sr_outer + in_row * sr_inner)[:, None] + cols[None, :]
@@ -60,6 +70,8 @@ def _rmsnorm_kernel(X, R, W, Out, ResOut, n_rows, n_cols, inner,
     ms = tl.math.div_rn(tl.sum(x * x, axis=1), n_float)
     rstd = tl.math.rsqrt(ms + eps)
     y = w[None, :] * (x * rstd[:, None])
+    if N_NORM > 0:
+        y = tl.where(norm_cols[None, :], y, tail)
     tl.store(Out + out_off, y.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -121,3 +133,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, ROWS=rows,
         num_warps=num_warps, **pdl_kwargs(x.device, n_rows // inner))
     return out if residual is None else (out, res_out)
+
+
+def rms_norm_leading(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                     n_norm: int) -> torch.Tensor:
+    """x [T, N] -> [T, N] (new, contiguous): each row's first n_norm values normalised with
+    weight [n_norm] as `rms_norm` does, the other N - n_norm copied as they are."""
+    n = x.shape[-1]
+    assert x.dim() == 2 and 0 < n_norm <= n and weight.numel() == n_norm
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:
+        return out
+    xv, inner, sx0, sx1 = _row_layout(x)
+    block_n, rows, num_warps = launch_config(n)
+    _rmsnorm_kernel[(triton.cdiv(x.shape[0], rows),)](
+        xv, xv, weight, out, out, x.shape[0], n, inner, sx0, sx1, 0, 0, float(n_norm), eps,
+        HAS_RESIDUAL=False, BLOCK_N=block_n, ROWS=rows, N_NORM=n_norm, num_warps=num_warps,
+        **pdl_kwargs(x.device, x.shape[0]))
+    return out

@@ -6,6 +6,9 @@ rows (num_kv_heads * head_dim contiguous values each) to its slot, converting to
 
 An fp8 pool stores x / scale clamped to fp8's finite range (core/kv_quant.py): the values are
 multiplied by 1 / scale in fp32 and rounded to nearest even, the same bits as `quantize`.
+
+`store_rows` writes one tensor's rows the same way: MLA's latent pool (one row per token, K
+and V at once), where PyTorch's index_put was one more non-PDL launch a layer.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ def _quantized(x, inv_scale, FP8_MAX: tl.constexpr):
 def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt, stride_vbt,
                      k_inv_scale, v_inv_scale,
                      ROW: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
-                     PDL: tl.constexpr = False):
-    """FP8_MAX > 0: the pool is fp8 (scale and clamp before the cast); 0: a plain cast."""
+                     PDL: tl.constexpr = False, HAS_V: tl.constexpr = True):
+    """FP8_MAX > 0: the pool is fp8 (scale and clamp before the cast); 0: a plain cast.
+    HAS_V False: K's rows only (V and V_buf are not read)."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)   # k, v and the slots are this step's (utils/pdl.py)
     t = tl.program_id(0)
@@ -38,12 +42,14 @@ def _store_kv_kernel(K, V, K_buf, V_buf, locs, stride_kt, stride_vt, stride_kbt,
         offs = start + tl.arange(0, BLOCK)
         mask = offs < ROW
         k = tl.load(K + t.to(tl.int64) * stride_kt + offs, mask=mask)
-        v = tl.load(V + t.to(tl.int64) * stride_vt + offs, mask=mask)
         if FP8_MAX > 0:
             k = _quantized(k, k_inv_scale, FP8_MAX)
-            v = _quantized(v, v_inv_scale, FP8_MAX)
         tl.store(K_buf + slot * stride_kbt + offs, k.to(K_buf.dtype.element_ty), mask=mask)
-        tl.store(V_buf + slot * stride_vbt + offs, v.to(V_buf.dtype.element_ty), mask=mask)
+        if HAS_V:
+            v = tl.load(V + t.to(tl.int64) * stride_vt + offs, mask=mask)
+            if FP8_MAX > 0:
+                v = _quantized(v, v_inv_scale, FP8_MAX)
+            tl.store(V_buf + slot * stride_vbt + offs, v.to(V_buf.dtype.element_ty), mask=mask)
 
 
 def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -66,3 +72,18 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch
                                     1.0 / v_scale, ROW=row, BLOCK=min(next_pow2(row), 2048),
                                     FP8_MAX=fp8_max, num_warps=4,
                                     **pdl_kwargs(k.device, num_tokens))
+
+
+def store_rows(x: torch.Tensor, buf: torch.Tensor, locs: torch.Tensor) -> None:
+    """x [T, H, D] -> buf[locs[t]] (a 16/32-bit pool: a plain cast)."""
+    num_tokens = locs.numel()
+    if num_tokens == 0:
+        return
+    assert not is_fp8(buf.dtype), "store_rows writes 16/32-bit pools only"
+    row = x.shape[1] * x.shape[2]
+    x = _rows_contiguous(x)
+    _store_kv_kernel[(num_tokens,)](x, x, buf, buf, locs, x.stride(0), x.stride(0),
+                                    buf.stride(0), buf.stride(0), 1.0, 1.0, ROW=row,
+                                    BLOCK=min(next_pow2(row), 2048), FP8_MAX=0.0,
+                                    HAS_V=False, num_warps=4,
+                                    **pdl_kwargs(x.device, num_tokens))
