@@ -5,9 +5,10 @@ With one or a few tokens, each expert a token picks gets one row. The grouped GE
 (fused_moe_kernel.py) pads that row to a 16-row tensor-core block and first sorts the pairs by
 expert (two more launches); here each program instead takes one pair and a BLOCK_N-row strip of
 that pair's expert weight, reads the strip once with wide K-contiguous loads, widens it (FP8 or
-bf16) to fp32, multiplies by the pair's activation row and reduces along K. The down projection
-reads its input as [gate | up] and applies SiLU-and-mul on the fly, so no activation tensor is
-written between the two GEMVs.
+bf16) to fp32, multiplies by the pair's activation row and reduces along K (bf16: into a
+float32 accumulator as wide as the tile, summed once after the loop, as the one-row GEMV does).
+The down projection reads its input as [gate | up] and applies SiLU-and-mul on the fly, so no
+activation tensor is written between the two GEMVs.
 
     gate_up[pair] = x[pair // k] @ w13[e]^T                       [P, 2I]
     down[pair]    = (silu(gate) * up)[pair] @ w2[e]^T * weight     [P, H]
@@ -26,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixlm.layers.kernels.gemv_kernels import load_k_tile
 from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 # Up to this many tokens a step's experts may run as per-pair GEMVs (bench moe --parts kernel,
@@ -51,17 +53,27 @@ class PairGemvTiles:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    # A float32 accumulator as wide as the tile, summed once after the loop (the one-row
+    # GEMV's layout, gemv_kernels.py), with a compile-time K and unpredicated weight loads;
+    # False: one row sum per K tile. Block-scaled FP8 always takes the latter.
+    wide: bool = False
 
 
 def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
-    """From `bench moe --parts gemv-sweep` (H200, batch 1, Qwen3-30B-A3B and DeepSeek-V2-Lite
-    experts): 16-row strips with K tiles of 16 KiB (bf16) or 32 KiB (FP8) are within 15% of
-    the best tile of each GEMM, except the FP8 down projection (short K), which wants 32-row
-    strips of 512 and 8 warps (14 vs 16-18 us)."""
-    if weight_bytes == 1 and gated:
+    """bf16: the wide accumulator, 2 rows a program for gate_up and 8 for the down projection,
+    K tiles of 1,024, 8 warps where the down projection's K exceeds one tile
+    (`results/issue16/pair_gemv_wide/`, H200, batch 1, each GEMM over 16 expert sets in a
+    graph: Qwen3-30B-A3B gate_up 17.6 -> 12.9 us, down 11.0 -> 8.8; DeepSeek-V2-Lite 18.9 ->
+    17.1 and 17.1 -> 12.5). FP8, from `bench moe --parts gemv-sweep`: 16-row strips with K
+    tiles of 32 KiB, except the down projection (short K), which wants 32-row strips of 512
+    and 8 warps (14 vs 16-18 us)."""
+    if weight_bytes > 1:
+        if not gated:
+            return PairGemvTiles(2, 1024, 4, 1, wide=True)
+        return PairGemvTiles(8, 1024, 8 if k > 1024 else 4, 1, wide=True)
+    if gated:
         return PairGemvTiles(32, min(512, triton.next_power_of_2(k)), 8)
-    block_k = min(triton.next_power_of_2(k), 1024 if weight_bytes > 1 else 2048)
-    return PairGemvTiles(16, max(block_k, 16))
+    return PairGemvTiles(16, max(min(triton.next_power_of_2(k), 2048), 16))
 
 
 @triton.jit
@@ -123,6 +135,45 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
              acc.to(c_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
+                           N, a_rows_per_pair, stride_am, stride_be, stride_bn, stride_cm,
+                           stride_se, K: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                           GATED: tl.constexpr, CHANNEL_SCALES: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    """_pair_gemv_kernel's product (B_SCALES 0 or 1) with the wide accumulator
+    (PairGemvTiles.wide): rows past N read row N - 1 again (never stored), so the weight
+    loads are masked only where K is not a multiple of BLOCK_K."""
+    pdl_launch_dependents(PDL)
+    pdl_wait(PDL)
+    pair = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    rows = tl.minimum(offs_n, N - 1)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    a_row = a_ptr + (pair // a_rows_per_pair).to(tl.int64) * stride_am
+    offs_k = tl.arange(0, BLOCK_K)
+    b_ptrs = b_ptr + expert * stride_be + rows[:, None].to(tl.int64) * stride_bn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if GATED:
+            gate = load_k_tile(a_row + k0 + offs_k, k0, offs_k, K, BLOCK_K).to(tl.float32)
+            up = load_k_tile(a_row + K + k0 + offs_k, k0, offs_k, K, BLOCK_K).to(tl.float32)
+            x = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            x = load_k_tile(a_row + k0 + offs_k, k0, offs_k, K, BLOCK_K).to(tl.float32)
+        w = load_k_tile(b_ptrs + k0, k0, offs_k[None, :], K, BLOCK_K)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if CHANNEL_SCALES:
+        y = y * tl.load(s_ptr + expert * stride_se + rows)
+    if MUL_WEIGHT:
+        y = y * tl.load(weight_ptr + pair)
+    tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, y.to(c_ptr.dtype.element_ty),
+             mask=n_ok)
+
+
 def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: torch.Tensor,
               a_rows_per_pair: int, gated: bool = False,
               pair_weights: torch.Tensor | None = None, b_scale: torch.Tensor | None = None,
@@ -147,6 +198,16 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
     scales = b_scale if b_scale is not None else out
     weights = pair_weights if pair_weights is not None else out
     grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))
+    pdl = pdl_kwargs(a.device, a.shape[0] if num_tokens is None else num_tokens)
+    if tiles.wide and mode != 2:
+        _pair_gemv_wide_kernel[grid](
+            a, b, out, weights, scales, expert_ids, n, a_rows_per_pair, a.stride(0),
+            b.stride(0), b.stride(1), out.stride(0),
+            scales.stride(0) if b_scale is not None else 0, K=k,
+            MUL_WEIGHT=pair_weights is not None, GATED=gated, CHANNEL_SCALES=mode == 1,
+            BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages, **pdl)
+        return out
     _pair_gemv_kernel[grid](
         a, b, out, weights, scales, expert_ids, n, k, a_rows_per_pair, a.stride(0),
         b.stride(0), b.stride(1), out.stride(0),
@@ -154,6 +215,5 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
         scales.stride(1) if b_scale is not None else 0,
         MUL_WEIGHT=pair_weights is not None, GATED=gated, B_SCALES=mode, SCALE_BN=scale_bn,
         SCALE_BK=scale_bk, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        **pdl_kwargs(a.device, a.shape[0] if num_tokens is None else num_tokens))
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl)
     return out
