@@ -102,11 +102,11 @@ def test_interpreter_cases():
 def test_dispatch_rule():
     pytest.importorskip("triton")
     from radixlm.layers.kernels.gemv_kernels import gemv_tiles, supports
-    for n, k in [(3072, 4096), (28672, 4096), (14336, 4096), (16384, 2048), (4096, 14336),
-                 (576, 2048)]:     # the last: DeepSeek's latent projection
+    for n, k in [(3072, 4096), (28672, 4096), (14336, 4096), (16384, 2048), (4096, 14336)]:
         assert gemv_tiles(1, n, k) is not None, (n, k)
     for m, n, k in [(2, 3072, 4096), (1, 8192, 2048), (1, 128256, 4096), (1, 512, 4096),
-                    (1, 4096, 576), (1, 28672, 8192), (1, 8192, 14336), (2, 28672, 4096)]:
+                    (1, 4096, 576), (1, 28672, 8192), (1, 8192, 14336), (2, 28672, 4096),
+                    (1, 576, 2048), (1, 576, 1536)]:      # narrow layers: `latent_tiles` only
         assert gemv_tiles(m, n, k) is None, (m, n, k)
     w = torch.empty(3072, 4096, dtype=BF16)
     assert supports(torch.empty(1, 4096, dtype=BF16), w) is not None
@@ -206,6 +206,27 @@ def test_router_rule():
     assert router_tiles(one.float(), torch.empty(64, 2048)) is None         # an fp32 model
     assert router_tiles(torch.empty(2, 2048, dtype=BF16),
                         torch.empty(128, 2048, dtype=BF16)) is None          # two rows
+
+
+def test_latent_rule():
+    """MLA's latent projection (576 rows) takes the GEMV only when the model asks for it."""
+    pytest.importorskip("triton")
+    from radixlm.layers.kernels.gemv_kernels import latent_tiles
+    one = torch.empty(1, 2048, dtype=BF16)
+    assert latent_tiles(one, torch.empty(576, 2048, dtype=BF16)) is not None
+    assert latent_tiles(torch.empty(2, 2048, dtype=BF16), torch.empty(576, 2048, dtype=BF16)) \
+        is None
+    assert latent_tiles(one, torch.empty(576, 2048, dtype=torch.float8_e4m3fn)) is None
+    assert latent_tiles(one, torch.empty(1024, 2048, dtype=BF16)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 5120, 7168])      # DeepSeek-V2-Lite, V2, V3
+def test_gpu_latent_shapes(k):
+    from radixlm.layers.kernels.gemv_kernels import latent_tiles
+    tiles = latent_tiles(torch.empty(1, k, dtype=BF16), torch.empty(576, k, dtype=BF16))
+    assert tiles is not None
+    _check(576, k, BF16, "cuda", bias=False, tiles=tiles)
 
 
 @pytest.mark.gpu

@@ -172,8 +172,10 @@ def _interpreter_cases():
     for shape in [(1, 2, 4, 16), (7, 3, 8, 16), (64, 8, 128, 16), (500, 8, 128, 32)]:
         yield f"alignment T={shape[0]} k={shape[1]} E={shape[2]} block {shape[3]}", (
             lambda s=shape: _alignment_case(*s))
+    # (1, 4, 2, 36, 18): rows that are no multiple of the wide pair GEMV's 8-row strips.
     for tokens, experts, top_k, hidden, inter in [(1, 4, 2, 32, 16), (5, 4, 2, 48, 40),
-                                                  (19, 8, 3, 32, 24), (40, 3, 1, 64, 16)]:
+                                                  (19, 8, 3, 32, 24), (40, 3, 1, 64, 16),
+                                                  (1, 4, 2, 36, 18)]:
         # Not bf16: the interpreter's tl.dot multiplies bf16 operands as their raw uint16
         # bits (triton 3.9); the GPU tests run bf16.
         for dtype in (torch.float32, torch.float16):

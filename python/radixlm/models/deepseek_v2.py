@@ -35,7 +35,7 @@ from radixlm.core.kv_spec import KVCacheSpec
 from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.attention.radix_attention import RadixAttention
-from radixlm.layers.kernels import use_fused
+from radixlm.layers.kernels import takes_one_row_gemv, use_fused
 from radixlm.layers.linear import (ColumnParallelLinear, RowParallelLinear,
                                    current_linear_method)
 from radixlm.layers.moe.topk import RoutingConfig
@@ -125,6 +125,17 @@ class DeepseekMLAAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope + self.v_dim, self.lora)
         return w[:, :self.nope], w[:, self.nope:]
 
+    def _latent(self, x: torch.Tensor, one_row: bool) -> torch.Tensor:
+        """kv_a_proj_with_mqa(x); at one row through the one-row GEMV (`latent_tiles`) when the
+        weight is 16-bit like x (a quantized layer keeps its own method)."""
+        layer = self.kv_a_proj_with_mqa
+        if one_row:
+            from radixlm.layers.kernels import gemv_kernels
+            tiles = gemv_kernels.latent_tiles(x, layer.weight)
+            if tiles is not None:
+                return gemv_kernels.gemv(x, layer.weight, layer.bias, tiles)
+        return layer(x)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         t, nh = x.shape[0], self.num_heads
         if self.q_proj is not None:
@@ -133,15 +144,15 @@ class DeepseekMLAAttention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(t, nh, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        one_row = takes_one_row_gemv(x)    # the decode step at batch 1
         # The latent row as cached: [c normalised | k_rope rotated] (one launch for the first).
-        k_full = self.kv_a_layernorm.forward_leading(self.kv_a_proj_with_mqa(x), self.lora)
+        k_full = self.kv_a_layernorm.forward_leading(self._latent(x, one_row), self.lora)
         k_rope = k_full[:, self.lora:]
         q_rope, rotated = self.rotary_emb(positions, q_rope, k_rope.unsqueeze(1))
-        if rotated.data_ptr() != k_rope.data_ptr():     # PyTorch's rotation returns copies
-            k_rope.copy_(rotated.reshape(t, self.rope))
+        if not use_fused(x) or rotated.data_ptr() != k_rope.data_ptr():
+            k_rope.copy_(rotated.reshape(t, self.rope))     # PyTorch's rotation returns copies
         w_uk, w_uv = self._absorbed_weights()
-        one_row = t == 1 and use_fused(x)
-        if one_row:     # the decode step at batch 1: no cuBLAS kernels, no concatenation
+        if one_row:     # no cuBLAS kernels, no concatenation
             from radixlm.layers.kernels.mla_absorb_kernels import absorb_output, absorb_query
             q_full = absorb_query(q_nope, w_uk, q_rope)
         else:

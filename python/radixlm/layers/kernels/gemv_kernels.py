@@ -116,10 +116,6 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
         # (Llama-3.1-8B batch 1, 2 x H200: TP1 4.31 -> 4.23 ms a step, TP2 2.92 -> 2.87).
         # 4 rows a program: 8 was slower at TP1.
         return GemvTiles(block_n=4, block_k=1024)
-    if 512 < n < 1024 and 1024 <= k <= 8192:
-        # MLA's latent projection (DeepSeek's kv_a_proj_with_mqa, 576 rows): cuBLAS's kernel
-        # there cannot launch early (PDL) and sits between two kernels that do.
-        return GemvTiles(block_n=2, block_k=1024)
     if not 1024 <= n < 8192 or not 1024 <= k <= 8192:
         return None
     block_n = 2 if n <= 2560 else 4 if n <= 3072 else 8 if n <= 4096 else 2
@@ -146,6 +142,18 @@ def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
                    and weight.dim() == 2 and weight.stride(1) == 1 and weight.shape[1] == k)
     return (GemvTiles(block_n=2, block_k=1024) if fp32_router or _operands_fit(x, weight)
             else None)
+
+
+def latent_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
+    """The tiles for MLA's latent projection at batch 1 (DeepSeek's kv_a_proj_with_mqa,
+    kv_lora_rank + rope = 576 rows; models/deepseek_v2.py asks for it by name), or None: two
+    rows a program. cuBLAS's kernel there cannot launch early (PDL) and sits between two
+    kernels that do (DeepSeek-V2-Lite batch 1, RESULTS.md). Other layers of this width are
+    not taken: `gemv_tiles` was not measured below 1,024 rows."""
+    n, k = weight.shape[0], x.shape[-1]
+    if not 512 < n < 1024 or not 1024 <= k <= 8192 or x.numel() != k:
+        return None
+    return GemvTiles(block_n=2, block_k=1024) if _operands_fit(x, weight) else None
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:

@@ -55,25 +55,27 @@ class PairGemvTiles:
     num_stages: int = 3
     # A float32 accumulator as wide as the tile, summed once after the loop (the one-row
     # GEMV's layout, gemv_kernels.py), with a compile-time K and unpredicated weight loads;
-    # False: one row sum per K tile. Block-scaled FP8 always takes the latter.
+    # False: one row sum per K tile. Scaled (FP8) experts always take the latter.
     wide: bool = False
 
 
 def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
-    """bf16: the wide accumulator, 2 rows a program for gate_up and 8 for the down projection,
-    K tiles of 1,024, 8 warps where the down projection's K exceeds one tile
+    """16-bit experts: the wide accumulator, 2 rows a program for gate_up and 8 for the down
+    projection, K tiles of 1,024, 8 warps where the down projection's K exceeds one tile
     (`results/issue16/pair_gemv_wide/`, H200, batch 1, each GEMM over 16 expert sets in a
     graph: Qwen3-30B-A3B gate_up 17.6 -> 12.9 us, down 11.0 -> 8.8; DeepSeek-V2-Lite 18.9 ->
-    17.1 and 17.1 -> 12.5). FP8, from `bench moe --parts gemv-sweep`: 16-row strips with K
-    tiles of 32 KiB, except the down projection (short K), which wants 32-row strips of 512
-    and 8 warps (14 vs 16-18 us)."""
-    if weight_bytes > 1:
+    17.1 and 17.1 -> 12.5). FP8 and float32 experts keep the earlier kernel and tiles (from
+    `bench moe --parts gemv-sweep`): 16-row strips with K tiles of 2,048 (FP8) or 1,024
+    values, except the FP8 down projection (short K), which wants 32-row strips of 512 and 8
+    warps (14 vs 16-18 us)."""
+    if weight_bytes == 2:
         if not gated:
             return PairGemvTiles(2, 1024, 4, 1, wide=True)
         return PairGemvTiles(8, 1024, 8 if k > 1024 else 4, 1, wide=True)
-    if gated:
+    if weight_bytes == 1 and gated:
         return PairGemvTiles(32, min(512, triton.next_power_of_2(k)), 8)
-    return PairGemvTiles(16, max(min(triton.next_power_of_2(k), 2048), 16))
+    block_k = min(triton.next_power_of_2(k), 1024 if weight_bytes > 1 else 2048)
+    return PairGemvTiles(16, max(block_k, 16))
 
 
 @triton.jit
@@ -136,13 +138,12 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
 
 
 @triton.jit
-def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
+def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, ids_ptr,
                            N, a_rows_per_pair, stride_am, stride_be, stride_bn, stride_cm,
-                           stride_se, K: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-                           GATED: tl.constexpr, CHANNEL_SCALES: tl.constexpr,
+                           K: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            PDL: tl.constexpr = False):
-    """_pair_gemv_kernel's product (B_SCALES 0 or 1) with the wide accumulator
+    """_pair_gemv_kernel's product for unscaled (16-bit) experts with the wide accumulator
     (PairGemvTiles.wide): rows past N read row N - 1 again (never stored), so the weight
     loads are masked only where K is not a multiple of BLOCK_K."""
     pdl_launch_dependents(PDL)
@@ -166,8 +167,6 @@ def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
         w = load_k_tile(b_ptrs + k0, k0, offs_k[None, :], K, BLOCK_K)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
-    if CHANNEL_SCALES:
-        y = y * tl.load(s_ptr + expert * stride_se + rows)
     if MUL_WEIGHT:
         y = y * tl.load(weight_ptr + pair)
     tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, y.to(c_ptr.dtype.element_ty),
@@ -199,12 +198,10 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
     weights = pair_weights if pair_weights is not None else out
     grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))
     pdl = pdl_kwargs(a.device, a.shape[0] if num_tokens is None else num_tokens)
-    if tiles.wide and mode != 2:
+    if tiles.wide and mode == 0:
         _pair_gemv_wide_kernel[grid](
-            a, b, out, weights, scales, expert_ids, n, a_rows_per_pair, a.stride(0),
-            b.stride(0), b.stride(1), out.stride(0),
-            scales.stride(0) if b_scale is not None else 0, K=k,
-            MUL_WEIGHT=pair_weights is not None, GATED=gated, CHANNEL_SCALES=mode == 1,
+            a, b, out, weights, expert_ids, n, a_rows_per_pair, a.stride(0), b.stride(0),
+            b.stride(1), out.stride(0), K=k, MUL_WEIGHT=pair_weights is not None, GATED=gated,
             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, **pdl)
         return out

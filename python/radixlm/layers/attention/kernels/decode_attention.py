@@ -35,11 +35,11 @@ to two fp16 ones in one instruction, while bf16 takes that and two more conversi
 (the PTX Triton emits), and at bs 64, 4k the conversions, not the bytes, bounded the bf16 dots
 (47% of copy bandwidth against a bf16 pool's 86%). fp16 holds every e4m3 value exactly, and the
 query, rounded from bf16, exactly too down to 6e-5 (below, to 6e-8 absolute); queries past
-fp16's range (65504) are clamped to it. p is in [0, 1]: fp16 rounds it finer than bf16. The
-per-tensor scales are not multiplied into every element: K's
-is folded into the score scale (q . (k_scale k) = k_scale (q . k)) and V's multiplies the split's
-output once (sum p (v_scale v) = v_scale sum p v). Both are 1.0 for other pools, which leaves
-their arithmetic exactly as before.
+fp16's range (65504) are clamped to it (a NaN stays NaN). p is in [0, 1]: fp16 rounds it finer
+than bf16. The per-tensor scales are not multiplied into every element: K's is folded into the
+score scale (q . (k_scale k) = k_scale (q . k)) and V's multiplies the split's output once
+(sum p (v_scale v) = v_scale sum p v). Both are 1.0 for other pools, which leaves their
+arithmetic exactly as before.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def _decode_kernel(
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=h_mask[:, None] & d_mask[None, :], other=0.0)
         if FP16_DOTS:   # an fp8 pool under bf16 queries (module docstring)
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0,
+                         propagate_nan=tl.PropagateNan.ALL).to(tl.float16)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -224,7 +225,7 @@ def _decode_reduce_kernel(
 
 
 def decode_block_n(head_dim: int, dtype: torch.dtype) -> int:
-    """Keys per tile for a pool of `dtype`. 64 tokens x 128 dims x 2 bytes = 16 KiB per K or V
+    """Keys per tile for dots in `dtype`. 64 tokens x 128 dims x 2 bytes = 16 KiB per K or V
     tile: room for double buffering."""
     return 32 if block_dmodel(head_dim) * torch.empty((), dtype=dtype).element_size() > 256 else 64
 
@@ -271,7 +272,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
         return out
     group = hq // hk
     block_d = block_dmodel(d)
-    block_n = block_n or decode_block_n(d, k_buf.dtype)
+    # Keyed by the query's dtype: the tiles are widened to it (or to fp16, the same size).
+    block_n = block_n or decode_block_n(d, q.dtype)
     if num_warps is None or num_stages is None:
         # FP8 tiles are widened in registers: 2 warps and a third stage keep the conversion off
         # the critical path (4 warps measured 1.8x slower at bs 64, 4k, head dim 128: bench
