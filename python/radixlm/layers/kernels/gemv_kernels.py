@@ -122,9 +122,11 @@ def gemv_tiles(m: int, n: int, k: int) -> GemvTiles | None:
     return GemvTiles(block_n=block_n, block_k=1024)
 
 
-def _operands_fit(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """x [..., K] and weight [N, K] in one 16-bit dtype, the weight K-contiguous."""
-    return (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+def _operands_fit(x: torch.Tensor, weight: torch.Tensor, fp32_weight: bool = False) -> bool:
+    """x [..., K] 16-bit and weight [N, K] K-contiguous, in x's dtype (or float32 where
+    `fp32_weight`)."""
+    dtype_ok = weight.dtype == x.dtype or (fp32_weight and weight.dtype == torch.float32)
+    return (x.dtype in (torch.bfloat16, torch.float16) and dtype_ok
             and weight.dim() == 2 and weight.stride(1) == 1 and x.shape[-1] == weight.shape[1])
 
 
@@ -138,9 +140,7 @@ def router_tiles(x: torch.Tensor, weight: torch.Tensor) -> GemvTiles | None:
     n, k = weight.shape[0], x.shape[-1]
     if not 8 <= n <= 512 or not 1024 <= k <= 8192 or x.numel() != k:
         return None
-    fp32_router = (weight.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16)
-                   and weight.dim() == 2 and weight.stride(1) == 1 and weight.shape[1] == k)
-    return (GemvTiles(block_n=2, block_k=1024) if fp32_router or _operands_fit(x, weight)
+    return (GemvTiles(block_n=2, block_k=1024) if _operands_fit(x, weight, fp32_weight=True)
             else None)
 
 

@@ -56,34 +56,29 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-             locs: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor | None, k_buf: torch.Tensor,
+             v_buf: torch.Tensor | None, locs: torch.Tensor, k_scale: float = 1.0,
+             v_scale: float = 1.0) -> None:
     """k/v [T, Hk, D] -> k_buf/v_buf[locs[t]] (a token whose heads are not one contiguous row,
     e.g. a strided view, is copied to one first). k_scale/v_scale: an fp8 pool's scales (the
-    stored value is x / scale); ignored for other pool dtypes."""
+    stored value is x / scale); ignored for other pool dtypes. v and v_buf None: K's rows
+    only (`store_rows`)."""
     num_tokens = locs.numel()
     if num_tokens == 0:
         return
     row = k.shape[1] * k.shape[2]
-    k, v = _rows_contiguous(k), _rows_contiguous(v)
+    k = _rows_contiguous(k)
+    has_v = v is not None
+    v, v_buf = (_rows_contiguous(v), v_buf) if has_v else (k, k_buf)
     fp8_max = FP8_E4M3_MAX if is_fp8(k_buf.dtype) else 0.0
     _store_kv_kernel[(num_tokens,)](k, v, k_buf, v_buf, locs, k.stride(0), v.stride(0),
                                     k_buf.stride(0), v_buf.stride(0), 1.0 / k_scale,
                                     1.0 / v_scale, ROW=row, BLOCK=min(next_pow2(row), 2048),
-                                    FP8_MAX=fp8_max, num_warps=4,
+                                    FP8_MAX=fp8_max, HAS_V=has_v, num_warps=4,
                                     **pdl_kwargs(k.device, num_tokens))
 
 
 def store_rows(x: torch.Tensor, buf: torch.Tensor, locs: torch.Tensor) -> None:
-    """x [T, H, D] -> buf[locs[t]] (a 16/32-bit pool: a plain cast)."""
-    num_tokens = locs.numel()
-    if num_tokens == 0:
-        return
-    assert not is_fp8(buf.dtype), "store_rows writes 16/32-bit pools only"
-    row = x.shape[1] * x.shape[2]
-    x = _rows_contiguous(x)
-    _store_kv_kernel[(num_tokens,)](x, x, buf, buf, locs, x.stride(0), x.stride(0),
-                                    buf.stride(0), buf.stride(0), 1.0, 1.0, ROW=row,
-                                    BLOCK=min(next_pow2(row), 2048), FP8_MAX=0.0,
-                                    HAS_V=False, num_warps=4,
-                                    **pdl_kwargs(x.device, num_tokens))
+    """x [T, H, D] -> buf[locs[t]]: one tensor's rows, e.g. MLA's latent pool (K and V at
+    once)."""
+    store_kv(x, None, buf, None, locs)
