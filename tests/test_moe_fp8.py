@@ -338,8 +338,13 @@ def _interpreter_cases():
     # The per-pair GEMV with K tiles wider than a scale block (one sum per block inside a
     # tile), and a K that is not a multiple of the tile.
     from radixlm.layers.moe import pair_gemv as pg
+    # The wide kernel: scales folded into x, per K block (tiles wider and narrower than a
+    # block, K = 80 or 48 not a multiple of the tile) or per row.
     for block, tiles in (((16, 16), pg.PairGemvTiles(16, 64)),
-                         ((16, 32), pg.PairGemvTiles(8, 128))):
+                         ((16, 32), pg.PairGemvTiles(8, 128)),
+                         ((16, 16), pg.PairGemvTiles(4, 64, wide=True)),
+                         ((16, 32), pg.PairGemvTiles(8, 16, wide=True)),
+                         (None, pg.PairGemvTiles(2, 32, wide=True))):
         yield f"pair gemv tiles {tiles} block={block}", lambda b=block, t=tiles: (
             _kernel_case_tiles(3, 4, 2, 80, 48, b, t))
 
@@ -377,21 +382,32 @@ def _w8a8_reference(x, w13, w2, topk_weights, topk_ids, scales) -> torch.Tensor:
 
 
 def _kernel_case_tiles(tokens, experts, top_k, hidden, inter, block, tiles) -> float:
-    """The per-pair GEMV alone with given tiles, against the dequantized weights."""
+    """The per-pair GEMVs alone with given tiles against the dequantized weights: gate_up,
+    then the down projection (SiLU-and-mul of its [gate | up] input, pair weights)."""
     import torch.nn.functional as F
 
     from radixlm.layers.moe.pair_gemv import pair_gemv
     g = torch.Generator().manual_seed(7)
     x = torch.randn(tokens, hidden, generator=g)
     w13, s13 = quantize_experts(torch.randn(experts, 2 * inter, hidden, generator=g), block)
+    w2, s2 = quantize_experts(torch.randn(experts, hidden, inter, generator=g), block)
     ids = torch.randint(0, experts, (tokens * top_k,), generator=g, dtype=torch.int32)
-    out = torch.empty(tokens * top_k, 2 * inter)
-    pair_gemv(x, w13, out, ids, top_k, b_scale=s13, scale_block=block, tiles=tiles)
-    scales = Fp8ExpertScales(s13, s13, block)
-    want = torch.stack([F.linear(x[p // top_k], scales.dequantize(w13[e], s13[e],
-                                                                   torch.float32))
-                        for p, e in enumerate(ids.tolist())])
-    err = ((out - want).abs().max() / want.abs().max()).item()
+    pair_w = torch.rand(tokens * top_k, generator=g)
+    scales = Fp8ExpertScales(s13, s2, block)
+    gate_up = torch.empty(tokens * top_k, 2 * inter)
+    pair_gemv(x, w13, gate_up, ids, top_k, b_scale=s13, scale_block=block, tiles=tiles)
+    down = torch.empty(tokens * top_k, hidden)
+    pair_gemv(gate_up, w2, down, ids, 1, gated=True, pair_weights=pair_w, b_scale=s2,
+              scale_block=block, tiles=tiles)
+    want_up = torch.stack([F.linear(x[p // top_k], scales.dequantize(w13[e], s13[e],
+                                                                      torch.float32))
+                           for p, e in enumerate(ids.tolist())])
+    act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    want_down = torch.stack([F.linear(act[p], scales.dequantize(w2[e], s2[e], torch.float32))
+                             for p, e in enumerate(ids.tolist())]) * pair_w[:, None]
+    err = 0.0
+    for got, want in ((gate_up, want_up), (down, want_down)):
+        err = max(err, ((got - want).abs().max() / want.abs().max()).item())
     assert err <= 1e-5, err
     return err
 

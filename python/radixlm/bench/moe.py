@@ -128,7 +128,8 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
     from radixlm.layers.attention.kernels import (alloc_decode_buffers, build_kv_indices,
                                                   choose_max_kv_splits, per_request_kv_splits)
     from radixlm.layers.attention.kernels.common import num_sms
-    from radixlm.layers.attention.kernels.mla_attention import mla_decode_attention
+    from radixlm.layers.attention.kernels.mla_attention import (
+        MLA_MIN_TOKENS_PER_SPLIT, mla_decode_attention, mla_decode_programs_per_request)
 
     lora, rope, dt = 512, 64, torch.bfloat16
     tokens = batch_size * context
@@ -141,13 +142,15 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
     for heads in heads_list:
         q = torch.randn(batch_size, heads, lora + rope, device=device).to(dt)
         out = torch.empty(batch_size, heads, lora, device=device, dtype=dt)
-        max_splits = choose_max_kv_splits(batch_size, 1, context, num_sms(device))
-        splits = per_request_kv_splits(seq_lens, max_splits)
+        # As the backend picks them (the programs of one request: its head blocks).
+        max_splits = choose_max_kv_splits(batch_size, mla_decode_programs_per_request(heads),
+                                          context, num_sms(device), MLA_MIN_TOKENS_PER_SPLIT)
+        splits = per_request_kv_splits(seq_lens, max_splits, MLA_MIN_TOKENS_PER_SPLIT)
         buffers = alloc_decode_buffers(batch_size, heads, lora, max_splits, device)
         read = tokens * (lora + rope) * dt.itemsize
         # The default launch, then a small sweep (what the defaults should become).
         sweep = [(n, w, st) for n in (32, 64) for w in (4, 8) for st in (1, 2, 3)]
-        for block_n, warps, stages in [(None, 4, 2)] + (sweep if tile_sweep else []):
+        for block_n, warps, stages in [(None, None, 2)] + (sweep if tile_sweep else []):
             run = lambda: mla_decode_attention(  # noqa: E731
                 q, kv, out, lora, kv_indptr, kv_indices, splits, max_splits, 0.1, buffers,
                 block_n=block_n, num_warps=warps, num_stages=stages)

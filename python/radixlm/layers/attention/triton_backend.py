@@ -45,8 +45,12 @@ from radixlm.layers.attention.kernels import (
     per_request_kv_splits,
 )
 from radixlm.layers.attention.kernels.common import num_sms
-from radixlm.layers.attention.kernels.decode_attention import SplitKVBuffers
+from radixlm.layers.attention.kernels.decode_attention import (
+    MIN_TOKENS_PER_SPLIT,
+    SplitKVBuffers,
+)
 from radixlm.layers.attention.kernels.mla_attention import (
+    MLA_MIN_TOKENS_PER_SPLIT,
     mla_decode_attention,
     mla_decode_programs_per_request,
     mla_extend_attention,
@@ -96,6 +100,8 @@ class TritonAttnBackend(AttentionBackend):
         # Decode programs per request and split: one per KV head, or for the MLA latent pool
         # one per block of query heads (bind_layers sets it from the layers).
         self.decode_programs_per_request = kv_pool.num_kv_heads
+        self.min_tokens_per_split = (MLA_MIN_TOKENS_PER_SPLIT if kv_pool.is_latent
+                                     else MIN_TOKENS_PER_SPLIT)
         device = kv_pool.device
         if (kv_pool.is_fp8 and device.type == "cuda"
                 and torch.cuda.get_device_capability(device) < (8, 9)):
@@ -155,12 +161,14 @@ class TritonAttnBackend(AttentionBackend):
         kv_indptr, kv_indices = build_kv_indices(table, fb.req_pool_indices, fb.seq_lens,
                                                  num_kv_indices)
         max_kv_splits = choose_max_kv_splits(fb.batch_size, self.decode_programs_per_request,
-                                             max_seq_len, num_sms(table.device))
+                                             max_seq_len, num_sms(table.device),
+                                             self.min_tokens_per_split)
         assert fb.tree_mask is None or not self.kv_pool.is_latent, \
             "draft trees over an MLA latent cache (ModelRunner refuses them)"
         self.metadata = TritonDecodeMetadata(
             fb.batch_size, kv_indptr, kv_indices,
-            per_request_kv_splits(fb.seq_lens, max_kv_splits), max_kv_splits,
+            per_request_kv_splits(fb.seq_lens, max_kv_splits, self.min_tokens_per_split),
+            max_kv_splits,
             tree_start=fb.tree_start, tree_mask=fb.tree_mask)
         return self.metadata
 

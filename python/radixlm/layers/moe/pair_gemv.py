@@ -5,7 +5,7 @@ With one or a few tokens, each expert a token picks gets one row. The grouped GE
 (fused_moe_kernel.py) pads that row to a 16-row tensor-core block and first sorts the pairs by
 expert (two more launches); here each program instead takes one pair and a BLOCK_N-row strip of
 that pair's expert weight, reads the strip once with wide K-contiguous loads, widens it (FP8 or
-bf16) to fp32, multiplies by the pair's activation row and reduces along K (bf16: into a
+bf16) to fp32, multiplies by the pair's activation row and reduces along K (16-bit and FP8: into a
 float32 accumulator as wide as the tile, summed once after the loop, as the one-row GEMV does).
 The down projection reads its input as [gate | up] and applies SiLU-and-mul on the fly, so no
 activation tensor is written between the two GEMVs.
@@ -55,27 +55,35 @@ class PairGemvTiles:
     num_stages: int = 3
     # A float32 accumulator as wide as the tile, summed once after the loop (the one-row
     # GEMV's layout, gemv_kernels.py), with a compile-time K and unpredicated weight loads;
-    # False: one row sum per K tile. Scaled (FP8) experts always take the latter.
+    # False: one row sum per K tile. Block-scaled (FP8) experts take it only where a strip
+    # lies inside one block of rows (the block's row count a multiple of block_n).
     wide: bool = False
 
 
 def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
-    """16-bit experts: the wide accumulator, 2 rows a program for gate_up and 8 for the down
-    projection, K tiles of 1,024, 8 warps where the down projection's K exceeds one tile
-    (`results/issue16/pair_gemv_wide/`, H200, batch 1, each GEMM over 16 expert sets in a
-    graph: Qwen3-30B-A3B gate_up 17.6 -> 12.9 us, down 11.0 -> 8.8; DeepSeek-V2-Lite 18.9 ->
-    17.1 and 17.1 -> 12.5). FP8 and float32 experts keep the earlier kernel and tiles (from
-    `bench moe --parts gemv-sweep`): 16-row strips with K tiles of 2,048 (FP8) or 1,024
-    values, except the FP8 down projection (short K), which wants 32-row strips of 512 and 8
-    warps (14 vs 16-18 us)."""
+    """16-bit and FP8 experts take the wide accumulator; float32 experts keep the earlier
+    kernel (16-row strips, K tiles of 1,024).
+
+    16-bit: 2 rows a program for gate_up and 8 for the down projection, K tiles of 1,024,
+    8 warps where the down projection's K exceeds one tile (`results/issue16/pair_gemv_wide/`,
+    H200, batch 1, each GEMM over 16 expert sets in a graph: Qwen3-30B-A3B gate_up 17.6 ->
+    12.9 us, down 11.0 -> 8.8; DeepSeek-V2-Lite 18.9 -> 17.1 and 17.1 -> 12.5).
+
+    FP8 (`results/issue16/fp8_pair_gemv_wide/`, same timing, row and 128 x 128 block scales):
+    gate_up 4 rows x 2,048 where K fits one tile, else 16 x 512 (Qwen3-30B-A3B 16.6 / 11.1 ->
+    9.2 / 8.8 us, DeepSeek-V2-Lite 18.0 / 11.7 -> 11.5 / 11.2, Mixtral 94.1 / 70.0 -> 64.3 /
+    63.0); down 16 rows x 1,024 (K <= 1,024) or 512 (Qwen3-30B-A3B 7.4 / 7.5 -> 7.9 / 6.2,
+    DeepSeek-V2-Lite 9.1 / 9.2 -> 9.6 / 8.7, Mixtral 60.5 / 62.1 -> 42.9 / 35.4)."""
     if weight_bytes == 2:
         if not gated:
             return PairGemvTiles(2, 1024, 4, 1, wide=True)
         return PairGemvTiles(8, 1024, 8 if k > 1024 else 4, 1, wide=True)
-    if weight_bytes == 1 and gated:
-        return PairGemvTiles(32, min(512, triton.next_power_of_2(k)), 8)
-    block_k = min(triton.next_power_of_2(k), 1024 if weight_bytes > 1 else 2048)
-    return PairGemvTiles(16, max(block_k, 16))
+    if weight_bytes == 1:
+        if gated:
+            return PairGemvTiles(16, 1024 if k <= 1024 else 512, 4, 1, wide=True)
+        return PairGemvTiles(4, 2048, 4, 1, wide=True) if k <= 2048 else \
+            PairGemvTiles(16, 512, 4, 1, wide=True)
+    return PairGemvTiles(16, max(min(triton.next_power_of_2(k), 1024), 16))
 
 
 @triton.jit
@@ -138,24 +146,35 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
 
 
 @triton.jit
-def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, ids_ptr,
+def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
                            N, a_rows_per_pair, stride_am, stride_be, stride_bn, stride_cm,
+                           stride_se, stride_sn,
                            K: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
+                           B_SCALES: tl.constexpr, SCALE_BK: tl.constexpr,
+                           SCALE_ROW_BLOCK: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            PDL: tl.constexpr = False):
-    """_pair_gemv_kernel's product for unscaled (16-bit) experts with the wide accumulator
-    (PairGemvTiles.wide): rows past N read row N - 1 again (never stored), so the weight
-    loads are masked only where K is not a multiple of BLOCK_K."""
+    """_pair_gemv_kernel's product with the wide accumulator (PairGemvTiles.wide): rows past
+    N read row N - 1 again (never stored), so the weight loads are masked only where K is not
+    a multiple of BLOCK_K.
+
+    Scales cost nothing per weight: a strip of BLOCK_N rows lies inside one scale block of
+    rows (SCALE_ROW_BLOCK, a multiple of BLOCK_N), so under block scales (B_SCALES 2) every
+    row of it shares one scale per SCALE_BK inputs, and that scale multiplies x instead of
+    the weights (sum_k w[n, k] s[k // SCALE_BK] x[k]). Row scales (B_SCALES 1) multiply the
+    row sums once."""
     pdl_launch_dependents(PDL)
     pdl_wait(PDL)
     pair = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    strip = tl.program_id(1) * BLOCK_N
+    offs_n = strip + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     rows = tl.minimum(offs_n, N - 1)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     a_row = a_ptr + (pair // a_rows_per_pair).to(tl.int64) * stride_am
     offs_k = tl.arange(0, BLOCK_K)
     b_ptrs = b_ptr + expert * stride_be + rows[:, None].to(tl.int64) * stride_bn + offs_k[None, :]
+    s_strip = s_ptr + expert * stride_se + (strip // SCALE_ROW_BLOCK) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if GATED:
@@ -164,9 +183,14 @@ def _pair_gemv_wide_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, ids_ptr,
             x = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty).to(tl.float32)
         else:
             x = load_k_tile(a_row + k0 + offs_k, k0, offs_k, K, BLOCK_K).to(tl.float32)
+        if B_SCALES == 2:    # x's columns past K are 0: their (clamped) scale does not matter
+            kb = tl.minimum((k0 + offs_k) // SCALE_BK, (K - 1) // SCALE_BK)
+            x = x * tl.load(s_strip + kb)
         w = load_k_tile(b_ptrs + k0, k0, offs_k[None, :], K, BLOCK_K)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
+    if B_SCALES == 1:
+        y = y * tl.load(s_ptr + expert * stride_se + rows * stride_sn)
     if MUL_WEIGHT:
         y = y * tl.load(weight_ptr + pair)
     tl.store(c_ptr + pair.to(tl.int64) * stride_cm + offs_n, y.to(c_ptr.dtype.element_ty),
@@ -198,10 +222,14 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
     weights = pair_weights if pair_weights is not None else out
     grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))
     pdl = pdl_kwargs(a.device, a.shape[0] if num_tokens is None else num_tokens)
-    if tiles.wide and mode == 0:
+    if tiles.wide and (mode != 2 or scale_bn % tiles.block_n == 0):
         _pair_gemv_wide_kernel[grid](
-            a, b, out, weights, expert_ids, n, a_rows_per_pair, a.stride(0), b.stride(0),
-            b.stride(1), out.stride(0), K=k, MUL_WEIGHT=pair_weights is not None, GATED=gated,
+            a, b, out, weights, scales, expert_ids, n, a_rows_per_pair, a.stride(0),
+            b.stride(0), b.stride(1), out.stride(0),
+            scales.stride(0) if b_scale is not None else 0,
+            scales.stride(1) if b_scale is not None else 0,
+            K=k, MUL_WEIGHT=pair_weights is not None, GATED=gated, B_SCALES=mode,
+            SCALE_BK=scale_bk, SCALE_ROW_BLOCK=scale_bn if mode == 2 else tiles.block_n,
             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, **pdl)
         return out

@@ -63,19 +63,20 @@ LOG2E = 1.4426950408889634
 
 
 def choose_max_kv_splits(batch_size: int, num_kv_heads: int, max_seq_len: int,
-                         num_sms: int) -> int:
+                         num_sms: int, min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT) -> int:
     """How many splits the longest request gets: enough stage-1 programs for ~2 waves over the
-    GPU's SMs, but never splits shorter than MIN_TOKENS_PER_SPLIT."""
+    GPU's SMs, but never splits shorter than min_tokens_per_split."""
     programs_wanted = 2 * num_sms
     by_occupancy = -(-programs_wanted // max(1, batch_size * num_kv_heads))
-    by_length = -(-max_seq_len // MIN_TOKENS_PER_SPLIT)
+    by_length = -(-max_seq_len // min_tokens_per_split)
     return max(1, min(MAX_KV_SPLITS, by_occupancy, by_length))
 
 
-def per_request_kv_splits(seq_lens: torch.Tensor, max_kv_splits: int) -> torch.Tensor:
+def per_request_kv_splits(seq_lens: torch.Tensor, max_kv_splits: int,
+                          min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT) -> torch.Tensor:
     """Splits for each request (device tensor, no host sync): as many as its length warrants,
     capped by the batch's max_kv_splits."""
-    splits = (seq_lens + (MIN_TOKENS_PER_SPLIT - 1)) // MIN_TOKENS_PER_SPLIT
+    splits = (seq_lens + (min_tokens_per_split - 1)) // min_tokens_per_split
     return splits.clamp_(1, max_kv_splits).to(torch.int32)
 
 

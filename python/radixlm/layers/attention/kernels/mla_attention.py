@@ -34,6 +34,14 @@ from radixlm.layers.attention.kernels.decode_attention import (
 from radixlm.layers.attention.kernels.extend_attention import _online_softmax_step
 from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
+# MLA splits a request's context finer than GQA decode (decode_attention.MIN_TOKENS_PER_SPLIT):
+# one head block's program reads a 576-wide latent per token for 16-32 heads, so a short
+# context at a small batch leaves few programs, each a long serial chain. 32 tokens (one tile)
+# a split: DeepSeek-V2-Lite's shape (16 heads) at batch 1, 1k context 9.9 -> 8.4 us, 128 heads
+# 16.9 -> 11.6 us with 8 warps (H200, `results/issue16/mla_splits/`); where the batch already
+# fills the GPU the occupancy bound, not this, sets the splits.
+MLA_MIN_TOKENS_PER_SPLIT = 32
+
 
 @triton.jit
 def _latent_tile_scores(q_lat, q_rope, KV, kv_indices, kv_start, pos, n_mask, stride_kvt,
@@ -116,8 +124,8 @@ def mla_decode_block_n(lora: int, dtype: torch.dtype) -> int:
 def mla_decode_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tensor, lora: int,
                          kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                          num_kv_splits: torch.Tensor, max_kv_splits: int, sm_scale: float,
-                         buffers: SplitKVBuffers, block_n: int | None = None, num_warps: int = 4,
-                         num_stages: int = 2) -> torch.Tensor:
+                         buffers: SplitKVBuffers, block_n: int | None = None,
+                         num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
     """q [B, H, LORA+ROPE]; kv_buf [slots, 1, LORA+ROPE]; out [B, H, LORA]. buffers from
     alloc_decode_buffers(B, H, LORA, >= max_kv_splits)."""
     bs, hq, d = q.shape
@@ -129,6 +137,8 @@ def mla_decode_attention(q: torch.Tensor, kv_buf: torch.Tensor, out: torch.Tenso
     block_l, block_r = block_dmodel(lora), block_dmodel(rope)
     block_h = mla_block_h(hq)
     block_n = block_n or mla_decode_block_n(lora, q.dtype)
+    # 32-head blocks hold a [32, 512] float32 accumulator: 8 warps (11.6 vs 14.0 us above).
+    num_warps = num_warps or (8 if block_h >= 32 else 4)
     dot_prec = "ieee" if q.dtype == torch.float32 else "tf32"
     pdl = pdl_kwargs(q.device, bs)
     _mla_decode_partial_kernel[(bs, triton.cdiv(hq, block_h), max_kv_splits)](
