@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from helpers import run_cpu_interpreter_cases, run_interpreter_cases
 from quant_formats import checkpoint_tensors, write_quantized_checkpoint
 from radixlm.distributed.parallel_state import TPGroup
-from radixlm.layers.linear import QKVParallelLinear, RowParallelLinear
+from radixlm.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                   RowParallelLinear)
 from radixlm.layers.quantization import linear_method_for, resolve_quant_spec
 from radixlm.layers.quantization.fp8_kernels import dequantize_fp8
 from radixlm.layers.quantization.spec import QuantSpec
@@ -381,6 +382,15 @@ def _gemv_interpreter_cases():
         for dtype in (torch.float32, torch.float16):
             yield f"fp8 gemv M={m} N={n} K={k} block={block} {dtype}", (
                 lambda a=(m, n, k, block, dtype, tiles): _fp8_gemv_case(*a, "cpu"))
+    # The gated product ([gate | up] -> silu(gate) * up): channel scales, block scales
+    # applied to x (up rows in their own scale block) and to each product.
+    for m, n, k, block, tiles in [(1, 40, 256, None, Fp8GemvTiles(2, 64, 2)),
+                                  (2, 37, 200, None, Fp8GemvTiles(2, 32, 4)),
+                                  (1, 48, 96, (16, 32), Fp8GemvTiles(4, 32, 2)),
+                                  (1, 64, 96, (16, 32), Fp8GemvTiles(32, 32, 1))]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"fp8 gated gemv M={m} N={n} K={k} block={block} {dtype}", (
+                lambda a=(m, n, k, block, dtype, tiles): _fp8_gated_case(*a, "cpu"))
     from radixlm.layers.quantization.int4_gemv import W4GemvTiles
     for n, k, group, tiles in [(64, 256, 128, W4GemvTiles(16, 1)),
                                (48, 576, 64, W4GemvTiles(32, 4)),
@@ -407,6 +417,35 @@ def _fp8_gemv_case(m, n, k, block, dtype, tiles, device):
     err = (got - want).abs().max().item()
     assert err <= tol, (err, tol)
     return err
+
+
+def _fp8_gated_case(m, n, k, block, dtype, tiles, device):
+    """fp8_gemv(gated=True) on a [gate | up] weight of 2n rows against silu(gate) * up of
+    the float32 product."""
+    import torch.nn.functional as F
+
+    from radixlm.layers.quantization.fp8_gemv import fp8_gemv, gated_tiles
+    from radixlm.layers.quantization.fp8_kernels import quantize_fp8_per_channel
+    torch.manual_seed(m * 5 + n)
+    q, scale = quantize_fp8_per_channel(torch.randn(2 * n, k, device=device) / k ** 0.5)
+    if block:
+        scale = torch.rand(-(-2 * n // block[0]), -(-k // block[1]), device=device) / 100 + 1e-3
+    x = torch.randn(m, k, device=device).to(dtype)
+    gu = x.float() @ dequantize_fp8(q, scale, block, torch.float32).t()
+    gate, up = gu[:, :n], gu[:, n:]
+    want = F.silu(gate) * up
+    got = fp8_gemv(x, q, scale, block, tiles=tiles or gated_tiles(n, k, block),
+                   gated=True).float()
+    assert got.shape == (m, n)
+    # Per element: the sums' own error (float32 accumulation in another order), and in 16 bits
+    # three roundings (gate, up, silu) of at most eps each; silu' is within [-0.1, 1.1], so
+    # gate's carries through as |up| |gate| eps.
+    eps = {torch.float32: 0.0, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}[dtype]
+    tol = (1e-4 * k ** 0.5 * (up.abs() + F.silu(gate).abs() + 1)
+           + 2 * eps * (1.1 * gate.abs() * up.abs() + 2 * want.abs()))
+    err = (got - want).abs()
+    assert (err <= tol).all(), (err.max().item(), (err - tol).max().item())
+    return err.max().item()
 
 
 def _w4_gemv_case(n, k, group, dtype, tiles, device):
@@ -458,6 +497,19 @@ def test_gpu_one_row_fp8_kernel_matches_references(m, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n, k", [(14336, 4096), (1408, 2048), (501, 1000)])
+def test_gpu_one_row_gated_fp8_kernel_matches_references(n, k):
+    """Llama-3.1-8B's and DeepSeek-V2-Lite's shared experts' gate_up, and an N that block
+    scales refuse (not a multiple of the tile's rows: gated_tiles gives None)."""
+    from radixlm.layers.quantization.fp8_gemv import gated_tiles
+    _fp8_gated_case(1, n, k, None, torch.bfloat16, None, "cuda")
+    if gated_tiles(n, k, (128, 128)) is None:
+        assert n % 4
+    else:
+        _fp8_gated_case(1, n, k, (128, 128), torch.bfloat16, None, "cuda")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n, k, group", [(6144, 4096, 128), (4096, 14336, 128),
                                          (1000, 4160, 128),     # a partial last group
                                          (1000, 1000, 32), (2056, 4096, 64)])
@@ -490,6 +542,36 @@ def test_gpu_one_row_goes_to_the_one_row_kernels(flag, monkeypatch):
     old = layer(x)
     assert len(calls) == 1
     torch.testing.assert_close(new, old, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_gate_up_at_one_row_takes_the_gated_kernel(monkeypatch):
+    """An FP8 gate_up layer's silu_and_mul at one row: one gated fp8_gemv call, equal to the
+    product followed by the activation kernel (what two rows and
+    RADIXLM_DISABLE_QUANT_GEMV=1 run)."""
+    from radixlm.layers.kernels.activation_kernels import silu_and_mul
+    from radixlm.layers.quantization import fp8 as fp8_module
+    calls = []
+    original = fp8_module.fp8_gemv
+    monkeypatch.setattr(fp8_module, "fp8_gemv",
+                        lambda *a, **kw: calls.append(kw.get("gated")) or original(*a, **kw))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        layer = MergedColumnParallelLinear(2048, [1408, 1408], linear_method=linear_method_for(
+            resolve_quant_spec("fp8", None))).to(torch.bfloat16)
+        for part in (0, 1):
+            layer.weight.weight_loader(layer.weight,
+                                       (torch.randn(1408, 2048) / 45).to(torch.bfloat16), part)
+        layer.process_weights_after_loading()
+        x = torch.randn(1, 2048, dtype=torch.bfloat16)
+    fused = layer.silu_and_mul(x)
+    assert calls == [True] and fused.shape == (1, 1408)
+    unfused = silu_and_mul(layer(x))
+    assert calls == [True, None]
+    torch.testing.assert_close(fused, unfused, atol=1e-2, rtol=1e-2)
+    monkeypatch.setenv("RADIXLM_DISABLE_QUANT_GEMV", "1")
+    torch.testing.assert_close(layer.silu_and_mul(x), unfused, atol=2e-2, rtol=2e-2)
+    assert calls == [True, None]
 
 
 @pytest.mark.gpu

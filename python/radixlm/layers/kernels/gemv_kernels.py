@@ -47,6 +47,16 @@ def load_k_tile(ptrs, k0, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def silu_mul_rounded(gate, up, dt: tl.constexpr):
+    """silu(gate) * up from float32 row sums, rounded as the unfused path rounds it (the GEMV's
+    [gate | up] output stored in `dt`, then silu_and_mul, activation_kernels.py). Shared with
+    the FP8 one-row kernel."""
+    gate = gate.to(dt).to(tl.float32)
+    up = up.to(dt).to(tl.float32)
+    return tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(dt).to(tl.float32) * up
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GATED: tl.constexpr = False, PDL: tl.constexpr = False):
@@ -90,11 +100,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_wn, K: tl.constexpr,
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if GATED:
-        dt = y_ptr.dtype.element_ty
-        gate = y.to(dt).to(tl.float32)
-        up = tl.sum(acc_up, axis=1).to(dt).to(tl.float32)
-        silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(dt).to(tl.float32)
-        y = silu * up
+        y = silu_mul_rounded(y, tl.sum(acc_up, axis=1), y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 

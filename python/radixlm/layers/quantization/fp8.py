@@ -19,7 +19,7 @@ from radixlm.layers.quantization.fp8_kernels import (FP8_DTYPE, dequantize_fp8,
                                                      fp8_weight_gemm, quantize_fp8_per_channel,
                                                      scaled_mm_per_token)
 from radixlm.layers.quantization.method import QuantizedLinearMethod
-from radixlm.layers.quantization.fp8_gemv import GEMV_MAX_M, fp8_gemv
+from radixlm.layers.quantization.fp8_gemv import GEMV_MAX_M, fp8_gemv, gated_tiles
 from radixlm.layers.quantization.split_k import attach_scratch, layer_scratch
 
 # Rows up to which the weight-only kernel beats FP8 tensor-core GEMMs (bench quant, H200).
@@ -90,6 +90,20 @@ class Fp8LinearMethod(QuantizedLinearMethod):
         """The processed FP8 weight widened to `dtype` [N, K] (layers kept in full precision,
         quantization/full_precision.py)."""
         return dequantize_fp8(layer.weight, layer.weight_scale, layer.fp8_block, dtype)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        # At batch 1 the one-row kernel stores silu(gate) * up itself, as the bf16 GEMV does:
+        # one launch a layer fewer.
+        x2 = x.reshape(-1, x.shape[-1])
+        if (x.device.type != "cuda" or x2.shape[0] > GEMV_MAX_M
+                or envs.disable_quant_gemv()):
+            return None
+        w, scale, block = layer.weight, layer.weight_scale, layer.fp8_block
+        tiles = gated_tiles(w.shape[0] // 2, w.shape[1], block)
+        if tiles is None:
+            return None
+        y = fp8_gemv(x2, w, scale, block, tiles=tiles, gated=True)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def matmul(self, layer: nn.Module, x: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:

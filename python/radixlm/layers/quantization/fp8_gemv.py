@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixlm.layers.kernels.gemv_kernels import load_k_tile
+from radixlm.layers.kernels.gemv_kernels import load_k_tile, silu_mul_rounded
 from radixlm.utils.pdl import pdl_kwargs, pdl_launch_dependents, pdl_wait
 
 
@@ -73,10 +73,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
                      stride_sn, K: tl.constexpr, SCALE_BN: tl.constexpr,
                      SCALE_BK: tl.constexpr, BLOCK_SCALES: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-                     CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+                     CHUNK: tl.constexpr, GATED: tl.constexpr = False,
+                     PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k] scale (+ b[n]) for BLOCK_N consecutive n of row m.
     With PDL the first weight tile is requested before waiting for the kernel that writes x
-    (utils/pdl.py)."""
+    (utils/pdl.py).
+
+    GATED: w is [gate | up], 2N rows; the program also takes up's rows n + N (their own
+    scales) and stores silu(gate) * up, rounded as the unfused path rounds it (no bias)."""
     pdl_launch_dependents(PDL)
     m = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,23 +93,40 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     offs_k = offs_c[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]          # [CHUNKS, CHUNK]
     w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     x_ptrs = x_ptr + m * stride_xm + offs_k
+    up_ptrs = w_ptrs + N * stride_wn      # (GATED only)
     # Tile 0 is peeled off the loop: its weights before the wait, everything else after it.
     w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
+    if GATED:
+        u = load_k_tile(up_ptrs, 0, offs_k, K, BLOCK_K)
     pdl_wait(PDL)
     acc = _accumulate(tl.zeros((BLOCK_N, CHUNKS, CHUNK), dtype=tl.float32), w, x_ptrs, s_ptr,
                       rows, first_row, stride_sn, 0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
                       BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
+    if GATED:
+        acc_up = _accumulate(tl.zeros((BLOCK_N, CHUNKS, CHUNK), dtype=tl.float32), u, x_ptrs,
+                             s_ptr, rows + N, first_row + N, stride_sn, 0, offs_k, offs_c, K,
+                             SCALE_BN, SCALE_BK, BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         acc = _accumulate(acc, load_k_tile(w_ptrs, k0, offs_k, K, BLOCK_K), x_ptrs, s_ptr, rows,
                           first_row, stride_sn, k0, offs_k, offs_c, K, SCALE_BN, SCALE_BK,
                           BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
+        if GATED:
+            up_ptrs += BLOCK_K
+            acc_up = _accumulate(acc_up, load_k_tile(up_ptrs, k0, offs_k, K, BLOCK_K), x_ptrs,
+                                 s_ptr, rows + N, first_row + N, stride_sn, k0, offs_k, offs_c,
+                                 K, SCALE_BN, SCALE_BK, BLOCK_SCALES, BLOCK_N, BLOCK_K, CHUNK)
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     if not BLOCK_SCALES:
         y *= tl.load(s_ptr + rows)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows).to(tl.float32)
+    if GATED:
+        y_up = tl.sum(tl.sum(acc_up, axis=2), axis=1)
+        if not BLOCK_SCALES:
+            y_up *= tl.load(s_ptr + rows + N)
+        y = silu_mul_rounded(y, y_up, y_ptr.dtype.element_ty)
     tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -121,23 +142,38 @@ def fp8_gemv_tiles(n: int, k: int, block: tuple[int, int] | None) -> Fp8GemvTile
     return Fp8GemvTiles(block_n=4, chunk=4096 if k % 4096 == 0 else 2048, chunks=1)
 
 
+def gated_tiles(n: int, k: int, block: tuple[int, int] | None) -> Fp8GemvTiles | None:
+    """Tiles of the gated product ([gate | up], N rows each): half the plain product's rows a
+    program, as each reads as many up rows as gate rows; None where block scales would put
+    the up rows of one program in two scale blocks (N not a multiple of the tile's rows)."""
+    t = fp8_gemv_tiles(n, k, block)
+    t = Fp8GemvTiles(max(2, t.block_n // 2), t.chunk, t.chunks, t.num_warps)
+    return None if block is not None and n % t.block_n else t
+
+
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
              block: tuple[int, int] | None, bias: torch.Tensor | None = None,
-             tiles: Fp8GemvTiles | None = None) -> torch.Tensor:
+             tiles: Fp8GemvTiles | None = None, gated: bool = False) -> torch.Tensor:
     """x [M, K] (a few rows; one program row each) times the FP8 weight w [N, K] with `scale`
-    ([N], or [ceil(N/bn), ceil(K/bk)] for `block` (bn, bk)), plus bias: [M, N] in x's dtype."""
+    ([N], or [ceil(N/bn), ceil(K/bk)] for `block` (bn, bk)), plus bias: [M, N] in x's dtype.
+    `gated`: w is [gate | up] and the result silu(gate) * up, [M, N / 2] (no bias; see
+    `gated_tiles` for the shapes it takes)."""
     m, k = x.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
-    tiles = tiles or fp8_gemv_tiles(n, k, block)
+    tiles = tiles or (gated_tiles(n, k, block) if gated else fp8_gemv_tiles(n, k, block))
     if block is not None and block[1] % tiles.chunk:
         raise ValueError(f"chunk {tiles.chunk} must divide the scale block {block[1]}")
+    if gated and (bias is not None or w.shape[0] % 2 or tiles is None
+                  or (block is not None and n % tiles.block_n)):
+        raise ValueError("a gated fp8_gemv takes an even number of weight rows, no bias, and "
+                         "with block scales a half a multiple of the tile's rows")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(m, triton.cdiv(n, tiles.block_n))](
         x, w, scale, bias if bias is not None else scale, y, n, x.stride(0), w.stride(0),
         y.stride(0), scale.stride(0) if block else 0, K=k,
         SCALE_BN=block[0] if block else 1, SCALE_BK=block[1] if block else 1,
         BLOCK_SCALES=block is not None, HAS_BIAS=bias is not None, BLOCK_N=tiles.block_n,
-        CHUNKS=tiles.chunks, CHUNK=tiles.chunk, num_warps=tiles.num_warps, num_stages=1,
-        **pdl_kwargs(x.device, m))
+        CHUNKS=tiles.chunks, CHUNK=tiles.chunk, GATED=gated, num_warps=tiles.num_warps,
+        num_stages=1, **pdl_kwargs(x.device, m))
     return y
