@@ -103,6 +103,20 @@ def test_interpreter_small_cases():
     run_cpu_interpreter_cases(__file__)
 
 
+def test_latent_pool_splits_at_mla_granularity():
+    """The backend splits a latent pool's contexts at MLA's 32 tokens, a K/V pool's at 64."""
+    pytest.importorskip("triton")
+    from radixlm.layers.attention.kernels.decode_attention import MIN_TOKENS_PER_SPLIT
+    from radixlm.layers.attention.kernels.mla_attention import MLA_MIN_TOKENS_PER_SPLIT
+    from radixlm.layers.attention.triton_backend import TritonAttnBackend
+    from radixlm.mem_cache.pools import KVPool
+    table = ReqToTokenPool(2, 64, "cpu")
+    latent = TritonAttnBackend(MLAKVPool(64, 1, 24, 16, torch.float32, "cpu"), table)
+    dense = TritonAttnBackend(KVPool(64, 1, 2, 8, torch.float32, "cpu"), table)
+    assert (latent.min_tokens_per_split, dense.min_tokens_per_split) == (
+        MLA_MIN_TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("decode", [True, False], ids=["decode", "extend"])

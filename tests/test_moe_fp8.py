@@ -338,13 +338,17 @@ def _interpreter_cases():
     # The per-pair GEMV with K tiles wider than a scale block (one sum per block inside a
     # tile), and a K that is not a multiple of the tile.
     from radixlm.layers.moe import pair_gemv as pg
-    # The wide kernel: scales folded into x, per K block (tiles wider and narrower than a
-    # block, K = 80 or 48 not a multiple of the tile) or per row.
+    # The wide kernel: scales folded into x, per K block (K tiles wider than a block with K
+    # = 80 and 48 not multiples of them; narrower ones), per row; strips of 32 rows over
+    # N = 80 (a tail, and a last block of scale rows cut short); and strips wider than a
+    # block of scale rows, which go to the earlier kernel.
     for block, tiles in (((16, 16), pg.PairGemvTiles(16, 64)),
                          ((16, 32), pg.PairGemvTiles(8, 128)),
                          ((16, 16), pg.PairGemvTiles(4, 64, wide=True)),
                          ((16, 32), pg.PairGemvTiles(8, 16, wide=True)),
-                         (None, pg.PairGemvTiles(2, 32, wide=True))):
+                         (None, pg.PairGemvTiles(2, 32, wide=True)),
+                         ((32, 16), pg.PairGemvTiles(32, 64, wide=True)),
+                         ((16, 16), pg.PairGemvTiles(32, 64, wide=True))):
         yield f"pair gemv tiles {tiles} block={block}", lambda b=block, t=tiles: (
             _kernel_case_tiles(3, 4, 2, 80, 48, b, t))
 

@@ -504,7 +504,7 @@ def test_gpu_one_row_gated_fp8_kernel_matches_references(n, k):
     from radixlm.layers.quantization.fp8_gemv import gated_tiles
     _fp8_gated_case(1, n, k, None, torch.bfloat16, None, "cuda")
     if gated_tiles(n, k, (128, 128)) is None:
-        assert n % 4
+        assert n == 501
     else:
         _fp8_gated_case(1, n, k, (128, 128), torch.bfloat16, None, "cuda")
 

@@ -383,7 +383,8 @@ def test_split_heuristic():
                                                                     MIN_TOKENS_PER_SPLIT,
                                                                     choose_max_kv_splits,
                                                                     per_request_kv_splits)
-    assert MIN_TOKENS_PER_SPLIT == 64
+    from radixlm.layers.attention.kernels.mla_attention import MLA_MIN_TOKENS_PER_SPLIT
+    assert MIN_TOKENS_PER_SPLIT == 64 and MLA_MIN_TOKENS_PER_SPLIT == 32
     # One long request on an H100 (132 SMs): split until ~2 waves of programs.
     assert choose_max_kv_splits(1, 8, 32768, 132) == 33
     # A big batch fills the GPU by itself; short contexts are never split below 64 tokens.
@@ -392,6 +393,12 @@ def test_split_heuristic():
     assert choose_max_kv_splits(1, 1, 10 ** 6, 132) == MAX_KV_SPLITS
     got = per_request_kv_splits(torch.tensor([1, 64, 65, 5000]), 8).tolist()
     assert got == [1, 1, 2, 8]
+    # MLA's latent pool splits at 32 tokens: a 1k context at batch 1 gets 32 splits, not 16.
+    assert choose_max_kv_splits(1, 1, 1024, 132, MLA_MIN_TOKENS_PER_SPLIT) == 32
+    assert choose_max_kv_splits(1, 1, 1024, 132) == 16
+    got = per_request_kv_splits(torch.tensor([1, 32, 33, 1000]), 64,
+                                MLA_MIN_TOKENS_PER_SPLIT).tolist()
+    assert got == [1, 1, 2, 32]
 
 
 # ---------------------------------------------------------------------- GPU tier

@@ -129,7 +129,8 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
                                                   choose_max_kv_splits, per_request_kv_splits)
     from radixlm.layers.attention.kernels.common import num_sms
     from radixlm.layers.attention.kernels.mla_attention import (
-        MLA_MIN_TOKENS_PER_SPLIT, mla_decode_attention, mla_decode_programs_per_request)
+        MLA_MIN_TOKENS_PER_SPLIT, mla_block_h, mla_decode_attention,
+        mla_decode_programs_per_request)
 
     lora, rope, dt = 512, 64, torch.bfloat16
     tokens = batch_size * context
@@ -159,6 +160,8 @@ def mla_part(batch_size: int, context: int, heads_list: list[int], device: torch
             except Exception as e:     # a tile that does not fit: skip it
                 print(f"mla decode block_n {block_n} warps {warps} stages {stages}: {e!r:.80}")
                 continue
+            # The default's warps as mla_decode_attention picks them.
+            warps = warps or (8 if mla_block_h(heads) >= 32 else 4)
             rows.append({"batch_size": batch_size, "context": context, "heads": heads,
                          "block_n": block_n, "num_warps": warps, "num_stages": stages,
                          "default": block_n is None, "kernel_ms": s * 1e3,

@@ -2,8 +2,9 @@
 gemv-sweep` / `w8a8-sweep`; GPU): each GEMM timed alone over a small grid of tiles, the best
 printed and written with the top few.
 
-    gemv-sweep   the per-pair GEMVs at batch 1, bf16 and FP8 (layers/moe/pair_gemv.py:
-                 pair_gemv_tiles)
+    gemv-sweep   the per-pair GEMVs at batch 1, bf16 and FP8, on the earlier kernel's tiles
+                 (the wide kernel's tiles, now the defaults of pair_gemv_tiles, came from
+                 the scripts in results/issue16/pair_gemv_wide/ and fp8_pair_gemv_wide/)
     w8a8-sweep   the W8A8 grouped GEMMs at prefill-sized batches (layers/moe/experts.py:
                  W8A8_LARGE_TILE)
 """
@@ -16,8 +17,8 @@ from radixlm.bench.moe_common import EXPERT_SHAPES, fp8_copy, graphed, time_fn
 
 
 def gemv_sweep_part(shapes: list[str], device: torch.device) -> list[dict]:
-    """Tiles of the per-pair GEMVs at batch 1, bf16 and FP8 (block scales), each GEMM alone:
-    the data behind pair_gemv.pair_gemv_tiles."""
+    """Tiles of the per-pair GEMVs at batch 1, bf16 and FP8 (block scales), each GEMM alone,
+    on the earlier (non-wide) kernel: what the wide tiles were compared against."""
     import itertools
 
     from radixlm.layers.moe.pair_gemv import PairGemvTiles, pair_gemv

@@ -74,14 +74,15 @@ def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
     9.2 / 8.8 us, DeepSeek-V2-Lite 18.0 / 11.7 -> 11.5 / 11.2, Mixtral 94.1 / 70.0 -> 64.3 /
     63.0); down 16 rows x 1,024 (K <= 1,024) or 512 (Qwen3-30B-A3B 7.4 / 7.5 -> 7.9 / 6.2,
     DeepSeek-V2-Lite 9.1 / 9.2 -> 9.6 / 8.7, Mixtral 60.5 / 62.1 -> 42.9 / 35.4)."""
+    fit = triton.next_power_of_2(k)     # no K tile wider than K needs (small test models)
     if weight_bytes == 2:
         if not gated:
-            return PairGemvTiles(2, 1024, 4, 1, wide=True)
-        return PairGemvTiles(8, 1024, 8 if k > 1024 else 4, 1, wide=True)
+            return PairGemvTiles(2, min(1024, fit), 4, 1, wide=True)
+        return PairGemvTiles(8, min(1024, fit), 8 if k > 1024 else 4, 1, wide=True)
     if weight_bytes == 1:
         if gated:
-            return PairGemvTiles(16, 1024 if k <= 1024 else 512, 4, 1, wide=True)
-        return PairGemvTiles(4, 2048, 4, 1, wide=True) if k <= 2048 else \
+            return PairGemvTiles(16, min(1024, fit) if k <= 1024 else 512, 4, 1, wide=True)
+        return PairGemvTiles(4, min(2048, fit), 4, 1, wide=True) if k <= 2048 else \
             PairGemvTiles(16, 512, 4, 1, wide=True)
     return PairGemvTiles(16, max(min(triton.next_power_of_2(k), 1024), 16))
 
@@ -98,7 +99,8 @@ def _pair_gemv_kernel(a_ptr, b_ptr, c_ptr, weight_ptr, s_ptr, ids_ptr,
     B_SCALES as in the grouped GEMM: 0 none, 1 one scale per (expert, row), 2 one per
     (expert, SCALE_BN x SCALE_BK block); a K tile spanning several blocks reduces per block
     first. GATED: a's row is [gate (K) | up (K)] and the input is silu(gate) * up, rounded to
-    a's dtype as the separate activation kernel would store it.
+    a's dtype once (the separate activation kernel also rounds silu(gate) first: the two may
+    differ by an ulp).
 
     With PDL (utils/pdl.py) the wait comes first: which weights to read depends on
     the expert ids the routing kernel just wrote."""
@@ -215,9 +217,6 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
     if b_scale is not None:
         mode = 1 if scale_block is None else 2
         scale_bn, scale_bk = scale_block or (1, 1)
-        if scale_bk % tiles.block_k and tiles.block_k % scale_bk:
-            raise ValueError(f"K tile {tiles.block_k} and scale block {scale_bk}: neither "
-                             f"divides the other")
     scales = b_scale if b_scale is not None else out
     weights = pair_weights if pair_weights is not None else out
     grid = (expert_ids.numel(), triton.cdiv(n, tiles.block_n))
@@ -229,10 +228,14 @@ def pair_gemv(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, expert_ids: t
             scales.stride(0) if b_scale is not None else 0,
             scales.stride(1) if b_scale is not None else 0,
             K=k, MUL_WEIGHT=pair_weights is not None, GATED=gated, B_SCALES=mode,
-            SCALE_BK=scale_bk, SCALE_ROW_BLOCK=scale_bn if mode == 2 else tiles.block_n,
+            SCALE_BK=scale_bk, SCALE_ROW_BLOCK=scale_bn if mode == 2 else 1,   # (2 only)
             BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, **pdl)
         return out
+    # The earlier kernel reduces a K tile per scale block: one must divide the other.
+    if mode == 2 and scale_bk % tiles.block_k and tiles.block_k % scale_bk:
+        raise ValueError(f"K tile {tiles.block_k} and scale block {scale_bk}: neither "
+                         f"divides the other")
     _pair_gemv_kernel[grid](
         a, b, out, weights, scales, expert_ids, n, k, a_rows_per_pair, a.stride(0),
         b.stride(0), b.stride(1), out.stride(0),

@@ -93,7 +93,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     offs_k = offs_c[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]          # [CHUNKS, CHUNK]
     w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     x_ptrs = x_ptr + m * stride_xm + offs_k
-    up_ptrs = w_ptrs + N * stride_wn      # (GATED only)
+    up_ptrs = w_ptrs + N.to(tl.int64) * stride_wn      # (GATED only)
     # Tile 0 is peeled off the loop: its weights before the wait, everything else after it.
     w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
     if GATED:
@@ -144,8 +144,10 @@ def fp8_gemv_tiles(n: int, k: int, block: tuple[int, int] | None) -> Fp8GemvTile
 
 def gated_tiles(n: int, k: int, block: tuple[int, int] | None) -> Fp8GemvTiles | None:
     """Tiles of the gated product ([gate | up], N rows each): half the plain product's rows a
-    program, as each reads as many up rows as gate rows; None where block scales would put
-    the up rows of one program in two scale blocks (N not a multiple of the tile's rows)."""
+    program, as each reads as many up rows as gate rows. None for block scales where N is
+    not a multiple of the tile's rows: a program's up rows could then straddle two blocks of
+    scale rows, which the kernel's one-scale-row-per-tile path assumes they do not (loaded
+    checkpoints never do this: their gate part ends on a block boundary)."""
     t = fp8_gemv_tiles(n, k, block)
     t = Fp8GemvTiles(max(2, t.block_n // 2), t.chunk, t.chunks, t.num_warps)
     return None if block is not None and n % t.block_n else t
@@ -162,12 +164,12 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     n = w.shape[0] // 2 if gated else w.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
     tiles = tiles or (gated_tiles(n, k, block) if gated else fp8_gemv_tiles(n, k, block))
-    if block is not None and block[1] % tiles.chunk:
-        raise ValueError(f"chunk {tiles.chunk} must divide the scale block {block[1]}")
     if gated and (bias is not None or w.shape[0] % 2 or tiles is None
                   or (block is not None and n % tiles.block_n)):
         raise ValueError("a gated fp8_gemv takes an even number of weight rows, no bias, and "
-                         "with block scales a half a multiple of the tile's rows")
+                         "with block scales N / 2 rows a multiple of the tile's rows")
+    if block is not None and block[1] % tiles.chunk:
+        raise ValueError(f"chunk {tiles.chunk} must divide the scale block {block[1]}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(m, triton.cdiv(n, tiles.block_n))](
         x, w, scale, bias if bias is not None else scale, y, n, x.stride(0), w.stride(0),
