@@ -93,7 +93,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, N, stride_xm, stride_wn,
     offs_k = offs_c[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]          # [CHUNKS, CHUNK]
     w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     x_ptrs = x_ptr + m * stride_xm + offs_k
-    up_ptrs = w_ptrs + N.to(tl.int64) * stride_wn      # (GATED only)
+    up_ptrs = (w_ptr + (rows + N)[:, None, None].to(tl.int64) * stride_wn
+               + offs_k[None, :, :])                       # (GATED only)
     # Tile 0 is peeled off the loop: its weights before the wait, everything else after it.
     w = load_k_tile(w_ptrs, 0, offs_k, K, BLOCK_K)
     if GATED:
