@@ -84,7 +84,7 @@ def pair_gemv_tiles(k: int, weight_bytes: int, gated: bool) -> PairGemvTiles:
             return PairGemvTiles(16, min(1024, fit) if k <= 1024 else 512, 4, 1, wide=True)
         return PairGemvTiles(4, min(2048, fit), 4, 1, wide=True) if k <= 2048 else \
             PairGemvTiles(16, 512, 4, 1, wide=True)
-    return PairGemvTiles(16, max(min(triton.next_power_of_2(k), 1024), 16))
+    return PairGemvTiles(16, max(min(fit, 1024), 16))
 
 
 @triton.jit
