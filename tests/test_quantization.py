@@ -545,10 +545,14 @@ def test_gpu_one_row_goes_to_the_one_row_kernels(flag, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_fp8_gate_up_at_one_row_takes_the_gated_kernel(monkeypatch):
-    """An FP8 gate_up layer's silu_and_mul at one row: one gated fp8_gemv call, equal to the
-    product followed by the activation kernel (what two rows and
-    RADIXLM_DISABLE_QUANT_GEMV=1 run)."""
+@pytest.mark.parametrize("fmt", ["online", "fp8-tensor", "fp8-channel", "fp8-block"])
+def test_gpu_fp8_gate_up_at_one_row_takes_the_gated_kernel(fmt, monkeypatch):
+    """An FP8 gate_up layer's silu_and_mul at one row: one gated fp8_gemv call, equal to
+    silu(gate) * up of the weights the layer serves, and to the product followed by the
+    activation kernel (what two rows and RADIXLM_DISABLE_QUANT_GEMV=1 run). Online FP8 of a
+    bf16 checkpoint, and FP8 checkpoints with one scale per shard (gate's and up's differ),
+    per row, and per 128 x 128 block (DeepSeek's layout; gate's rows end on a block)."""
+    from quant_formats import fp8_tensors
     from radixlm.layers.kernels.activation_kernels import silu_and_mul
     from radixlm.layers.quantization import fp8 as fp8_module
     calls = []
@@ -556,16 +560,27 @@ def test_gpu_fp8_gate_up_at_one_row_takes_the_gated_kernel(monkeypatch):
     monkeypatch.setattr(fp8_module, "fp8_gemv",
                         lambda *a, **kw: calls.append(kw.get("gated")) or original(*a, **kw))
     torch.manual_seed(0)
+    spec = (resolve_quant_spec("fp8", None) if fmt == "online" else
+            QuantSpec("fp8", "fp8", fp8_scales="block", fp8_block=(128, 128))
+            if fmt == "fp8-block" else _spec(fmt))
     with torch.device("cuda"):
-        layer = MergedColumnParallelLinear(2048, [1408, 1408], linear_method=linear_method_for(
-            resolve_quant_spec("fp8", None))).to(torch.bfloat16)
+        layer = MergedColumnParallelLinear(2048, [1408, 1408],
+                                           linear_method=linear_method_for(spec))
+        if fmt == "online":
+            layer = layer.to(torch.bfloat16)
         for part in (0, 1):
-            layer.weight.weight_loader(layer.weight,
-                                       (torch.randn(1408, 2048) / 45).to(torch.bfloat16), part)
+            w = torch.randn(1408, 2048) / 45 * (1 + part)     # unlike scales for gate and up
+            if fmt == "online":
+                layer.weight.weight_loader(layer.weight, w.to(torch.bfloat16), part)
+            else:
+                tensors, _ = fp8_tensors(w, fmt.split("-")[1], block=(128, 128))
+                _load(layer, tensors, part)
         layer.process_weights_after_loading()
         x = torch.randn(1, 2048, dtype=torch.bfloat16)
     fused = layer.silu_and_mul(x)
     assert calls == [True] and fused.shape == (1, 1408)
+    gate, up = (x.float() @ _served_weight(layer).t()).split(1408, dim=1)
+    torch.testing.assert_close(fused.float(), F.silu(gate) * up, atol=2e-2, rtol=2e-2)
     unfused = silu_and_mul(layer(x))
     assert calls == [True, None]
     torch.testing.assert_close(fused, unfused, atol=1e-2, rtol=1e-2)
