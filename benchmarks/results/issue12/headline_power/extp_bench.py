@@ -1,7 +1,6 @@
 import itertools, json, os, sys
 sys.path.insert(0, os.path.dirname(__file__))
 import torch, triton
-import torch.nn.functional as F
 from triton.tools.tensor_descriptor import TensorDescriptor
 from extp_kern import _kern
 from radixlm.layers.attention.kernels.extend_attention import extend_attention

@@ -1,5 +1,5 @@
 # The headline request under the server's profiler; kernel table and prefill batch shapes from the trace.
-import argparse, collections, glob, gzip, json, os, sys, time
+import argparse, collections, glob, gzip, json, os, sys
 import torch
 from radixlm.bench.headline import generate, start_server
 from radixlm.utils.server_process import stop_server
