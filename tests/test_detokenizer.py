@@ -196,6 +196,10 @@ def test_find_stop_string() -> None:
     assert find_stop_string("hello world", ["wor", "world"]) == (6, "world")
     assert find_stop_string("hello world", ["o"], search_from=5) == (7, "o")
     assert find_stop_string("hello", ["x", ""]) is None
+    # end_after: only occurrences whose last character is at or past that index
+    assert find_stop_string("abcabc", ["bc"], end_after=2) == (1, "bc")
+    assert find_stop_string("abcabc", ["bc"], end_after=3) == (4, "bc")
+    assert find_stop_string("abcabc", ["bc"], end_after=6) is None
     assert stop_prefix_suffix_len("abc wo", ["world", "cx"]) == 2
     assert stop_prefix_suffix_len("abc", ["abc"]) == 0  # a full match is not a prefix to hold
 
@@ -273,6 +277,37 @@ def test_single_stop_matches_reference(tok: Any, data: Any) -> None:
     detok.push([], True)
     assert detok.text == expected
     assert detok.matched_stop == (None if pos < 0 else stop)
+
+
+@pytest.mark.parametrize(
+    ("stop", "min_new", "expected", "matched"),
+    [
+        (["is"], 0, "Hello world, th", "is"),
+        (["is"], 4, "Hello world, th", "is"),  # in token 4 (" this"): counts
+        (["is"], 5, "Hello world, this ", "is"),  # " this" is before token 5: " is" wins
+        (["this is"], 5, "Hello world, ", "this is"),  # starts before, ends in token 5
+        (["world"], 3, "Hello world, this is a test of stop strings.", None),  # only before
+    ],
+)
+@pytest.mark.parametrize("sizes", [[1], [3], [2, 5]])
+def test_stops_count_from_min_new_tokens(
+    tok: Any, stop: list[str], min_new: int, expected: str, matched: str | None, sizes: list[int]
+) -> None:
+    """With min_new_tokens, a stop string counts only if it ends in the text of that token or
+    a later one, whatever the chunks the ids come in; the scheduler's checker agrees."""
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, stop=stop, min_new_tokens=min_new)
+    _stream(detok, _chunk(ids, sizes))
+    assert detok.text == expected and detok.matched_stop == matched
+    checker = StopStringChecker(tok, stop)
+    first = max(min_new - 1, 0)
+    checker.skip(ids[:first])
+    found = [checker.check([i]) for i in ids[first:]]
+    assert found[-1] == matched
+    if matched is not None:
+        # reported at the token where the trimmed text's match ends
+        k = found.index(matched) + first
+        assert tok.decode(ids[: k + 1]).startswith(expected + matched)
 
 
 # --------------------------------------------------------------------------- StopStringChecker

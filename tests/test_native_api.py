@@ -235,6 +235,14 @@ def test_abort_request_by_rid(url):
     (json.dumps({"text": "hi", "sampling_params": {"regex": 5}}), "regex"),
     (json.dumps({"text": ["a", "b"], "rid": ["dup", "dup"],
                  "sampling_params": {"max_new_tokens": 1}}), "rid"),
+    # A sampling_params key that is not one: an error naming it, as in SGLang, instead of
+    # the default silently applying (here max_new_tokens 128 at temperature 1).
+    (json.dumps({"text": "hi", "sampling_params": {"max_tokens": 3, "temprature": 0}}),
+     "max_tokens"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1, "temprature": 0}}),
+     "temprature"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1,
+                                                   "structural_tag": "{}"}}), "structural_tag"),
 ])
 def test_bad_input_is_400_and_server_survives(url, raw, needle):
     r = httpx.post(url + "/generate", content=raw, headers={"content-type": "application/json"},
@@ -256,6 +264,12 @@ def test_info_health_flush_metrics(url):
     assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
     info = httpx.get(url + "/get_model_info").json()
     assert info["is_generation"] is True and info["model_path"]
+    assert info["model_type"] == "llama" and info["architectures"] == ["LlamaForCausalLM"]
+    assert info["has_image_understanding"] is False and info["has_audio_understanding"] is False
+    # Keys of SGLang's sampling_params that change nothing here are taken.
+    ok = post(url, "/generate", {"text": "Hi", "sampling_params": {
+        "max_new_tokens": 2, "stream_interval": 4, "seed": 3, "structural_tag": None}})
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 2
     sinfo = wait_idle(url)
     assert sinfo["max_total_num_tokens"] > 0 and sinfo["page_size"] == 1
     assert httpx.post(url + "/flush_cache").status_code == 200

@@ -259,6 +259,53 @@ def test_chat_uses_template(client, model, tokenizer):
         assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
+def test_chat_add_generation_prompt_false(client, model, tokenizer):
+    """vLLM's add_generation_prompt=False renders the conversation without opening the
+    assistant's turn; `modalities: ["text"]` is what is served anyway."""
+    text = tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=False)
+    plain = client.completions.create(model=model, prompt=text, max_tokens=4, temperature=0)
+    chat = client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=4, temperature=0, modalities=["text"],
+        extra_body={"add_generation_prompt": False})
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert chat.choices[0].message.content == plain.choices[0].text
+    opened = client.chat.completions.create(model=model, messages=CHAT, max_tokens=1)
+    assert opened.usage.prompt_tokens > chat.usage.prompt_tokens
+
+
+def test_response_names_the_requested_model(client, model):
+    """As SGLang: the one model is served under any name, and the response names the model
+    the request asked for."""
+    resp = client.chat.completions.create(model="my-alias", messages=CHAT, max_tokens=1)
+    assert resp.model == "my-alias"
+    assert client.completions.create(model=model, prompt="x", max_tokens=1).model == model
+
+
+def test_min_tokens_ignores_stops_before_it(client, model):
+    """A stop string in the first min_tokens tokens is not a match: the answer goes on to
+    the next one (as in SGLang and vLLM), streamed or not."""
+    base = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0]
+    tokens = client.completions.create(model=model, prompt=PROMPT, max_tokens=12,
+                                       temperature=0, logprobs=0,
+                                       extra_body={"ignore_eos": True}).choices[0].logprobs.tokens
+    stop = tokens[1]          # the second token's text: inside the first min_tokens
+    assert base.text.startswith(tokens[0] + stop)
+    # The first occurrence ending in token 4 or later (past the first three tokens' text).
+    boundary = len("".join(tokens[:3]))
+    later = base.text.find(stop, max(0, boundary - len(stop) + 1))
+    want = base.text if later < 0 else base.text[:later]
+    for stream in (False, True):
+        kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop],
+                      extra_body={"min_tokens": 4, "ignore_eos": True}, stream=stream)
+        if stream:
+            text = "".join(c.choices[0].text for c in client.completions.create(**kwargs)
+                           if c.choices)
+        else:
+            text = client.completions.create(**kwargs).choices[0].text
+        assert text == want, (stop, text, want)
+
+
 def test_chat_content_parts_and_roles(client, model):
     parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
              {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
@@ -328,6 +375,21 @@ BAD_REQUESTS = [
      "continue_final_message"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "content"),
+    # Known fields that would change the answer and are not implemented: refused, not ignored.
+    ("completions", {"prompt": "x", "return_hidden_states": True}, "return_hidden_states"),
+    ("chat/completions", {"messages": CHAT, "lora_path": "adapter"}, "lora_path"),
+    ("chat/completions", {"messages": CHAT, "modalities": ["text", "audio"]}, "modalities"),
+    ("chat/completions", {"messages": CHAT, "audio": {"voice": "alloy", "format": "wav"}},
+     "audio"),
+    ("chat/completions", {"messages": CHAT, "functions": [{"name": "f", "parameters": {}}]},
+     "functions"),
+    ("chat/completions", {"messages": CHAT, "function_call": "auto"}, "function_call"),
+    ("chat/completions", {"messages": CHAT, "web_search_options": {}}, "web_search_options"),
+    ("chat/completions", {"messages": CHAT, "chat_template": "{{ 'X' }}"}, "chat_template"),
+    ("chat/completions", {"messages": CHAT, "echo": True}, "echo"),
+    ("chat/completions", {"messages": CHAT, "stream": True,
+                          "stream_options": {"continuous_usage_stats": True}},
+     "continuous_usage_stats"),
 ]
 
 

@@ -4,7 +4,9 @@ tokenize / detokenize, the profiler, and Prometheus metrics."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -99,10 +101,25 @@ async def get_model_info(request: Request) -> dict:
     """model_path and tokenizer_path are directories a client can load a tokenizer from (a
     GGUF is served from its converted directory)."""
     ready = request.app.state.engine.ready
+    config = _hf_config_fields(ready.model_path)
     return {"model_path": ready.model_path, "tokenizer_path": ready.tokenizer_path,
             "is_generation": True, "served_model_name": served_model_name(request),
             "preferred_sampling_params": None, "weight_version": "default",
-            "context_length": ready.context_len}
+            "context_length": ready.context_len,
+            "model_type": config.get("model_type"), "architectures": config.get("architectures"),
+            "has_image_understanding": False, "has_audio_understanding": False}
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_config_fields(model_dir: str) -> dict:
+    """config.json's model_type and architectures (routers read them from /get_model_info);
+    empty where the directory has none readable."""
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: config.get(k) for k in ("model_type", "architectures")}
 
 
 @router.get("/get_server_info")

@@ -29,9 +29,11 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 def find_stop_string(
-    text: str, stops: Sequence[str], search_from: int = 0
+    text: str, stops: Sequence[str], search_from: int = 0, end_after: int = 0
 ) -> tuple[int, str] | None:
-    """Earliest occurrence of any stop string in `text[search_from:]`.
+    """Earliest occurrence of any stop string in `text[search_from:]` that ends past index
+    `end_after` (its last character at or after it: occurrences wholly before are not matches,
+    e.g. text the first min_new_tokens - 1 tokens produced, or already searched).
 
     Returns (start index in `text`, matched string), or None. Earliest start wins; when two stop
     strings start at the same index the longer wins, so ["wor", "world"] on "hello world" reports
@@ -42,7 +44,7 @@ def find_stop_string(
     for stop in stops:
         if not stop:
             continue
-        pos = text.find(stop, search_from)
+        pos = text.find(stop, max(search_from, end_after - len(stop) + 1, 0))
         if pos < 0:
             continue
         if best is None or pos < best[0] or (pos == best[0] and len(stop) > len(best[1])):
@@ -159,6 +161,8 @@ class IncrementalDetokenizer:
     string appears, `text` ends right before it (right after with `no_stop_trim`), `matched_stop`
     records it and every later push returns "". Within one push the earliest-starting match wins;
     across pushes the first match to complete wins (that is when the scheduler stops the request).
+    With `min_new_tokens`, a stop string counts only if it ends in the text of token
+    min_new_tokens or a later one, as the scheduler checks it (StopStringChecker.skip).
     `finished=True` releases held-back text and any incomplete trailing character.
     """
 
@@ -169,10 +173,15 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         stop: Sequence[str] = (),
         no_stop_trim: bool = False,
+        min_new_tokens: int = 0,
     ) -> None:
         self._decoder = WindowDecoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         self.stops: tuple[str, ...] = tuple(s for s in (stop or ()) if s)
         self.no_stop_trim = no_stop_trim
+        self.min_new_tokens = min_new_tokens
+        # Where in the whole output text a stop string may end (past it), once min_new_tokens
+        # ids have come: len(text of the first min_new_tokens - 1 ids). None: not yet.
+        self._stops_from: int | None = 0 if min_new_tokens <= 1 else None
         self._max_stop_len = max((len(s) for s in self.stops), default=0)
         self.matched_stop: str | None = None
         self.finished = False
@@ -200,6 +209,9 @@ class IncrementalDetokenizer:
         if self.finished:
             return ""
         self._decoder.append(new_ids)
+        if self._stops_from is None and len(self._decoder.ids) >= self.min_new_tokens:
+            self._stops_from = len(self._decoder.decode(
+                self._decoder.ids[: self.min_new_tokens - 1]))
         new_text = self._decoder.pending()
         if finished or self._decoder.is_stable(new_text):
             self._decoder.commit()
@@ -218,7 +230,11 @@ class IncrementalDetokenizer:
             return ""
         base = len(self._tail)
         searched = self._tail + pending
-        hit = find_stop_string(searched, self.stops)
+        hit = None
+        if self._stops_from is not None:
+            # searched[0] is character len(text) - len(tail) of the whole output
+            hit = find_stop_string(searched, self.stops,
+                                   end_after=self._stops_from - (len(self.text) - base))
         if hit is not None:
             pos, stop = hit
             end = pos + len(stop) if self.no_stop_trim else pos
@@ -263,6 +279,16 @@ class StopStringChecker:
         self._tail = ""
         self.matched: str | None = None
 
+    def skip(self, ids: Sequence[int]) -> None:
+        """Take ids whose text cannot end a match (the first min_new_tokens - 1 of the output):
+        a stop string they contain is not one; one that starts in them and ends later is."""
+        self._decoder.append(ids)
+        pending = self._decoder.pending()
+        if self._decoder.is_stable(pending):
+            self._decoder.commit()
+            if self._tail_len > 0:
+                self._tail = (self._tail + pending)[-self._tail_len :]
+
     def check(self, new_ids: Sequence[int]) -> str | None:
         if self.matched is not None or not self.stops:
             return self.matched
@@ -270,7 +296,8 @@ class StopStringChecker:
         pending = self._decoder.pending()
         if not pending:
             return None
-        hit = find_stop_string(self._tail + pending, self.stops)
+        # Only matches that end in the new text: the tail's were reported (or skipped) before.
+        hit = find_stop_string(self._tail + pending, self.stops, end_after=len(self._tail))
         if hit is not None:
             self.matched = hit[1]
             return self.matched

@@ -31,7 +31,7 @@ class DetokenizerManager:
                 spec = out.detok or DetokSpec()
                 detok = IncrementalDetokenizer(self.tokenizer, spec.skip_special_tokens,
                                                spec.spaces_between_special_tokens, spec.stop,
-                                               spec.no_stop_trim)
+                                               spec.no_stop_trim, spec.min_new_tokens)
                 self.states[out.rid] = detok
             finished = out.finish_reason is not None
             ids = out.new_token_ids

@@ -139,6 +139,7 @@ class DetokSpec:
     spaces_between_special_tokens: bool = True
     stop: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
+    min_new_tokens: int = 0       # stop strings count from this token on
 
 
 @dataclass

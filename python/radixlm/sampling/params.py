@@ -26,6 +26,15 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
+# SGLang sampling_params keys that this server does not implement: a request that sets one is
+# refused rather than served as if the key were not there (a field that is accepted must work).
+UNSUPPORTED_KEYS = ("structural_tag", "custom_params", "stop_regex")
+# Keys taken without effect: SGLang's `stream_interval` only sets how often a stream flushes,
+# which changes no output; `seed` is this server's alias of `sampling_seed`.
+IGNORED_KEYS = ("stream_interval",)
+ALIASES = {"seed": "sampling_seed"}
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
@@ -53,9 +62,20 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
-        """Build from a request dict; unknown keys are ignored (as SGLang does), `None` means default."""
+        """Build from a request dict; `None` means default. A key that is not a sampling
+        parameter is an error naming it, as in SGLang (whose SamplingParams takes the dict as
+        keyword arguments), so a typo (`temprature`) or another API's name (`max_tokens`) is not
+        silently served with the default."""
         d = dict(d or {})
         known = _field_names(cls)
+        unknown = [k for k in d if k not in known and k not in ALIASES and k not in IGNORED_KEYS]
+        for k in unknown:
+            if k in UNSUPPORTED_KEYS:
+                if d[k] not in (None, "", [], {}):
+                    raise ValueError(f"sampling_params.{k} is not supported by this server")
+            else:
+                hint = " (the native API's name is max_new_tokens)" if k == "max_tokens" else ""
+                raise ValueError(f"sampling_params: unknown key {k!r}{hint}")
         kwargs = {k: v for k, v in d.items() if k in known and v is not None}
         if "seed" in d and d["seed"] is not None and "sampling_seed" not in kwargs:
             kwargs["sampling_seed"] = d["seed"]

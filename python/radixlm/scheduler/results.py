@@ -242,7 +242,10 @@ class ResultProcessor:
                 req.stop_checker = StopStringChecker(self.tokenizer, params.stop,
                                                      params.skip_special_tokens,
                                                      params.spaces_between_special_tokens)
-                matched = req.stop_checker.check(req.output_ids)
+                # A stop string in the first min_new_tokens - 1 tokens' text is no match.
+                first = max(params.min_new_tokens - 1, 0)
+                req.stop_checker.skip(req.output_ids[:first])
+                matched = req.stop_checker.check(req.output_ids[first:])
             else:
                 matched = req.stop_checker.check([token])
             if matched is not None:
@@ -379,7 +382,7 @@ class ResultProcessor:
         if not req.detok_sent:
             p = req.sampling_params
             out.detok = DetokSpec(p.skip_special_tokens, p.spaces_between_special_tokens,
-                                  list(p.stop), p.no_stop_trim)
+                                  list(p.stop), p.no_stop_trim, p.min_new_tokens)
             req.detok_sent = True
         if req.return_logprob and not req.input_logprobs_sent:
             out.input_token_logprobs = list(req.input_token_logprobs)

@@ -85,7 +85,7 @@ def render_chat(tokenizer, body: ChatCompletionRequest, plan: ToolPlan) -> str:
         kwargs["tools"] = plan.template_tools
     # continue_final_message: the reply goes on from the last assistant message instead of
     # starting a new turn after it.
-    kwargs["add_generation_prompt"] = not body.continue_final_message
+    kwargs["add_generation_prompt"] = body.add_generation_prompt and not body.continue_final_message
     if body.continue_final_message:
         kwargs["continue_final_message"] = True
     try:

@@ -2,7 +2,9 @@
 
 Requests are strict on types (no "5" for an int, no 1 for a bool) so that a wrong type is a 400
 naming the field, as OpenAI does, instead of a silent coercion. Unknown fields are ignored
-(extra="ignore") because clients send many optional OpenAI fields we have no use for.
+(extra="ignore") because clients send many optional OpenAI fields we have no use for; known
+fields that would change the answer and are not implemented (audio output, the deprecated
+`functions`, SGLang's `return_hidden_states`, ...) are declared and refused when set.
 
 Besides OpenAI's fields, requests accept SGLang's sampling extras (top_k, min_p, regex, ...) so
 that SGLang clients and scripts work unchanged.
@@ -45,6 +47,24 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: Bool = False
+    continuous_usage_stats: Bool = False   # vLLM's usage on every chunk: not implemented
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, v: bool) -> bool:
+        if v:
+            raise invalid("continuous_usage_stats is not supported (include_usage sends the "
+                          "usage in a last chunk)")
+        return v
+
+
+def _refuse_when_set(v: Any, info: ValidationInfo, why: str = "is not supported by this "
+                     "server") -> Any:
+    """For fields that would change the answer and are not implemented: accepted only unset
+    (null, or false for a flag; `{}` asks for a feature's defaults, so it counts as set)."""
+    if v is not None and v is not False:
+        raise invalid(f"{info.field_name} {why}")
+    return v
 
 
 class JsonSchemaSpec(_Request):
@@ -89,6 +109,14 @@ class SamplingExtras(_Request):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
+    # SGLang request fields not implemented here, refused as native /generate refuses them.
+    return_hidden_states: Optional[Bool] = None
+    lora_path: Optional[Any] = None
+
+    @field_validator("return_hidden_states", "lora_path")
+    @classmethod
+    def _unsupported_sglang_fields(cls, v: Any, info: ValidationInfo) -> Any:
+        return _refuse_when_set(v, info)
 
     @field_validator("logit_bias")
     @classmethod
@@ -247,6 +275,34 @@ class ChatCompletionRequest(SamplingExtras):
     continue_final_message: Bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
     separate_reasoning: Bool = True   # SGLang's: False keeps thinking inside `content`
+    # vLLM's: False renders the conversation without opening the assistant's turn.
+    add_generation_prompt: Bool = True
+    # Fields that would change the answer and are not implemented: refused when set.
+    modalities: Optional[list[str]] = None      # only ["text"]
+    audio: Optional[dict[str, Any]] = None
+    functions: Optional[list[Any]] = None       # the deprecated form of `tools`
+    function_call: Optional[Any] = None
+    web_search_options: Optional[dict[str, Any]] = None
+    chat_template: Optional[str] = None         # vLLM's per-request template
+    echo: Bool = False                          # vLLM's echo of the last message
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is not None and set(v) != {"text"}:
+            raise invalid(f"modalities {v} are not supported: this server answers in text only")
+        return v
+
+    @field_validator("audio", "web_search_options", "chat_template", "echo")
+    @classmethod
+    def _unsupported_chat_fields(cls, v: Any, info: ValidationInfo) -> Any:
+        return _refuse_when_set(v, info)
+
+    @field_validator("functions", "function_call")
+    @classmethod
+    def _legacy_functions(cls, v: Any, info: ValidationInfo) -> Any:
+        return _refuse_when_set(v, info, "is not supported: pass the functions as `tools` "
+                                "(and `tool_choice`)")
 
     @field_validator("tool_choice")
     @classmethod
@@ -389,6 +445,7 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=now)
     owned_by: str = "radixlm"
     root: Optional[str] = None
+    parent: Optional[str] = None
     max_model_len: Optional[int] = None
 
 

@@ -154,10 +154,13 @@ class OpenAIServing:
     id_prefix = "cmpl"
     prompt_field = "prompt"   # the request field that holds the prompt, for error params
 
-    def __init__(self, request: Request):
+    def __init__(self, request: Request, body: SamplingExtras):
         self.http_request = request
+        self.body = body
         self.engine = request.app.state.engine
-        self.model_name = served_model_name(request)
+        # The response names the model the request asked for, as SGLang's does (this server
+        # serves its one model under any name); without one, the served name.
+        self.model_name = body.model or served_model_name(request)
         self.context_len: int = self.engine.ready.context_len
         self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
 

@@ -29,8 +29,7 @@ class ChatServing(OpenAIServing):
     prompt_field = "messages"
 
     def __init__(self, request: Request, body: ChatCompletionRequest):
-        super().__init__(request)
-        self.body = body
+        super().__init__(request, body)
         self.args = request.app.state.server_args
         self.tools = ToolPlan()
         self.parsing = OutputParsing()

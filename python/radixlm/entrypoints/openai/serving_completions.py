@@ -31,8 +31,7 @@ class CompletionServing(OpenAIServing):
     id_prefix = "cmpl"
 
     def __init__(self, request: Request, body: CompletionRequest):
-        super().__init__(request)
-        self.body = body
+        super().__init__(request, body)
         self.want_logprobs = body.logprobs is not None
         self.top_n = body.logprobs or 0
 
