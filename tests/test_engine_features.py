@@ -25,6 +25,14 @@ def engine():
 
 # ---------------------------------------------------------------------- prefix cache
 
+def test_get_server_info_as_sglang(engine):
+    """SGLang's Engine.get_server_info: the HTTP endpoint's body, from the Engine."""
+    info = engine.get_server_info()
+    assert info["device"] == "cpu" and info["max_total_tokens"] == 8192
+    assert info["internal_states"][0]["memory_usage"]["token_capacity"] > 0
+    assert info["served_model_name"] == "SmolLM2-135M-Instruct" and info["version"]
+
+
 def test_shared_prefix_is_reused_with_same_output(engine, make_engine):
     system = ("You are a careful assistant. Answer briefly and precisely, and never make up "
               "facts that you do not know. ")
@@ -283,6 +291,13 @@ def test_a_batch_whose_later_prompt_is_bad_fails_as_a_whole(engine):
         engine.generate(None, same, input_ids=good[:2], rid=["r1", "r1"])
     out = engine.generate(None, same, input_ids=good[:2], rid=["r1", "r2"])
     assert [o["meta_info"]["completion_tokens"] for o in out] == [2, 2]
+    # One string rid for a batch names its prompts rid_0, rid_1, ... (as SGLang), not dropped.
+    out = engine.generate(None, same, input_ids=good[:2], rid="batch")
+    assert [o["meta_info"]["id"] for o in out] == ["batch_0", "batch_1"]
+    for kwargs in ({"stream": "yes"}, {"return_logprob": "no"}, {"return_logprob": [True, 1]},
+                   {"return_text_in_logprobs": 1}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            engine.generate(None, same, input_ids=good[:2], **kwargs)
     # The 400 comes once the prompts sent before the bad one have ended: the same batch sent
     # again at once, with the same rids, gets its own outputs, not the aborted ones' (the
     # scheduler is kept busy by a long request meanwhile, so aborts take a step to land).
@@ -307,3 +322,5 @@ def test_generate_after_shutdown_raises(make_engine):
     e.shutdown()
     with pytest.raises(EngineDeadError, match="shut down"):
         e.generate("Hi", {"max_new_tokens": 1})
+    with pytest.raises(EngineDeadError, match="shut down"):
+        e.abort_request("any")

@@ -239,6 +239,21 @@ def test_user_first_gets_the_templates_default_system_prompt(tokenizer):
     assert state.text() == tokenizer.apply_chat_template(state.messages(), tokenize=False)
 
 
+def test_assistant_first_renders_the_template(tokenizer):
+    """A program that opens with the assistant's turn (a prefilled reply) gets the template's
+    text for it, not the plain "Assistant: " format mixed with the template's end."""
+    be = ScriptedBackend(reply="there", renderer=TemplateRenderer(tokenizer))
+
+    @rl.function
+    def prog(s):
+        s += rl.assistant("Hello " + rl.gen("a"))
+        s += rl.user("Hi")
+
+    state = prog.run(backend=be)
+    assert state.text() == tokenizer.apply_chat_template(state.messages(), tokenize=False)
+    assert "Assistant: " not in state.text()
+
+
 def test_nested_roles_are_an_error():
     @rl.function
     def prog(s):

@@ -208,6 +208,10 @@ class Engine:
 
     @staticmethod
     def _request(prompt, sampling_params, input_ids, stream, kwargs) -> GenerateReqInput:
+        if not isinstance(stream, bool):   # (checked now: a stream's errors come when read)
+            raise ValueError("`stream` must be true or false")
+        if "extra" in kwargs:              # GenerateReqInput's own field, not an argument
+            raise TypeError("generate() got an unexpected keyword argument 'extra'")
         return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
                                 stream=stream, **kwargs)
 
@@ -291,6 +295,7 @@ class Engine:
     # ------------------------------------------------------------------ control
 
     def abort_request(self, rid: str) -> None:
+        self._check_open()
         self.loop.call_soon_threadsafe(self.tokenizer_manager.abort, rid)
 
     def flush_cache(self) -> bool:
@@ -298,6 +303,12 @@ class Engine:
 
     def get_stats(self) -> SchedulerStats:
         return self._run(self.tokenizer_manager.get_stats())
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's Engine.get_server_info: what the HTTP /get_server_info reports (the server
+        arguments, the scheduler's figures, what is served)."""
+        from radixlm.entrypoints.server_info import server_info
+        return server_info(self, self.get_stats())
 
     def start_profile(self, output_dir: str | None = None, num_steps: int | None = None,
                       activities: list[str] | None = None, with_stack: bool = False,

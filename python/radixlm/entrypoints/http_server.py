@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.errors import error_response
-from radixlm.entrypoints.openai.serving_base import model_name
+from radixlm.entrypoints.server_info import model_name
 
 logger = logging.getLogger("radixlm.server")
 

@@ -12,12 +12,12 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from radixlm.version import __version__
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 from radixlm.entrypoints.errors import bad_request, error_body, error_response
 from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.request_limits import check_generate_limits
+from radixlm.entrypoints.server_info import server_info
 from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import ProfileReq
 from radixlm.managers.tokenizer_manager import EngineDeadError
@@ -130,35 +130,7 @@ async def get_server_info(request: Request):
         stats = await engine.tokenizer_manager.get_stats()
     except EngineDeadError as e:
         return error_response(str(e), 503)
-    ready = engine.ready
-    args = dataclasses.asdict(request.app.state.server_args)
-    if args.get("api_key"):
-        args["api_key"] = "***"
-    gib = 1 << 30
-    # One entry per scheduler (one engine today; one per data-parallel engine later), with
-    # SGLang's keys (without speculative decoding every step accepts exactly one token).
-    internal_state = {
-        "last_gen_throughput": stats.last_gen_throughput,
-        "avg_spec_accept_length": stats.spec_accept_length,
-        "num_running_reqs": stats.num_running_reqs, "num_waiting_reqs": stats.num_waiting_reqs,
-        "token_usage": stats.token_usage, "cache_hit_rate": stats.cache_hit_rate,
-        "memory_usage": {"weight": stats.weight_bytes / gib,
-                         "kvcache": stats.kv_cache_bytes / gib,
-                         "token_capacity": stats.max_total_num_tokens},
-    }
-    return {**args,
-            **dataclasses.asdict(stats),
-            # what is served, not only what was asked for (None = the bundled model)
-            "model_path": ready.model_path, "requested_model_path": args["model_path"],
-            "tokenizer_path": ready.tokenizer_path,
-            "served_model_name": served_model_name(request),
-            "max_running_requests": ready.max_running_requests,
-            "context_len": ready.context_len, "device": ready.device, "dtype": ready.dtype,
-            "resolved_model_path": ready.model_path, "internal_states": [internal_state],
-            "startup_seconds": engine.startup_seconds, "startup_phases": ready.startup_phases,
-            "engine_startup_phases": engine.startup_phases,
-            "tp_all_reduce_paths": ready.all_reduce_paths,
-            "version": __version__}
+    return server_info(engine, stats, request.app.state.server_args)
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])

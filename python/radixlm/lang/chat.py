@@ -61,7 +61,9 @@ class TemplateRenderer:
     def begin(self, messages: list[dict[str, str]], role: str) -> str:
         try:
             base = self._render(messages)
-            if role == "assistant":
+            if role == "assistant" and messages:
+                # (transformers refuses a generation prompt for no messages: an assistant turn
+                # that opens the program takes the sentinel's way below)
                 prompt = self._render(messages, add_generation_prompt=True)
                 if prompt.startswith(base) and len(prompt) > len(base):
                     return prompt[len(base):]

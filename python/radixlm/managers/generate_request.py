@@ -97,8 +97,17 @@ class GenerateReqInput:
         want_lp = _per_prompt(self.return_logprob, n_prompts, "return_logprob", False)
         starts = _per_prompt(self.logprob_start_len, n_prompts, "logprob_start_len", -1)
         tops = _per_prompt(self.top_logprobs_num, n_prompts, "top_logprobs_num", 0)
-        rids = _per_prompt(self.rid, n_prompts, "rid", None) if isinstance(self.rid, list) \
-            else [self.rid if n_prompts == 1 else None] * n_prompts
+        if isinstance(self.rid, list):
+            rids = _per_prompt(self.rid, n_prompts, "rid", None)
+        elif isinstance(self.rid, str) and self.rid and n_prompts > 1:
+            rids = [f"{self.rid}_{i}" for i in range(n_prompts)]   # as SGLang names them
+        else:
+            rids = [self.rid] * n_prompts
+        for name in ("stream", "return_text_in_logprobs"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be true or false")
+        if not all(isinstance(w, bool) for w in want_lp):
+            raise ValueError("`return_logprob` must be true or false (or a list of them)")
         if not all(r is None or (isinstance(r, str) and r) for r in rids):
             raise ValueError("`rid` must be a non-empty string (or a list of them for a batch)")
         index = 0

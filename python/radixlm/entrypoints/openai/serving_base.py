@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
@@ -18,6 +17,7 @@ from pydantic import BaseModel
 
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
+from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits
 from radixlm.managers.tokenizer_manager import EngineDeadError
@@ -63,21 +63,8 @@ def abort_error(meta: dict[str, Any]) -> OpenAIError:
     return OpenAIError(message, reason.get("status_code") or 500)
 
 
-BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
 def served_model_name(request: Request) -> str:
     return model_name(request.app.state.server_args)
-
-
-def model_name(args) -> str:
-    """The id clients see: --served-model-name, else the --model-path's last part, else the
-    bundled model's name."""
-    if args.served_model_name:
-        return args.served_model_name
-    if args.model_path:
-        return os.path.basename(os.path.normpath(args.model_path))
-    return BUNDLED_MODEL_NAME
 
 
 def sse(obj: BaseModel | dict, exclude: Optional[set[str]] = None) -> str:
