@@ -32,6 +32,7 @@ from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, Sche
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
 from radixlm.entrypoints.ranks import start_ranks
+from radixlm.entrypoints.server_info import server_info
 from radixlm.utils.phases import PhaseTimer
 from radixlm.utils.server_process import free_port
 
@@ -307,7 +308,6 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """SGLang's Engine.get_server_info: what the HTTP /get_server_info reports (the server
         arguments, the scheduler's figures, what is served)."""
-        from radixlm.entrypoints.server_info import server_info
         return server_info(self, self.get_stats())
 
     def start_profile(self, output_dir: str | None = None, num_steps: int | None = None,
