@@ -138,3 +138,26 @@ def test_parse_json_rejects_unpaired_surrogates_but_keeps_pairs():
     with pytest.raises(BodyError, match=r"`messages\[0\]\.content`"):
         parse_json(b'{"messages": [{"content": "a\\uDFFFb"}]}')
     assert parse_json(b'{"t": "\\ud83d\\ude00"}') == {"t": "\U0001F600"}   # a valid pair
+
+
+def test_sglang_flag_spellings_and_values_checked_before_the_engine_starts(capsys):
+    """SGLang's other names for the parallel sizes parse as ours; a bad --attention-backend,
+    --log-level or --device is refused when the flags are read, naming the flag (before, the
+    engine met them after loading the model)."""
+    import argparse
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for argv, want in ((["--tp", "2"], 2), (["--tensor-parallel-size", "4"], 4),
+                       (["--tp-size", "8"], 8)):
+        assert ServerArgs.from_cli_args(parser.parse_args(argv)).tp_size == want
+    ns = parser.parse_args(["--data-parallel-size", "3", "--model", "/m"])
+    args = ServerArgs.from_cli_args(ns)
+    assert args.dp_size == 3 and args.model_path == "/m"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--attention-backend", "flashinfer"])
+    assert "--attention-backend" in capsys.readouterr().err
+    for field, value in (("attention_backend", "fa3"), ("log_level", "loud"),
+                         ("device", "bogus")):
+        with pytest.raises(ValueError, match=field.replace("_", "-")):
+            ServerArgs(**{field: value})
+    assert ServerArgs(device="cuda:1", log_level="WARNING").device == "cuda:1"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
 
@@ -20,6 +21,12 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp
 QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
+ATTENTION_BACKENDS = ("triton", "torch_native")   # layers/attention/base.py's registry
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# SGLang's other spellings of some flags (argparse's prefix matching would make --tp work only
+# until another --tp... flag appeared).
+CLI_ALIASES = {"model_path": ("--model",), "tp_size": ("--tp", "--tensor-parallel-size"),
+               "dp_size": ("--dp", "--data-parallel-size")}
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,10 @@ class ServerArgs:
     log_level: str = "info"
     log_requests: bool = False
     enable_metrics: bool = False
+    # SGLang's: do not send a warm-up request after start-up. radixlm sends none (its CUDA graphs
+    # and kernels are warmed while the engine starts), so the flag holds either way; accepted so
+    # that SGLang launch commands run unchanged.
+    skip_server_warmup: bool = False
 
     # Limits on what one HTTP request may ask for (the offline Engine is not limited)
     max_request_body_mb: float = 64.0      # larger bodies get HTTP 413
@@ -186,6 +197,14 @@ class ServerArgs:
                                               f"got {self.chunked_prefill_size}")
         if self.max_prefill_tokens < 1:
             raise bad("max-prefill-tokens", f"must be >= 1, got {self.max_prefill_tokens}")
+        # Checked here, not when the engine meets them after loading the model.
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise bad("attention-backend", f"must be one of {ATTENTION_BACKENDS}, "
+                                           f"got {self.attention_backend!r}")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise bad("log-level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise bad("device", f"must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.schedule_conservativeness <= 0:
             raise bad("schedule-conservativeness", f"must be > 0, "
                                                    f"got {self.schedule_conservativeness}")
@@ -307,10 +326,10 @@ class ServerArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *CLI_ALIASES.get(f.name, ())]
             typ = hints[f.name]
             if typ is bool:
-                parser.add_argument(flag, action="store_true", default=f.default)
+                parser.add_argument(*flags, action="store_true", default=f.default)
                 continue
             base = _base_type(typ)
             kwargs: dict[str, Any] = {"type": base, "default": f.default}
@@ -322,7 +341,9 @@ class ServerArgs:
                 kwargs["choices"] = QUANTIZATIONS
             elif f.name == "kv_cache_dtype":
                 kwargs["choices"] = KV_CACHE_DTYPES
-            parser.add_argument(flag, **kwargs)
+            elif f.name == "attention_backend":
+                kwargs["choices"] = ATTENTION_BACKENDS
+            parser.add_argument(*flags, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:
         """The flags that give these args (with `changes`) back: non-default fields only."""
