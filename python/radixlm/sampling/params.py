@@ -77,8 +77,9 @@ class SamplingParams:
                 hint = " (the native API's name is max_new_tokens)" if k == "max_tokens" else ""
                 raise ValueError(f"sampling_params: unknown key {k!r}{hint}")
         kwargs = {k: v for k, v in d.items() if k in known and v is not None}
-        if "seed" in d and d["seed"] is not None and "sampling_seed" not in kwargs:
-            kwargs["sampling_seed"] = d["seed"]
+        for alias, name in ALIASES.items():    # the field's own name wins over its alias
+            if d.get(alias) is not None and name not in kwargs:
+                kwargs[name] = d[alias]
         if isinstance(kwargs.get("stop"), str):
             kwargs["stop"] = [kwargs["stop"]]
         if "stop_token_ids" in kwargs:
