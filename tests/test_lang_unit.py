@@ -180,6 +180,32 @@ def test_dtype_int_constrains_and_converts():
     assert seen == [r"-?[0-9]+", r"-?[0-9]+"]
 
 
+def test_dtype_names_and_bool():
+    replies = iter(["7", "2.5", "False", "Tru"])
+    seen = []
+
+    def reply(ctx, args):
+        seen.append(args.regex)
+        return next(replies)
+
+    @rl.function
+    def prog(s):
+        s += rl.gen("i", dtype="int") + rl.gen("f", dtype="float") + rl.gen("b", dtype=bool)
+
+    state = prog.run(backend=ScriptedBackend(reply=reply))
+    assert (state["i"], state["f"], state["b"]) == (7, 2.5, False)
+    assert seen[2] == "(True|False)"
+
+    @rl.function
+    def cut(s):
+        s += rl.gen("b", dtype="bool")
+
+    with pytest.raises(ValueError, match="not a bool"):     # "Tru" is neither True nor False
+        cut.run(backend=ScriptedBackend(reply=reply))
+    with pytest.raises(ValueError, match="gen dtype"):
+        rl.gen("x", dtype="list")
+
+
 def test_run_batch_warms_the_prefix_all_programs_share():
     be = ScriptedBackend(reply="z")
 

@@ -41,6 +41,13 @@ class ServerArgs:
     device: str | None = None              # None: cuda when available, else cpu
     random_seed: int = 0
     quantization: str | None = None        # None: as the checkpoint says (unquantized if silent)
+    # A Hub id not in the local cache is downloaded (at --revision, into --download-dir)
+    revision: str | None = None            # branch, tag or commit of a Hub model
+    download_dir: str | None = None        # Hub cache directory (default: Hugging Face's)
+    trust_remote_code: bool = False        # let transformers run the checkpoint's tokenizer code
+    # The chat template for chat requests, instead of the tokenizer's: a Jinja file, a Jinja
+    # string, or a built-in name (radixlm/utils/chat_templates.py)
+    chat_template: str | None = None
 
     # Memory
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
@@ -62,6 +69,8 @@ class ServerArgs:
     # Scheduling
     chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
     max_prefill_tokens: int = 16384
+    # A prompt longer than the context keeps its first context-1 tokens instead of a 400
+    allow_auto_truncate: bool = False
     schedule_policy: str = "fcfs"
     schedule_conservativeness: float = 1.0
 
@@ -109,6 +118,9 @@ class ServerArgs:
     disable_custom_all_reduce: bool = False   # TP on GPUs: NCCL for every all-reduce
     dp_size: int = 1                       # > 1: that many engines behind the cache-aware router
     base_gpu_id: int = 0                   # the first GPU used (engine i of --dp-size: base + i)
+    # A stream sends a chunk every this many tokens (the first token and the last at once);
+    # a request's sampling_params.stream_interval overrides it
+    stream_interval: int = 1
     log_level: str = "info"
     log_requests: bool = False
     enable_metrics: bool = False
@@ -240,6 +252,14 @@ class ServerArgs:
                 raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
         if not (0 < self.port < 65536):
             raise bad("port", f"must be in 1..65535, got {self.port}")
+        if self.stream_interval < 1:
+            raise bad("stream-interval", f"must be >= 1, got {self.stream_interval}")
+        if self.chat_template is not None:
+            from radixlm.utils.chat_templates import load_chat_template   # stdlib-only
+            try:
+                load_chat_template(self.chat_template)
+            except ValueError as e:
+                raise bad("chat-template", str(e)) from None
         from radixlm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS  # stdlib-only
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise bad("tool-call-parser", f"must be one of {sorted(TOOL_CALL_PARSERS)}, "

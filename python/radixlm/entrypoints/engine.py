@@ -30,9 +30,11 @@ from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, SchedulerReady,
                                        SchedulerStats, ShutdownReq)
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
-from radixlm.model_executor.weight_source import load_tokenizer, resolve_model_dir
+from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_dir,
+                                                  set_trust_remote_code)
 from radixlm.entrypoints.ranks import start_ranks
 from radixlm.entrypoints.server_info import server_info
+from radixlm.utils.chat_templates import load_chat_template
 from radixlm.utils.phases import PhaseTimer
 from radixlm.utils.server_process import free_port
 
@@ -64,7 +66,7 @@ class _Children:
         ep = json.dumps(dataclasses.asdict(self.endpoints))
         self.processes.append(("detokenizer", subprocess.Popen(
             [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
-             args.log_level])))
+             args.log_level, str(int(args.trust_remote_code))])))
         self._send_lock = threading.Lock()
         self._shutdown_sent = False
 
@@ -147,13 +149,17 @@ class Engine:
         # its tokenizer (transformers) loads while the children start.
         phases = PhaseTimer()
         with phases.phase("resolve_model"):
-            hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format)
+            set_trust_remote_code(args.trust_remote_code)
+            hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format,
+                                                    args.revision, args.download_dir)
         args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format)
         tokenizer_path = args.tokenizer_path or hf_dir
         with phases.phase("start_processes"):
             self._children = _Children(args, tokenizer_path)
         with phases.phase("tokenizer"):
             self.tokenizer = load_tokenizer(tokenizer_path)
+            if args.chat_template is not None:   # (checked when the args were made)
+                self.tokenizer.chat_template = load_chat_template(args.chat_template)
         with phases.phase("wait_for_scheduler"):
             ready = self._children.wait_ready()
         self.startup_phases = phases.seconds
@@ -166,7 +172,9 @@ class Engine:
         logger.info("engine ready in %.1f s (%s); scheduler: %s", self.startup_seconds,
                     ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_phases.items()),
                     ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
-        self.tokenizer_manager = TokenizerManager(self.tokenizer, ready, self._children.send)
+        self.tokenizer_manager = TokenizerManager(
+            self.tokenizer, ready, self._children.send,
+            allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name="radixlm-tokenizer", daemon=True)

@@ -107,7 +107,11 @@ async def get_model_info(request: Request) -> dict:
             "preferred_sampling_params": None, "weight_version": "default",
             "context_length": ready.context_len,
             "model_type": config.get("model_type"), "architectures": config.get("architectures"),
-            "has_image_understanding": False, "has_audio_understanding": False}
+            "has_image_understanding": False, "has_audio_understanding": False,
+            # --chat-template's source, for clients that render chats themselves (the
+            # frontend language's RuntimeEndpoint); None: the tokenizer's own
+            "chat_template": request.app.state.server_args.chat_template and
+            request.app.state.engine.tokenizer.chat_template}
 
 
 @functools.lru_cache(maxsize=4)

@@ -62,6 +62,13 @@ def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
 
 def run_follower_node(args: ServerArgs) -> int:
     """Node K > 0: run this node's ranks until they exit. SIGTERM / Ctrl-C stops them."""
+    from radixlm.model_executor.weight_source import resolve_model_dir
+
+    # As the Engine does on node 0: the ranks start from one resolved (downloaded, converted)
+    # directory.
+    hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format, args.revision,
+                                            args.download_dir)
+    args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format)
     procs = start_ranks(args, ipc.IpcEndpoints.create())   # (they talk no ZMQ)
     print(f"radixlm node {args.node_rank} of {args.nnodes}: {len(procs)} tensor-parallel ranks, "
           f"joining at {args.dist_init_addr}", file=sys.stderr, flush=True)

@@ -11,7 +11,8 @@ from radixlm.managers.generate_request import GenerateReqInput
 
 
 class LimitExceeded(ValueError):
-    """A request over a server limit; `field` is what is over it: "prompts", "n" or "stop"."""
+    """A request over a server limit; `field` is what is over it: "prompts", "n", "stop" or
+    "stop_regex"."""
 
     def __init__(self, message: str, field: str):
         super().__init__(message)
@@ -36,7 +37,7 @@ def check_request_limits(args: ServerArgs, num_prompts: int, ns: Sequence[Any],
         if count > args.max_stop_strings:
             raise LimitExceeded(f"{stop_field} has {count} entries; at most "
                                 f"{args.max_stop_strings} are allowed (--max-stop-strings)",
-                                "stop")
+                                stop_field.rsplit(".", 1)[-1])
 
 
 def check_generate_limits(args: ServerArgs, obj: GenerateReqInput) -> None:
@@ -47,3 +48,6 @@ def check_generate_limits(args: ServerArgs, obj: GenerateReqInput) -> None:
     check_request_limits(args, obj.num_prompts, [p.get("n") for p in params],
                          [p.get("stop") for p in params], "sampling_params.n",
                          "sampling_params.stop")
+    # (each pattern is searched every step: the same cap as stop strings)
+    check_request_limits(args, obj.num_prompts, [], [p.get("stop_regex") for p in params],
+                         stop_field="sampling_params.stop_regex")

@@ -10,7 +10,8 @@ from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingAr
                              to_expr)
 from radixlm.lang.program import Program
 
-_DTYPES = (None, int, float, str)
+_DTYPES = (None, int, float, str, bool)
+_DTYPE_NAMES = {"int": int, "float": float, "str": str, "bool": bool}   # SGLang takes these too
 
 
 def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None,
@@ -23,28 +24,33 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
         stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+        stop_regex: str | list[str] | None = None, temperature: float | None = None,
+        top_p: float | None = None, top_k: int | None = None,
         min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None,
         return_logprob: bool | None = None, logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None, return_text_in_logprobs: bool | None = None,
-        dtype: type | None = None, choices: list[str] | None = None,
+        dtype: type | str | None = None, choices: list[str] | None = None,
         choices_method: ChoicesMethod | str | None = None, regex: str | None = None,
         json_schema: str | dict | None = None) -> Expr:
     """Generate text into variable `name`. Unset settings take the run's defaults.
-    dtype=int / float constrains the text to a number and stores the converted value;
+    dtype=int / float / bool (or "int", "float", "bool") constrains the text to a number (or
+    True / False) and stores the converted value;
     choices=[...] is select(name, choices) (temperature 0 unless given)."""
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method)
+    if isinstance(dtype, str):
+        dtype = _DTYPE_NAMES.get(dtype, dtype)
     if dtype not in _DTYPES:
-        raise ValueError(f"gen dtype must be int, float or str, got {dtype!r}")
+        raise ValueError(f"gen dtype must be int, float, bool or str, got {dtype!r}")
     if regex is not None and json_schema is not None:
         raise ValueError("gen takes at most one of regex and json_schema")
     args = SamplingArgs(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
+        stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature,
+        top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
         repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, sampling_seed=seed,
         regex=regex, json_schema=SamplingArgs.schema_text(json_schema),

@@ -100,12 +100,16 @@ class TemplateRenderer:
         return self._fallback
 
 
-def load_renderer(tokenizer_path: str | None) -> ChatRenderer:
-    """The chat template of the tokenizer at `tokenizer_path`, or the plain format (warning)."""
+def load_renderer(tokenizer_path: str | None, chat_template: str | None = None) -> ChatRenderer:
+    """The chat template of the tokenizer at `tokenizer_path` (or `chat_template`, the server's
+    --chat-template, rendered with that tokenizer), or the plain format (warning)."""
     if tokenizer_path:
         try:
             from transformers import AutoTokenizer
-            return TemplateRenderer(AutoTokenizer.from_pretrained(tokenizer_path))
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            if chat_template:
+                tokenizer.chat_template = chat_template
+            return TemplateRenderer(tokenizer)
         except Exception as e:  # unreadable path (remote server), no template, ...
             logger.warning("cannot use the chat template of %r (%s); roles will be rendered as "
                            "plain 'Role: text' lines", tokenizer_path, e)

@@ -24,7 +24,8 @@ from radixlm.lang.errors import UnsupportedByBackendError
 from radixlm.lang.speculative import ApiSpeculator, chat_call_args, match_chat_template
 
 # Regexes that make a gen's text parse as the requested type.
-DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?"}
+DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?",
+                                 bool: r"(True|False)"}
 
 
 class StreamExecutor:
@@ -335,6 +336,10 @@ def _convert(text: str, dtype: type | None, name: str | None) -> Any:
     if dtype is None or dtype is str:
         return text
     try:
+        if dtype is bool:   # (bool("False") is True: only the two spellings the regex allows)
+            if text.strip() not in ("True", "False"):
+                raise ValueError(text)
+            return text.strip() == "True"
         return dtype(text.strip())
     except ValueError:
         raise ValueError(f"gen({name!r}, dtype={dtype.__name__}) produced {text!r}, which is not "

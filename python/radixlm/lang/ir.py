@@ -27,6 +27,7 @@ class SamplingArgs:
     min_new_tokens: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -57,8 +58,9 @@ class SamplingArgs:
         """The `sampling_params` dict of a native /generate request (unset fields left out)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in self.LOGPROB_FIELDS and getattr(self, f.name) is not None}
-        if isinstance(out.get("stop"), str):
-            out["stop"] = [out["stop"]]
+        for name in ("stop", "stop_regex"):
+            if isinstance(out.get(name), str):
+                out[name] = [out[name]]
         return out
 
     def logprob_fields(self) -> dict[str, Any]:

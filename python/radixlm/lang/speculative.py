@@ -47,7 +47,9 @@ def _stops(args: SamplingArgs) -> list[str]:
 
 
 def _eligible(args: SamplingArgs) -> bool:
-    return (args.regex is None and args.json_schema is None and not args.return_logprob
+    # (a stop_regex is matched by the server: such a gen makes its own call)
+    return (args.regex is None and args.json_schema is None and not args.stop_regex
+            and not args.return_logprob
             and not args.min_new_tokens and args.max_new_tokens is not None
             and args.max_new_tokens > 0)
 

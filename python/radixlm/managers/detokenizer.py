@@ -8,6 +8,8 @@ Two consumers share one windowed decoder:
 - `StopStringChecker` lives in the scheduler and only answers "does the output now contain a stop
   string?", so the request can finish on the very step the stop string completes.
 
+Both treat a `stop_regex` match (stop_regex.py) as a stop string spelled by a pattern.
+
 Why a window instead of `decode(all_ids)` every step: decoding is O(output length), which makes a
 long generation quadratic. We decode `ids[prefix_offset:]` and subtract the text of
 `ids[prefix_offset:read_offset]`. Keeping a few already-emitted tokens in front (the prefix)
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixlm.managers.stop_regex import StopRegexes
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -50,6 +54,19 @@ def find_stop_string(
         if best is None or pos < best[0] or (pos == best[0] and len(stop) > len(best[1])):
             best = (pos, stop)
     return best
+
+
+def find_stop(text: str, stops: Sequence[str], regexes: StopRegexes | None,
+              end_after: int = 0) -> tuple[int, str] | None:
+    """find_stop_string over the stop strings and the stop_regex patterns together: the
+    earliest match (the longer when two start together), as (start, matched text), or None."""
+    hit = find_stop_string(text, stops, end_after=end_after) if stops else None
+    other = regexes.find(text, end_after) if regexes is not None else None
+    if other is None:
+        return hit
+    if hit is None or other[0] < hit[0] or (other[0] == hit[0] and len(other[1]) > len(hit[1])):
+        return other
+    return hit
 
 
 def stop_prefix_suffix_len(text: str, stops: Sequence[str]) -> int:
@@ -174,15 +191,21 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         no_stop_trim: bool = False,
         min_new_tokens: int = 0,
+        stop_regex: Sequence[str] = (),
     ) -> None:
         self._decoder = WindowDecoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         self.stops: tuple[str, ...] = tuple(s for s in (stop or ()) if s)
+        self.regexes = StopRegexes.compile(stop_regex)
         self.no_stop_trim = no_stop_trim
         self.min_new_tokens = min_new_tokens
         # Where in the whole output text a stop string may end (past it), once min_new_tokens
         # ids have come: len(text of the first min_new_tokens - 1 ids). None: not yet.
         self._stops_from: int | None = 0 if min_new_tokens <= 1 else None
         self._max_stop_len = max((len(s) for s in self.stops), default=0)
+        # Emitted text kept to search with new text: a stop string's length - 1 in no_stop_trim
+        # mode (a match may begin in it); a regex's window in both (its lookbehind may see it).
+        self._tail_len = max(self._max_stop_len - 1 if no_stop_trim else 0,
+                             self.regexes.window if self.regexes else 0)
         self.matched_stop: str | None = None
         self.finished = False
         # Decoded but unemitted text that may be the start of a stop string (trim mode only).
@@ -217,7 +240,8 @@ class IncrementalDetokenizer:
             self._decoder.commit()
         else:
             new_text = ""
-        delta = self._apply_stops(new_text, finished) if self.stops else new_text
+        delta = (self._apply_stops(new_text, finished) if self.stops or self.regexes
+                 else new_text)
         if finished:
             self.finished = True
         if delta:
@@ -232,9 +256,10 @@ class IncrementalDetokenizer:
         searched = self._tail + pending
         hit = None
         if self._stops_from is not None:
-            # searched[0] is character len(text) - len(tail) of the whole output
-            hit = find_stop_string(searched, self.stops,
-                                   end_after=self._stops_from - (len(self.text) - base))
+            # searched[0] is character len(text) - len(tail) of the whole output; a match
+            # wholly in the tail was found (or skipped) before
+            hit = find_stop(searched, self.stops, self.regexes,
+                            end_after=max(self._stops_from - (len(self.text) - base), base))
         if hit is not None:
             pos, stop = hit
             end = pos + len(stop) if self.no_stop_trim else pos
@@ -249,9 +274,11 @@ class IncrementalDetokenizer:
             delta, self._held = pending, ""
         else:
             keep = stop_prefix_suffix_len(pending, self.stops)
+            if self.regexes is not None:
+                keep = max(keep, min(self.regexes.hold_len(searched), len(pending)))
             delta, self._held = pending[: len(pending) - keep], pending[len(pending) - keep :]
-        if self.no_stop_trim and self._max_stop_len > 1:
-            self._tail = (self._tail + delta)[-(self._max_stop_len - 1) :]
+        if self._tail_len > 0:
+            self._tail = (self._tail + delta)[-self._tail_len :]
         return delta
 
 
@@ -272,10 +299,13 @@ class StopStringChecker:
         stop: Sequence[str],
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
+        stop_regex: Sequence[str] = (),
     ) -> None:
         self.stops: tuple[str, ...] = tuple(s for s in (stop or ()) if s)
+        self.regexes = StopRegexes.compile(stop_regex)
         self._decoder = WindowDecoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
-        self._tail_len = max((len(s) for s in self.stops), default=1) - 1
+        self._tail_len = max(max((len(s) for s in self.stops), default=1) - 1,
+                             self.regexes.window if self.regexes else 0)
         self._tail = ""
         self.matched: str | None = None
 
@@ -290,14 +320,15 @@ class StopStringChecker:
                 self._tail = (self._tail + pending)[-self._tail_len :]
 
     def check(self, new_ids: Sequence[int]) -> str | None:
-        if self.matched is not None or not self.stops:
+        if self.matched is not None or not (self.stops or self.regexes):
             return self.matched
         self._decoder.append(new_ids)
         pending = self._decoder.pending()
         if not pending:
             return None
         # Only matches that end in the new text: the tail's were reported (or skipped) before.
-        hit = find_stop_string(self._tail + pending, self.stops, end_after=len(self._tail))
+        hit = find_stop(self._tail + pending, self.stops, self.regexes,
+                        end_after=len(self._tail))
         if hit is not None:
             self.matched = hit[1]
             return self.matched

@@ -31,7 +31,8 @@ class DetokenizerManager:
                 spec = out.detok or DetokSpec()
                 detok = IncrementalDetokenizer(self.tokenizer, spec.skip_special_tokens,
                                                spec.spaces_between_special_tokens, spec.stop,
-                                               spec.no_stop_trim, spec.min_new_tokens)
+                                               spec.no_stop_trim, spec.min_new_tokens,
+                                               spec.stop_regex)
                 self.states[out.rid] = detok
             finished = out.finish_reason is not None
             ids = out.new_token_ids
@@ -47,10 +48,13 @@ class DetokenizerManager:
 
 
 def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
-                            log_level: str = "info") -> None:
+                            log_level: str = "info", trust_remote_code: bool = False) -> None:
     ipc.die_with_parent()
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s] %(name)s: %(message)s")
     from radixlm.model_executor.light_tokenizer import load_ids_tokenizer
+    from radixlm.model_executor.weight_source import set_trust_remote_code
+
+    set_trust_remote_code(trust_remote_code)
 
     manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path))  # decodes only
     ctx = zmq.Context()
@@ -71,5 +75,6 @@ def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
 if __name__ == "__main__":
     import json
     import sys
-    run_detokenizer_process(sys.argv[1], ipc.IpcEndpoints(**json.loads(sys.argv[2])), sys.argv[3])
+    run_detokenizer_process(sys.argv[1], ipc.IpcEndpoints(**json.loads(sys.argv[2])), sys.argv[3],
+                            trust_remote_code=sys.argv[4:5] == ["1"])
     ipc.exit_now(0)  # all sent and closed: skip the slow interpreter teardown

@@ -140,6 +140,7 @@ class DetokSpec:
     stop: list[str] = field(default_factory=list)
     no_stop_trim: bool = False
     min_new_tokens: int = 0       # stop strings count from this token on
+    stop_regex: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -4,7 +4,10 @@ whatever its tokens are is rejected at once (tokenizing megabytes costs seconds 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=8)
@@ -19,3 +22,18 @@ def check_text_fits(text: str, tokenizer: Any, context_len: int) -> None:
     if len(text) > context_len * max_chars_per_token(tokenizer):
         raise ValueError(f"the prompt has {len(text)} characters, more than the context "
                          f"length of {context_len} tokens can hold")
+
+
+def fit_to_context(ids: list[int], context_len: int, allow_truncate: bool) -> list[int]:
+    """`ids`, when they leave room for at least one new token in the context. Otherwise, with
+    --allow-auto-truncate, their first context_len - 1 tokens (as SGLang keeps the head of the
+    prompt); without it, ValueError."""
+    if len(ids) < context_len:
+        return ids
+    if allow_truncate:
+        logger.warning("a prompt of %d tokens was truncated to %d (--allow-auto-truncate)",
+                       len(ids), context_len - 1)
+        return ids[:context_len - 1]
+    raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
+                     f"length of {context_len} tokens (shorten it, or start the server with "
+                     f"--allow-auto-truncate)")

@@ -19,7 +19,7 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
                                        FlushCacheResult, GetStatsReq, ProfileReq, ProfileResult,
                                        ReqOutput, SchedulerReady,
                                        SchedulerStats, TokenizedGenerateReq)
-from radixlm.managers.prompt_length import check_text_fits
+from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +59,11 @@ class ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None]):
+    def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
+                 allow_auto_truncate: bool = False, stream_interval: int = 1):
         self.tokenizer = tokenizer
+        self.allow_auto_truncate = allow_auto_truncate   # --allow-auto-truncate
+        self.stream_interval = stream_interval           # --stream-interval
         self.ready = ready
         self.send = send
         self.states: dict[str, ReqState] = {}
@@ -80,7 +83,8 @@ class TokenizerManager:
         if single.input_ids is not None:
             ids = single.input_ids
         else:
-            check_text_fits(single.text, self.tokenizer, self.context_len)
+            if not self.allow_auto_truncate:
+                check_text_fits(single.text, self.tokenizer, self.context_len)
             ids = self.tokenizer(single.text).input_ids
         if not ids:
             raise ValueError("the prompt is empty (`text` / `input_ids` must not be empty)")
@@ -88,10 +92,7 @@ class TokenizerManager:
         if min(ids) < 0 or max(ids) >= vocab:   # (C loops; the message's list only then)
             bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"input_ids contains token ids outside the vocabulary: {bad[:5]}")
-        if len(ids) >= self.context_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
-                             f"length of {self.context_len} tokens")
-        return ids
+        return fit_to_context(ids, self.context_len, self.allow_auto_truncate)
 
     async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
         """Yields, for a single sequence, response dicts (each a snapshot; one when not
@@ -237,7 +238,7 @@ class TokenizerManager:
                     continue
                 st.updated.clear()
                 _raise_if_rejected(st)
-                if len(st.output_ids) != sent_len[id(st)] or st.finished:
+                if self._stream_due(st, sent_len[id(st)]):
                     sent_len[id(st)] = len(st.output_ids)
                     out = self.response(st)
                     if batch:
@@ -245,6 +246,15 @@ class TokenizerManager:
                     yield out
                 if st.finished:
                     pending.remove(st)
+
+    def _stream_due(self, st: ReqState, sent: int) -> bool:
+        """Whether a stream sends `st` now, having sent it with `sent` tokens (-1: never):
+        at its end, at its first token, then every stream_interval tokens."""
+        if st.finished:
+            return True
+        n = len(st.output_ids)
+        interval = st.single.sampling_params.stream_interval or self.stream_interval
+        return n != sent and (sent <= 0 or n - sent >= interval)
 
     # ------------------------------------------------------------------ scheduler outputs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import threading
 import types
@@ -16,15 +17,20 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+logger = logging.getLogger(__name__)
+
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "gguf", "dummy")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
-def resolve_model_dir(model_path: str | None, load_format: str) -> tuple[str, str]:
+def resolve_model_dir(model_path: str | None, load_format: str, revision: str | None = None,
+                      download_dir: str | None = None) -> tuple[str, str]:
     """Return (hf_dir, effective_format) where effective_format is "safetensors" or "dummy".
 
     GGUF inputs are converted once into a cached HF directory, so callers only ever see HF
-    layouts. None means the bundled default model.
+    layouts. None means the bundled default model. A Hugging Face Hub id is looked up in the
+    local Hub cache (`download_dir`, else Hugging Face's), at `revision`, and downloaded there
+    when it is not cached.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(
@@ -34,7 +40,7 @@ def resolve_model_dir(model_path: str | None, load_format: str) -> tuple[str, st
     if model_path is None:
         return convert_gguf_to_hf_dir(bundled_gguf_path()), effective
 
-    path = _local_path(model_path)
+    path = _local_path(model_path, revision, download_dir)
     if os.path.isfile(path):
         if not path.endswith(".gguf"):
             raise ValueError(
@@ -71,22 +77,40 @@ def resolve_model_dir(model_path: str | None, load_format: str) -> tuple[str, st
     return path, "safetensors"
 
 
-def _local_path(model_path: str) -> str:
-    """An existing local path, or a Hugging Face Hub id already in the local HF cache."""
+# What a download fetches: the config, tokenizer and safetensors weights (not the *.bin / *.pth
+# copies many repositories also hold, which this engine does not read).
+_DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken",
+                      "*.py"]
+
+
+def _local_path(model_path: str, revision: str | None = None,
+                download_dir: str | None = None) -> str:
+    """An existing local path, or a Hugging Face Hub id: from the local Hub cache, else
+    downloaded into it (HF_HUB_OFFLINE=1 forbids the download)."""
     expanded = os.path.abspath(os.path.expanduser(model_path))
     if os.path.exists(expanded):
         return expanded
-    if model_path.count("/") == 1 and not model_path.startswith((".", "/", "~")):
-        try:
-            from huggingface_hub import snapshot_download
+    if model_path.count("/") != 1 or model_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"--model-path {model_path!r} does not exist (and is not a "
+                                f"Hugging Face model id, which has the form ORG/NAME)")
+    from huggingface_hub import snapshot_download
 
-            return snapshot_download(model_path, local_files_only=True)
-        except Exception:
-            pass  # not cached: fall through to the error below
-    raise FileNotFoundError(
-        f"--model-path {model_path!r} does not exist (and is not a Hugging Face model id in the "
-        "local cache; radixlm does not download models)"
-    )
+    cache_dir = os.path.expanduser(download_dir) if download_dir else None
+    at = f" at revision {revision!r}" if revision else ""
+    try:
+        return snapshot_download(model_path, revision=revision, cache_dir=cache_dir,
+                                 local_files_only=True)
+    except Exception:
+        pass  # not cached: download it
+    logger.info("downloading %s%s from the Hugging Face Hub", model_path, at)
+    try:
+        return snapshot_download(model_path, revision=revision, cache_dir=cache_dir,
+                                 allow_patterns=_DOWNLOAD_PATTERNS)
+    except Exception as e:
+        raise FileNotFoundError(
+            f"--model-path {model_path!r} is not a local path, and the Hugging Face model"
+            f"{at} could not be found in the local cache or downloaded "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def _single_gguf(model_path: str, ggufs: list[str]) -> str:
@@ -130,11 +154,21 @@ def iter_safetensors_weights(hf_dir: str) -> Iterator[tuple[str, "torch.Tensor"]
 _TRANSFORMERS_LOCK = threading.Lock()
 
 
+# --trust-remote-code, set in each process from its ServerArgs (set_trust_remote_code): lets
+# transformers run Python code shipped with a checkpoint's tokenizer or config.
+_TRUST_REMOTE_CODE = False
+
+
+def set_trust_remote_code(trust: bool) -> None:
+    global _TRUST_REMOTE_CODE
+    _TRUST_REMOTE_CODE = bool(trust)
+
+
 def load_hf_config(hf_dir: str) -> "PretrainedConfig":
     with _TRANSFORMERS_LOCK:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(hf_dir, trust_remote_code=False)
+        return AutoConfig.from_pretrained(hf_dir, trust_remote_code=_TRUST_REMOTE_CODE)
 
 
 # What config.json must state for read_hf_config to read it directly: the fields whose
@@ -200,7 +234,7 @@ def load_tokenizer(tokenizer_path: str) -> "PreTrainedTokenizerBase":
 
     path = resolve_tokenizer_dir(tokenizer_path)
     with _TRANSFORMERS_LOCK:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE)
 
 
 __all__ = [
@@ -212,4 +246,5 @@ __all__ = [
     "resolve_tokenizer_dir",
     "resolve_model_dir",
     "safetensors_files",
+    "set_trust_remote_code",
 ]

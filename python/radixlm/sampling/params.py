@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.managers.stop_regex import stop_regex_error
+
 # top_k = -1 means "no top-k filtering" (SGLang's convention); we normalise it to the vocab size
 # lazily in the sampler, so the stored value keeps the user's meaning.
 TOP_K_ALL = -1
@@ -28,10 +30,8 @@ def _field_names(cls: type) -> frozenset[str]:
 
 # SGLang sampling_params keys that this server does not implement: a request that sets one is
 # refused rather than served as if the key were not there (a field that is accepted must work).
-UNSUPPORTED_KEYS = ("structural_tag", "custom_params", "stop_regex")
-# Keys taken without effect: SGLang's `stream_interval` only sets how often a stream flushes,
-# which changes no output; `seed` is this server's alias of `sampling_seed`.
-IGNORED_KEYS = ("stream_interval",)
+UNSUPPORTED_KEYS = ("structural_tag", "custom_params")
+# `seed` is this server's alias of `sampling_seed`.
 ALIASES = {"seed": "sampling_seed"}
 
 
@@ -48,6 +48,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # Regular expressions that stop the request like stop strings (managers/stop_regex.py)
+    stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -59,6 +61,9 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # A stream's chunk every this many tokens (None: the server's --stream-interval); the
+    # first token and the end are sent at once. Changes no output, only how it is chunked.
+    stream_interval: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -68,7 +73,7 @@ class SamplingParams:
         silently served with the default."""
         d = dict(d or {})
         known = _field_names(cls)
-        unknown = [k for k in d if k not in known and k not in ALIASES and k not in IGNORED_KEYS]
+        unknown = [k for k in d if k not in known and k not in ALIASES]
         for k in unknown:
             if k in UNSUPPORTED_KEYS:
                 if d[k] not in (None, "", [], {}):
@@ -80,8 +85,9 @@ class SamplingParams:
         for alias, name in ALIASES.items():    # the field's own name wins over its alias
             if d.get(alias) is not None and name not in kwargs:
                 kwargs[name] = d[alias]
-        if isinstance(kwargs.get("stop"), str):
-            kwargs["stop"] = [kwargs["stop"]]
+        for name in ("stop", "stop_regex"):
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = [kwargs[name]]
         if "stop_token_ids" in kwargs:
             if not isinstance(kwargs["stop_token_ids"], (list, tuple)):
                 raise ValueError("stop_token_ids must be a list of token ids")
@@ -127,6 +133,10 @@ class SamplingParams:
                      "repetition_penalty"):
             _check_type(name, getattr(self, name), (int, float))
             _check_finite(name, getattr(self, name))
+        if self.stream_interval is not None:
+            _check_type("stream_interval", self.stream_interval, int)
+            if self.stream_interval < 1:
+                raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
@@ -154,6 +164,12 @@ class SamplingParams:
             raise ValueError("stop must be a string or a list of strings")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if not isinstance(self.stop_regex, list):
+            raise ValueError("stop_regex must be a string or a list of strings")
+        for i, pattern in enumerate(self.stop_regex):
+            error = stop_regex_error(pattern)
+            if error is not None:
+                raise ValueError(f"stop_regex[{i}] {error}")
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
         self.check_token_ids(vocab_size)

@@ -64,7 +64,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
                                                                 load_light_tokenizer)
             from radixlm.model_executor.model_runner import create_runner_and_kv
             from radixlm.model_executor.runner_config import RunnerConfig
-            from radixlm.model_executor.weight_source import load_tokenizer
+            from radixlm.model_executor.weight_source import (load_tokenizer,
+                                                              set_trust_remote_code)
             from radixlm.scheduler.config import SchedulerConfig
             from radixlm.scheduler.scheduler import Scheduler
 
@@ -77,6 +78,7 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         # instead of 5: each CUDA call of the graph capture that lets the GIL go would otherwise
         # wait up to 5 ms for the importing thread to hand it back (the capture took 8-20 s
         # instead of 2 on an H200).
+        set_trust_remote_code(args.trust_remote_code)
         tokenizer_path = args.tokenizer_path or args.model_path
         tokenizer_job, switch_interval = None, sys.getswitchinterval()
         converted = args.model_path and os.path.isfile(os.path.join(args.model_path,

@@ -237,11 +237,12 @@ class ResultProcessor:
                 return FinishReason("stop", matched=token)
             if not params.ignore_eos and token in self.eos_token_ids:
                 return FinishReason("stop", matched=token)
-        if params.stop and len(req.output_ids) >= params.min_new_tokens:
+        if (params.stop or params.stop_regex) and len(req.output_ids) >= params.min_new_tokens:
             if req.stop_checker is None:
                 req.stop_checker = StopStringChecker(self.tokenizer, params.stop,
                                                      params.skip_special_tokens,
-                                                     params.spaces_between_special_tokens)
+                                                     params.spaces_between_special_tokens,
+                                                     params.stop_regex)
                 # A stop string in the first min_new_tokens - 1 tokens' text is no match.
                 first = max(params.min_new_tokens - 1, 0)
                 req.stop_checker.skip(req.output_ids[:first])
@@ -382,7 +383,8 @@ class ResultProcessor:
         if not req.detok_sent:
             p = req.sampling_params
             out.detok = DetokSpec(p.skip_special_tokens, p.spaces_between_special_tokens,
-                                  list(p.stop), p.no_stop_trim, p.min_new_tokens)
+                                  list(p.stop), p.no_stop_trim, p.min_new_tokens,
+                                  list(p.stop_regex))
             req.detok_sent = True
         if req.return_logprob and not req.input_logprobs_sent:
             out.input_token_logprobs = list(req.input_token_logprobs)

@@ -105,6 +105,7 @@ class SamplingExtras(_Request):
     spaces_between_special_tokens: Bool = True
     no_stop_trim: Bool = False
     stop_token_ids: Optional[list[NonNegInt]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
     regex: Optional[str] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None

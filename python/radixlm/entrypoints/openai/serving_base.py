@@ -19,7 +19,7 @@ from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
 from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
-from radixlm.managers.prompt_length import check_text_fits
+from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.managers.tokenizer_manager import EngineDeadError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
@@ -149,6 +149,7 @@ class OpenAIServing:
         # serves its one model under any name); without one, the served name.
         self.model_name = body.model or served_model_name(request)
         self.context_len: int = self.engine.ready.context_len
+        self.allow_auto_truncate: bool = request.app.state.server_args.allow_auto_truncate
         self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
 
     # ------------------------------------------------------------------ prompts
@@ -156,11 +157,20 @@ class OpenAIServing:
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # Tokenized here rather than in the engine so the length checks below can run first.
         # Chat templates render their own special tokens, hence add_special_tokens=False there.
-        try:
-            check_text_fits(text, self.engine.tokenizer, self.context_len)
-        except ValueError as e:
-            raise OpenAIError(str(e), 400, param=self.prompt_field) from None
-        return list(self.engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+        if not self.allow_auto_truncate:
+            try:
+                check_text_fits(text, self.engine.tokenizer, self.context_len)
+            except ValueError as e:
+                raise OpenAIError(str(e), 400, param=self.prompt_field) from None
+        return self.fit_prompt(
+            list(self.engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids))
+
+    def fit_prompt(self, ids: list[int]) -> list[int]:
+        """The prompt's ids, cut to the context with --allow-auto-truncate; otherwise
+        unchanged (a prompt that leaves no room is refused by max_new_tokens)."""
+        if not self.allow_auto_truncate:
+            return ids
+        return fit_to_context(ids, self.context_len, allow_truncate=True)
 
     def max_new_tokens(self, prompt_len: int, requested: Optional[int], field: str) -> int:
         """The completion budget for one prompt: what was asked for, clamped to what the context
@@ -180,6 +190,9 @@ class OpenAIServing:
         try:
             check_request_limits(self.http_request.app.state.server_args, num_prompts,
                                  [body.n], stops)
+            if isinstance(body.stop_regex, list):
+                check_request_limits(self.http_request.app.state.server_args, num_prompts, [],
+                                     [body.stop_regex], stop_field="stop_regex")
         except LimitExceeded as e:
             param = self.prompt_field if e.field == "prompts" else e.field
             raise OpenAIError(str(e), 400, param=param) from None
@@ -194,6 +207,7 @@ class OpenAIServing:
             "frequency_penalty": req.frequency_penalty,
             "repetition_penalty": req.repetition_penalty, "min_new_tokens": req.min_tokens,
             "stop": req.stop, "stop_token_ids": req.stop_token_ids,
+            "stop_regex": req.stop_regex,
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "no_stop_trim": req.no_stop_trim, "sampling_seed": req.seed,

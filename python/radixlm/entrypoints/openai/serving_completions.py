@@ -66,11 +66,15 @@ class CompletionServing(OpenAIServing):
         out = _Prompts()
         for item in self._prompt_items():
             if isinstance(item, str):
-                out.ids.append(self.tokenize(item))
-                out.texts.append(item)
+                ids = self.tokenize(item)
+                out.ids.append(ids)
+                # (echo shows what the model saw: a truncated prompt's kept tokens)
+                cut = self.allow_auto_truncate and len(ids) == self.context_len - 1
+                out.texts.append(self.engine.tokenizer.decode(ids) if cut else item)
             else:
-                out.ids.append(list(item))
-                out.texts.append(self.engine.tokenizer.decode(item) if self.body.echo else "")
+                ids = self.fit_prompt(list(item))
+                out.ids.append(ids)
+                out.texts.append(self.engine.tokenizer.decode(ids) if self.body.echo else "")
         return out
 
     def _engine_kwargs(self, prompts: _Prompts) -> dict[str, Any]:

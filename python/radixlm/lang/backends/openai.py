@@ -23,7 +23,8 @@ from radixlm.lang.ir import SamplingArgs
 # Extra body fields and the value that means "not set" (so it is not sent).
 _EXTRA_DEFAULTS: dict[str, Any] = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                                    "ignore_eos": False, "min_new_tokens": 0,
-                                   "stop_token_ids": None, "regex": None, "json_schema": None}
+                                   "stop_token_ids": None, "stop_regex": None, "regex": None,
+                                   "json_schema": None}
 
 
 class OpenAI(Backend):

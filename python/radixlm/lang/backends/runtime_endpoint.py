@@ -105,7 +105,8 @@ class RuntimeEndpoint(NativeBackend):
     def chat_renderer(self) -> ChatRenderer:
         with self._renderer_lock:  # loading a tokenizer takes a while; do it once
             if self._renderer is None:
-                self._renderer = load_renderer(self._tokenizer_path)
+                self._renderer = load_renderer(self._tokenizer_path,
+                                               self.model_info.get("chat_template"))
             return self._renderer
 
     def flush_cache(self) -> None:

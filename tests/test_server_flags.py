@@ -1,0 +1,219 @@
+"""SGLang server flags that change how requests are served: --chat-template,
+--allow-auto-truncate, --stream-interval (and its per-request sampling_params key),
+--revision / --download-dir for Hub models, --trust-remote-code. A real `radixlm serve` for the
+served behaviour; the helpers directly for the edge cases."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+
+import httpx
+import pytest
+
+from helpers import cli_error, openai_client, start_server, stop_server
+from radixlm.config import ServerArgs
+from radixlm.managers.prompt_length import fit_to_context
+from radixlm.sampling.params import SamplingParams
+from radixlm.utils.chat_templates import BUILTIN_CHAT_TEMPLATES, load_chat_template
+
+CONTEXT = 96
+# A template unlike SmolLM2's own, so that which one rendered a chat shows in its token count.
+TEMPLATE = ("{% for m in messages %}[[{{ m['role'] | upper }}]] {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[[ASSISTANT]]{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    path.write_text(TEMPLATE)
+    proc, url = start_server("--chat-template", str(path), "--allow-auto-truncate",
+                             "--stream-interval", "3", "--context-length", str(CONTEXT))
+    yield url
+    stop_server(proc)
+
+
+def _generate(url: str, body: dict) -> httpx.Response:
+    return httpx.post(url + "/generate", json=body, timeout=120)
+
+
+def _stream_lengths(url: str, body: dict) -> list[int]:
+    """completion_tokens of each chunk of a native stream."""
+    lengths = []
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True},
+                      timeout=120) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                lengths.append(json.loads(line[6:])["meta_info"]["completion_tokens"])
+    return lengths
+
+
+def _tokens(url: str, text: str) -> int:
+    return httpx.post(url + "/tokenize", json={"prompt": text}, timeout=30).json()["count"]
+
+
+# ---------------------------------------------------------------------- served behaviour
+
+def test_chat_template_flag_renders_chats_and_is_reported(url):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    resp = openai_client(url).chat.completions.create(model="m", messages=messages,
+                                                      max_tokens=2, temperature=0)
+    rendered = "[[SYSTEM]] Be brief.\n[[USER]] Hi\n[[ASSISTANT]]"
+    assert resp.usage.prompt_tokens == _tokens(url, rendered)
+    info = httpx.get(url + "/get_model_info", timeout=30).json()
+    assert info["chat_template"] == TEMPLATE
+
+
+def test_long_prompt_is_truncated_to_the_context_not_refused(url):
+    long_text = "one two three four five six seven eight nine ten " * 40
+    assert _tokens(url, long_text) > CONTEXT
+    out = _generate(url, {"text": long_text, "sampling_params": {"max_new_tokens": 8}}).json()
+    # (SGLang keeps the first context - 1 tokens, which leaves room for one new token)
+    assert out["meta_info"]["prompt_tokens"] == CONTEXT - 1
+    assert out["meta_info"]["completion_tokens"] == 1
+    ids = list(range(10, 10 + CONTEXT + 20))
+    out = _generate(url, {"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}).json()
+    assert out["meta_info"]["prompt_tokens"] == CONTEXT - 1
+    client = openai_client(url)
+    done = client.completions.create(model="m", prompt=long_text, max_tokens=4, echo=True)
+    assert done.usage.prompt_tokens == CONTEXT - 1
+    assert done.choices[0].finish_reason == "length"
+    assert len(done.choices[0].text) < len(long_text)      # echo shows the kept prompt
+    chat = client.chat.completions.create(model="m", max_tokens=4,
+                                          messages=[{"role": "user", "content": long_text}])
+    assert chat.usage.prompt_tokens == CONTEXT - 1
+    # A short prompt is untouched.
+    short = _generate(url, {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}).json()
+    assert short["meta_info"]["prompt_tokens"] == _tokens(url, "Hello")
+
+
+def test_stream_interval_flag_and_per_request_override(url):
+    body = {"text": "Count: 1, 2, 3,", "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0, "ignore_eos": True}}
+    lengths = [n for n in _stream_lengths(url, body) if n > 0]
+    # The first token at once, then every 3 tokens (--stream-interval 3), and the end: 1, 4,
+    # 7, 10 when each step's token arrives alone (a chunk may carry one more when two steps'
+    # outputs arrive together).
+    assert lengths[0] <= 2 and lengths[-1] == 10 and len(lengths) <= 4
+    assert all(b - a >= 3 for a, b in zip(lengths[:-2], lengths[1:-1]))
+    body["sampling_params"]["stream_interval"] = 1
+    every = [n for n in _stream_lengths(url, body) if n > 0]
+    assert len(every) >= 6 and every == sorted(set(every)) and every[-1] == 10
+    body["sampling_params"]["stream_interval"] = 0
+    bad = _generate(url, {**body, "stream": True})
+    assert bad.status_code == 400 and "stream_interval" in bad.text
+    # The chunking changes no output.
+    body["sampling_params"]["stream_interval"] = 4
+    whole = _generate(url, {**body, "stream": False}).json()["text"]
+    with httpx.stream("POST", url + "/generate", json={**body, "stream": True},
+                      timeout=120) as resp:
+        texts = [json.loads(line[6:])["text"] for line in resp.iter_lines()
+                 if line.startswith("data: ") and line != "data: [DONE]"]
+    assert texts[-1] == whole
+    # OpenAI streams take the server's interval too: fewer, larger deltas.
+    stream = openai_client(url).completions.create(model="m", prompt="Count: 1, 2, 3,",
+                                                  max_tokens=10, temperature=0, stream=True,
+                                                  extra_body={"ignore_eos": True})
+    deltas = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
+    assert 2 <= len(deltas) <= 4 and "".join(deltas) == whole
+
+
+# ---------------------------------------------------------------------- flags and helpers
+
+def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
+    code, err = cli_error(["serve", "--chat-template", str(tmp_path / "missing.jinja")], capsys)
+    assert code == 2 and "--chat-template" in err and "chatml" in err
+    as_json = tmp_path / "t.json"
+    as_json.write_text("{}")
+    code, err = cli_error(["serve", "--chat-template", str(as_json)], capsys)
+    assert code == 2 and "JSON" in err
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content }")
+    code, err = cli_error(["serve", "--chat-template", str(broken)], capsys)
+    assert code == 2 and "not valid Jinja" in err
+    code, err = cli_error(["serve", "--stream-interval", "0"], capsys)
+    assert code == 2 and "--stream-interval" in err
+
+
+def test_load_chat_template_sources(tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE)
+    assert load_chat_template(str(path)) == TEMPLATE
+    assert load_chat_template(TEMPLATE) == TEMPLATE            # written out on the command line
+    assert load_chat_template("chatml") == BUILTIN_CHAT_TEMPLATES["chatml"]
+    with pytest.raises(ValueError, match="not a file"):
+        load_chat_template("no-such-template")
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("chatml", "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+               "<|im_start|>assistant\nA<|im_end|>\n<|im_start|>assistant\n"),
+    ("llama-3-instruct", "{bos}<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                         "<|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\nA<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("gemma-it", "{bos}<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA"
+                 "<end_of_turn>\n<start_of_turn>model\n"),
+])
+def test_builtin_chat_templates_render_through_transformers(tokenizer, name, expected):
+    tok = copy.copy(tokenizer)        # (the session's tokenizer keeps its own template)
+    tok.chat_template = BUILTIN_CHAT_TEMPLATES[name]
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "A"}]
+    expected = expected.replace("{bos}", tok.bos_token or "")
+    assert tok.apply_chat_template(messages, tokenize=False,
+                                   add_generation_prompt=True) == expected
+    assert tokenizer.chat_template != tok.chat_template
+
+
+def test_fit_to_context():
+    assert fit_to_context([1, 2, 3], 4, allow_truncate=False) == [1, 2, 3]
+    assert fit_to_context([1, 2, 3, 4, 5], 4, allow_truncate=True) == [1, 2, 3]
+    with pytest.raises(ValueError, match="--allow-auto-truncate"):
+        fit_to_context([1, 2, 3, 4], 4, allow_truncate=False)
+
+
+def test_stream_interval_sampling_param_is_checked():
+    assert SamplingParams.from_dict({"stream_interval": 5}).stream_interval == 5
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="stream_interval"):
+            SamplingParams.from_dict({"stream_interval": bad}).validate()
+
+
+def _fake_hub_cache(root: str, repo: str, revision: str, model_dir: str) -> str:
+    """A Hugging Face Hub cache holding `model_dir`'s files as `repo` at `revision` (the
+    layout huggingface_hub writes: refs/<revision> names a snapshot)."""
+    base = os.path.join(root, "models--" + repo.replace("/", "--"))
+    snapshot = os.path.join(base, "snapshots", "0123456789abcdef0123456789abcdef01234567")
+    shutil.copytree(model_dir, snapshot)
+    os.makedirs(os.path.join(base, "refs"))
+    with open(os.path.join(base, "refs", revision), "w") as f:
+        f.write(os.path.basename(snapshot))
+    return snapshot
+
+
+def test_revision_and_download_dir_find_a_cached_hub_model(tmp_path, smollm_dir, monkeypatch):
+    from radixlm.model_executor.weight_source import resolve_model_dir
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")     # nothing may be fetched here
+    snapshot = _fake_hub_cache(str(tmp_path), "org/tiny", "v1", smollm_dir)
+    found, fmt = resolve_model_dir("org/tiny", "auto", revision="v1",
+                                   download_dir=str(tmp_path))
+    assert os.path.realpath(found) == os.path.realpath(snapshot) and fmt == "safetensors"
+    with pytest.raises(FileNotFoundError, match="revision 'v2'"):
+        resolve_model_dir("org/tiny", "auto", revision="v2", download_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="Hugging Face"):
+        resolve_model_dir("org/tiny", "auto", revision="v1")   # not in the default cache
+
+
+def test_new_flags_reach_server_args(tmp_path):
+    args = ServerArgs.from_kwargs(chat_template="chatml", allow_auto_truncate=True,
+                                  stream_interval=4, revision="main", download_dir=str(tmp_path),
+                                  trust_remote_code=True)
+    argv = args.to_cli_args()
+    for flag in ("--chat-template", "--allow-auto-truncate", "--stream-interval", "--revision",
+                 "--download-dir", "--trust-remote-code"):
+        assert flag in argv
