@@ -321,8 +321,12 @@ def test_profiler_start_stop_writes_a_trace(url, tmp_path):
 
 
 def test_profiler_num_steps_stops_by_itself(url, tmp_path):
-    assert post(url, "/start_profile", {"output_dir": str(tmp_path), "num_steps": 2,
-                                        "activities": ["CPU"]}).status_code == 200
+    # With the fields SGLang's own tools send at their neutral values (bench_serving
+    # --profile: a string num_steps, profile_by_stage false, start_step null, ...).
+    assert post(url, "/start_profile", {
+        "output_dir": str(tmp_path), "num_steps": "2", "activities": ["CPU"],
+        "profile_by_stage": False, "start_step": None, "merge_profiles": None,
+        "profile_prefix": None, "with_stack": None, "record_shapes": None}).status_code == 200
     post(url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 6, **GREEDY}})
     assert list(tmp_path.glob("*-TP-0.trace.json.gz"))
     assert post(url, "/stop_profile", None).status_code == 400
@@ -331,9 +335,11 @@ def test_profiler_num_steps_stops_by_itself(url, tmp_path):
 @pytest.mark.parametrize("body, needle", [
     ({"activities": ["GPU"]}, "GPU asked"),          # the CPU server cannot profile a GPU
     ({"activities": ["MEM"]}, "not supported"),
-    ({"profile_by_stage": True}, "unsupported /start_profile fields"),
+    ({"profile_by_stage": True}, "profile_by_stage"),   # (false is taken: see below)
+    ({"start_step": 5}, "start_step"),
+    ({"no_such_field": 1}, "unsupported /start_profile fields"),
     ({"num_steps": 0}, "num_steps"),
-    ({"num_steps": "3"}, "num_steps"),
+    ({"num_steps": "three"}, "num_steps"),
 ])
 def test_profiler_bad_requests_are_400(url, body, needle):
     r = post(url, "/start_profile", body)

@@ -109,6 +109,33 @@ def test_every_endpoint_through_the_router(router, workers):
     metrics = httpx.get(router + "/metrics").text
     assert "radixlm_router_requests_total" in metrics
     assert 'radixlm_router_policy_decisions_total{decision="cache_miss"}' in metrics
+    # SGLang's other names and the per-model route reach a worker; profiles fan out.
+    assert client.models.retrieve(model).id == model
+    assert httpx.post(router + "/v1/tokenize", json={"prompt": "Hello"}).json()["count"] >= 1
+    started = httpx.post(router + "/start_profile", json={"num_steps": 1, "activities": ["CPU"]})
+    assert started.status_code == 200
+    httpx.post(router + "/stop_profile")      # (may find the one-step profile already done)
+    missing = httpx.get(router + "/no_such_route")
+    assert missing.status_code == 404 and "no_such_route" in missing.json()["message"]
+    assert httpx.get(router + "/generate").status_code == 405
+
+
+def test_abort_all_through_the_router_aborts_and_keeps_the_workers(router, workers):
+    client = openai_client(router)
+    model = client.models.list().data[0].id
+    long = dict(model=model, max_tokens=2000, extra_body={"ignore_eos": True},
+                messages=[{"role": "user", "content": "Tell me a long story."}])
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(client.chat.completions.create, **long) for _ in range(2)]
+        wait_for(lambda: sum(x["num_reqs"] for x in httpx.get(router + "/get_load").json())
+                 == 2, 30, "both requests to run")
+        assert httpx.post(router + "/abort_request", json={"abort_all": True}).status_code == 200
+        done = [f.result(timeout=60) for f in futures]
+    # Ended where they were (not run again elsewhere): finish_reason "abort", as SGLang's.
+    assert all(d.choices[0].finish_reason == "abort" for d in done)
+    assert all(d.usage.completion_tokens < 2000 for d in done)
+    state = httpx.get(router + "/list_workers").json()["workers"]
+    assert all(w["healthy"] for w in state) and sum(w["failures_total"] for w in state) == 0
 
 
 def test_requests_sharing_a_prefix_land_on_one_worker(router, workers):
@@ -286,14 +313,24 @@ def test_dp_size_2_serves_and_leaves_no_orphans(stop_signal):
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--dp-size", "2",
                              "--device", "cpu", "--log-level", "warning", "--port", str(port),
-                             "--max-total-tokens", "4096"], start_new_session=True)
+                             "--max-total-tokens", "4096", "--enable-metrics"],
+                            start_new_session=True)
     try:
         wait_healthy(proc, url, 300)
         info = httpx.get(url + "/get_server_info").json()
         assert len(info["internal_states"]) == 2
+        # The deployment's figures: its dp size and port, both engines' KV tokens.
+        assert info["dp_size"] == 2 and info["port"] == port
+        assert info["max_total_num_tokens"] == sum(
+            w["max_total_num_tokens"] for w in info["workers"])
+        assert [x["dp_rank"] for x in httpx.get(url + "/get_load").json()] == [0, 1]
         out = httpx.post(url + "/generate", json={"text": "The capital of France is",
                                                   "sampling_params": GREEDY}, timeout=60)
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 6
+        # SGLang's metrics, summed over the engines, on the public port.
+        metrics = httpx.get(url + "/metrics").text
+        assert 'sglang:num_requests_total{model_name="SmolLM2-135M-Instruct"} 1.0' in metrics
+        assert "sglang:time_to_first_token_seconds_count" in metrics
         family = _descendants(proc.pid)
         assert len(family) >= 6   # 2 engines, each with a scheduler and a detokenizer
         os.kill(proc.pid, stop_signal)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import zmq
 
@@ -109,6 +109,14 @@ class _Children:
             if proc.poll() is None:
                 proc.kill()
 
+    def reap(self, timeout_s: float = 5.0) -> None:
+        """Wait for killed children, so that none is left a zombie."""
+        for _, proc in self.processes:
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+
     def stop(self, timeout_s: float = 20.0) -> None:
         self.request_shutdown()
         for _, proc in self.processes:
@@ -179,6 +187,9 @@ class Engine:
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name="radixlm-tokenizer", daemon=True)
         self._loop_thread.start()
+        # Called (from the receiver thread) once a child process has died and the engine has
+        # stopped: `radixlm serve` then exits, as SGLang's server does.
+        self.on_dead: Callable[[str], None] | None = None
         self._receiver = threading.Thread(target=self._receive_outputs, name="radixlm-receiver",
                                           daemon=True)
         self._closed = False
@@ -199,8 +210,11 @@ class Engine:
                     logger.error("engine stopped: %s", reason)
                     self.loop.call_soon_threadsafe(tm.mark_dead, reason)
                     # The others cannot go on without it (a rank would wait in a collective
-                    # for ever): stop them too.
+                    # for ever): stop them too, and reap them.
                     children.kill()
+                    children.reap()
+                    if self.on_dead is not None:
+                        self.on_dead(reason)
                 return
 
     def _run(self, coro) -> Any:
@@ -344,10 +358,11 @@ class Engine:
                                                   add_generation_prompt=add_generation_prompt,
                                                   **template_kwargs)
 
-    def abort_all(self) -> None:
-        """End every in-flight request with finish_reason abort (server shutdown)."""
+    def abort_all(self, shutdown: bool = False) -> None:
+        """End every in-flight request with finish_reason abort. `shutdown`: because the
+        server stops (their status is then 503, which a router retries elsewhere)."""
         if not self._closed:
-            self._children.send(AbortReq(abort_all=True))
+            self._children.send(AbortReq(abort_all=True, shutdown=shutdown))
 
     def shutdown(self) -> None:
         """Abort in-flight requests, stop the child processes, stop the loop."""

@@ -133,11 +133,22 @@ def serve(args: ServerArgs) -> int:
             # must not block: the abort is sent from a thread of its own. (Sent here, a second
             # signal arriving while the first handler held the engine's send lock deadlocked
             # the server for good; `timeout` and systemd send a SIGTERM to every process.)
-            threading.Thread(target=engine.abort_all, name="radixlm-abort-all",
-                             daemon=True).start()
+            threading.Thread(target=engine.abort_all, kwargs={"shutdown": True},
+                             name="radixlm-abort-all", daemon=True).start()
             super().handle_exit(sig, frame)
 
     server = Server(config)
+    died: list[str] = []
+
+    def on_dead(reason: str) -> None:
+        # A child process died: requests already get 503 and /health says so; the server
+        # exits (code 1) so that a supervisor or orchestrator restarts it, as SGLang's does.
+        print(f"radixlm: the engine stopped ({reason}); the server exits", file=sys.stderr,
+              flush=True)
+        died.append(reason)
+        server.should_exit = True
+
+    engine.on_dead = on_dead
     # uvicorn re-raises the signal it caught once it has shut down; with these handlers in place
     # that only ends up here, and the engine still gets to stop its children cleanly.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -157,4 +168,4 @@ def serve(args: ServerArgs) -> int:
         engine.shutdown()  # aborts in-flight requests (finish_reason abort) and stops children
         print(f"radixlm stopped ({time.perf_counter() - stopping:.1f} s to stop the engine)",
               file=sys.stderr, flush=True)
-    return 0
+    return 1 if died else 0

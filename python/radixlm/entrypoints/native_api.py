@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import os
+import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -20,7 +21,7 @@ from radixlm.entrypoints.request_limits import check_generate_limits
 from radixlm.entrypoints.server_info import server_info
 from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import ProfileReq
-from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.managers.tokenizer_manager import INTERNAL_RID_PREFIX, EngineDeadError
 
 router = APIRouter()
 
@@ -66,7 +67,13 @@ async def _stream_body(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[
 
 
 @router.get("/health")
-async def health() -> Response:
+async def health(request: Request) -> Response:
+    """200 while the engine runs; 503 once one of its processes has died (the server then
+    exits), so that a load balancer's or a router's probe notices."""
+    manager = getattr(request.app.state.engine, "tokenizer_manager", None)
+    reason = getattr(manager, "dead_reason", None)
+    if reason is not None:
+        return error_response(f"the engine is not running: {reason}", 503)
     return Response(status_code=200)
 
 
@@ -74,7 +81,8 @@ async def health() -> Response:
 async def health_generate(request: Request) -> Response:
     try:
         await request.app.state.engine.async_generate(
-            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
+            rid=f"{INTERNAL_RID_PREFIX}health-{uuid.uuid4().hex}")
     except Exception as e:  # any failure means "not healthy"
         return error_response(f"generation failed: {e}", 503)
     return Response(status_code=200)
@@ -151,6 +159,12 @@ async def flush_cache(request: Request) -> Response:
 # /start_profile's fields (SGLang's names); others are refused rather than ignored.
 _PROFILE_FIELDS = {"output_dir": str, "num_steps": int, "activities": list, "with_stack": bool,
                    "record_shapes": bool}
+# Fields of SGLang's profile request that its own tools send (bench_serving --profile, RL
+# frameworks) with values that ask for nothing this server does differently: taken at those
+# values, refused at any other.
+_PROFILE_NO_OP = {"start_step": (None, 0), "profile_by_stage": (None, False),
+                  "merge_profiles": (None, False), "profile_prefix": (None, ""),
+                  "profile_stages": (None, []), "profile_id": (None,)}
 
 
 def profile_request(body: Any) -> ProfileReq:
@@ -159,11 +173,20 @@ def profile_request(body: Any) -> ProfileReq:
         return ProfileReq("start")
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    unknown = sorted(set(body) - set(_PROFILE_FIELDS))
+    unknown = sorted(set(body) - set(_PROFILE_FIELDS) - set(_PROFILE_NO_OP))
     if unknown:
         raise ValueError(f"unsupported /start_profile fields: {unknown}; supported: "
                          f"{sorted(_PROFILE_FIELDS)}")
-    fields = {k: v for k, v in body.items() if v is not None}
+    for name, neutral in _PROFILE_NO_OP.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v)
+                                    for v in neutral):
+            raise ValueError(f"`{name}` is not supported by this server (only "
+                             f"{' or '.join(json.dumps(v) for v in neutral)})")
+    fields = {k: v for k, v in body.items() if k in _PROFILE_FIELDS and v is not None}
+    if isinstance(fields.get("num_steps"), str) and fields["num_steps"].strip().isdigit():
+        fields["num_steps"] = int(fields["num_steps"])    # (SGLang's CLI tools send a string)
+    if fields.get("activities") == []:
+        del fields["activities"]                          # none named: the default ones
     for name, value in fields.items():
         kind = _PROFILE_FIELDS[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -216,6 +239,7 @@ async def abort_request(request: Request) -> Response:
 
 
 @router.post("/tokenize")
+@router.post("/v1/tokenize")      # (SGLang serves both names)
 async def tokenize(request: Request):
     engine = request.app.state.engine
     try:
@@ -237,6 +261,7 @@ async def tokenize(request: Request):
 
 
 @router.post("/detokenize")
+@router.post("/v1/detokenize")
 async def detokenize(request: Request):
     engine = request.app.state.engine
     try:

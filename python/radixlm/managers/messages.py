@@ -35,7 +35,17 @@ class TokenizedGenerateReq:
 @dataclass
 class AbortReq:
     rid: str | None = None
-    abort_all: bool = False          # shutdown: end every request with finish_reason abort
+    # Also the sequences expanded from `rid` (a batch's rid_0, n > 1's rid-1): a client's
+    # /abort_request; the server's own aborts name one sequence exactly.
+    expanded: bool = False
+    abort_all: bool = False          # every request, with finish_reason abort
+    shutdown: bool = False           # abort_all because the server stops (503: retry elsewhere)
+
+
+def expanded_from(req_rid: str, rid: str) -> bool:
+    """`req_rid` is a sequence expanded from `rid` (rid_0 of a batch, rid-1 of n > 1), not
+    another rid that merely starts like it."""
+    return len(req_rid) > len(rid) and req_rid.startswith(rid) and req_rid[len(rid)] in "_-"
 
 
 @dataclass

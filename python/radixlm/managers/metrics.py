@@ -50,12 +50,20 @@ class MetricsCollector:
                                      labels, registry=r)
         self.num_requests = Counter("sglang:num_requests", "Finished requests", labels,
                                     registry=r)
+        self.num_aborted = Counter("sglang:num_aborted_requests", "Requests that ended aborted",
+                                   labels, registry=r)
+        self.num_used_tokens = Gauge("sglang:num_used_tokens",
+                                     "KV cache tokens in use by running requests", labels,
+                                     registry=r)
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token",
                               labels, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("sglang:inter_token_latency_seconds", "Inter-token latency",
                              labels, buckets=_ITL_BUCKETS, registry=r)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency",
                              labels, buckets=_LATENCY_BUCKETS, registry=r)
+        # (e2e - time to first token) / (tokens - 1), per request of two tokens or more
+        self.tpot = Histogram("sglang:time_per_output_token_seconds", "Time per output token",
+                              labels, buckets=_ITL_BUCKETS, registry=r)
         self._last_scrape = time.perf_counter()
         self._tokens_at_scrape = (0.0, 0.0)
 
@@ -71,10 +79,15 @@ class MetricsCollector:
                 self.itl.labels(self.model_name).observe(per_token)
 
     def finished(self, seconds: float, prompt_tokens: int, completion_tokens: int,
-                 cached_tokens: int) -> None:
+                 cached_tokens: int, first_token_s: float | None = None,
+                 aborted: bool = False) -> None:
         m = self.model_name
         self.e2e.labels(m).observe(seconds)
         self.num_requests.labels(m).inc()
+        if aborted:
+            self.num_aborted.labels(m).inc()
+        if first_token_s is not None and completion_tokens > 1:
+            self.tpot.labels(m).observe((seconds - first_token_s) / (completion_tokens - 1))
         self.prompt_tokens.labels(m).inc(prompt_tokens)
         self.generation_tokens.labels(m).inc(completion_tokens)
         self.cached_tokens.labels(m).inc(cached_tokens)
@@ -86,6 +99,7 @@ class MetricsCollector:
         self.num_running.labels(m).set(stats.num_running_reqs)
         self.num_queue.labels(m).set(stats.num_waiting_reqs)
         self.token_usage.labels(m).set(stats.token_usage)
+        self.num_used_tokens.labels(m).set(round(stats.token_usage * stats.max_total_num_tokens))
         self.cache_hit_rate.labels(m).set(stats.cache_hit_rate)
         self.spec_accept_length.labels(m).set(stats.spec_accept_length)
         self.spec_accept_rate.labels(m).set(stats.spec_accept_rate)

@@ -18,10 +18,15 @@ from radixlm.managers.generate_request import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ProfileResult,
                                        ReqOutput, SchedulerReady,
-                                       SchedulerStats, TokenizedGenerateReq)
+                                       SchedulerStats, TokenizedGenerateReq, expanded_from)
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 
 logger = logging.getLogger(__name__)
+
+
+# The server's own requests (n > 1's shared-prompt prefill, /health_generate's probe): not
+# counted in the metrics.
+INTERNAL_RID_PREFIX = "radixlm-internal-"
 
 
 class EngineDeadError(RuntimeError):
@@ -36,6 +41,7 @@ class ReqState:
     text: str = ""
     created: float = field(default_factory=time.perf_counter)
     last_output: float | None = None
+    first_output: float | None = None   # when its first token came (time to first token)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
@@ -207,11 +213,12 @@ class TokenizerManager:
         await asyncio.gather(*(self._prefill_only(ids, g[0].single.rid) for g, ids in warm))
         for group_states, _ in warm:
             for st in group_states:
-                self._send_sequence(st, stream)
+                if not st.finished:     # (aborted while its prompt was prefilled)
+                    self._send_sequence(st, stream)
 
     async def _prefill_only(self, ids: list[int], rid: str) -> None:
         obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                               rid=f"{rid}-prefix")
+                               rid=f"{INTERNAL_RID_PREFIX}{rid}-prefix")
         async for _ in self.generate(obj):
             pass
 
@@ -285,7 +292,7 @@ class TokenizerManager:
             st.finish_reason = out.finish_reason
             if st.abandoned and self.states.get(st.single.rid) is st:
                 del self.states[st.single.rid]      # (its caller is gone: the rid is free)
-        if self.metrics is not None:
+        if self.metrics is not None and not st.single.rid.startswith(INTERNAL_RID_PREFIX):
             self._observe(st, out, finished)
         st.updated.set()
 
@@ -293,13 +300,16 @@ class TokenizerManager:
         now = time.perf_counter()
         if out.new_token_ids:
             if st.last_output is None:
+                st.first_output = now
                 self.metrics.first_token(now - st.created)
             else:
                 self.metrics.next_tokens(now - st.last_output, len(out.new_token_ids))
             st.last_output = now
         if finished:
-            self.metrics.finished(now - st.created, st.prompt_tokens, st.completion_tokens,
-                                  st.cached_tokens)
+            self.metrics.finished(
+                now - st.created, st.prompt_tokens, st.completion_tokens, st.cached_tokens,
+                first_token_s=None if st.first_output is None else st.first_output - st.created,
+                aborted=st.finish_reason is not None and st.finish_reason.type == "abort")
 
     def has_unfinished(self) -> bool:
         return any(not st.finished for st in list(self.states.values()))
@@ -370,10 +380,14 @@ class TokenizerManager:
         return await self._ask(req, ProfileResult)
 
     def abort(self, rid: str) -> None:
-        self.send(AbortReq(rid))
-
-    def abort_all(self) -> None:
-        self.send(AbortReq(abort_all=True))
+        """A client's abort: `rid` and the sequences expanded from it. Those not sent to the
+        scheduler yet (n > 1 samples waiting for their shared prompt) end here."""
+        self.send(AbortReq(rid, expanded=True))
+        for st in list(self.states.values()):
+            if (not st.submitted and not st.finished
+                    and (st.single.rid == rid or expanded_from(st.single.rid, rid))):
+                st.finish_reason = FinishReason("abort", message="aborted")
+                st.updated.set()
 
 
 def _raise_if_rejected(st: ReqState) -> None:

@@ -82,7 +82,9 @@ def serve_dp(args: ServerArgs) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         run_router(RouterArgs(**{**router_args.__dict__,
-                                 "worker_urls": [url for _, url in engines]}))
+                                 "worker_urls": [url for _, url in engines]}),
+                   info_overrides={"dp_size": args.dp_size, "host": args.host,
+                                   "port": args.port})
         return 0
     except KeyboardInterrupt:
         return 130

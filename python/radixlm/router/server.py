@@ -1,10 +1,12 @@
 """`radixlm router`: the HTTP load balancer in front of radixlm (or SGLang) workers.
 
 Routed endpoints (one worker each, chosen by the policy): /generate, /v1/completions,
-/v1/chat/completions. Passed to any healthy worker: /v1/models, /get_model_info, /model_info,
-/health_generate, /tokenize, /detokenize. Fanned out to every healthy worker: /flush_cache,
-/abort_request, /get_load, /get_server_info (aggregated). The router's own: /health,
-/metrics, /add_worker?url=, /remove_worker?url=, /list_workers.
+/v1/chat/completions. Passed to any healthy worker: /v1/models (and /v1/models/{id}),
+/get_model_info, /model_info, /health_generate, /tokenize, /detokenize (and their /v1/ names).
+Fanned out to every healthy worker: /flush_cache, /abort_request, /start_profile,
+/stop_profile, /get_load, /get_server_info (aggregated). The router's own: /health, /metrics
+(with the workers' `sglang:*` metrics merged in), /add_worker?url=, /remove_worker?url=,
+/list_workers. Unknown routes and methods answer in the workers' JSON error shape.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import create_policy
 from radixlm.router.proxy import Forwarder, json_error
 from radixlm.router.routing_key import routing_key
+from radixlm.router.worker_metrics import merge_worker_metrics
 from radixlm.router.workers import WorkerPool
 
 logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = ("/health",)      # answered without the API key (load balancers' probes)
+# /get_server_info figures that add up over the workers (requests, KV tokens)
+SUMMED_INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "max_total_num_tokens",
+                    "available_kv_tokens", "evictable_kv_tokens", "protected_kv_tokens",
+                    "num_retractions", "generated_tokens_total", "max_running_requests")
 
 
 def _json_or_none(data: bytes) -> Any:
@@ -41,8 +48,11 @@ def _json_or_none(data: bytes) -> Any:
 
 
 class Router:
-    def __init__(self, args: RouterArgs) -> None:
+    def __init__(self, args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> None:
         self.args = args
+        # Keys /get_server_info reports for the whole deployment rather than for one worker
+        # (`serve --dp-size N`: its dp_size, host and port)
+        self.info_overrides = dict(info_overrides or {})
         self.pool = WorkerPool(args)
         self.metrics = RouterMetrics()
         self.policy = create_policy(args.policy, args.cache_threshold,
@@ -58,12 +68,15 @@ class Router:
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             r.add_post(path, self.routed)
         r.add_put("/generate", self.routed)
-        for path in ("/v1/models", "/get_model_info", "/model_info", "/health_generate"):
+        for path in ("/v1/models", "/v1/models/{model_id:.+}", "/get_model_info", "/model_info",
+                     "/health_generate"):
             r.add_get(path, self.any_worker)
-        for path in ("/tokenize", "/detokenize"):
+        for path in ("/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize"):
             r.add_post(path, self.any_worker)
         r.add_route("*", "/flush_cache", self.flush_cache)
         r.add_post("/abort_request", self.abort_request)
+        for path in ("/start_profile", "/stop_profile"):
+            r.add_route("*", path, self.profile)
         r.add_get("/get_load", self.get_load)
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/server_info", self.server_info)
@@ -106,6 +119,8 @@ class Router:
         except web.HTTPRequestEntityTooLarge:
             return json_error(f"request body over --max-payload-size "
                               f"({self.args.max_payload_size} bytes)", 413)
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as e:
+            return json_error(f"{request.method} {request.path}: {e.reason}", e.status)
 
     # ------------------------------------------------------------------ routed
 
@@ -147,7 +162,26 @@ class Router:
                   if status != 200]
         if failed:
             return json_error("cache not flushed on " + "; ".join(failed), 500)
+        skipped = [w.url for w in self.pool.workers.values() if not w.healthy]
+        if skipped:   # (as sglang-router: 206, naming the workers not flushed)
+            return web.json_response({"status": "partial_success",
+                                      "message": f"Cache flushed on {len(answers)} workers; "
+                                                 f"not on the unhealthy ones",
+                                      "failed_workers": skipped}, status=206)
         return web.Response(text=f"Cache flushed on {len(answers)} workers.\n")
+
+    async def profile(self, request: web.Request) -> web.StreamResponse:
+        """/start_profile or /stop_profile on every healthy worker (each writes its own
+        trace); the first worker's error if any refused."""
+        body = await request.read() if request.can_read_body else None
+        answers = await self._each_healthy("POST", request.path, body)
+        if not answers:
+            return json_error("no healthy worker", 503)
+        for _, status, data in answers:
+            if status != 200:
+                return web.Response(body=data, status=status or 502,
+                                    content_type="application/json")
+        return web.Response(body=answers[0][2], status=200)
 
     async def abort_request(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -168,6 +202,9 @@ class Router:
                 loads.extend(got)
             elif isinstance(got, dict):
                 loads.append(got)
+        for rank, load in enumerate(loads):   # (each worker calls itself rank 0)
+            if isinstance(load, dict) and "dp_rank" in load:
+                load["dp_rank"] = rank
         return web.json_response(loads)
 
     async def server_info(self, request: web.Request) -> web.StreamResponse:
@@ -181,6 +218,11 @@ class Router:
         if not infos:
             return json_error("no healthy worker answered", 503)
         merged = {k: v for k, v in infos[0].items() if k != "url"}
+        for key in SUMMED_INFO_KEYS:     # the deployment's totals, not the first worker's
+            values = [i.get(key) for i in infos]
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                merged[key] = sum(values)
+        merged.update(self.info_overrides)
         merged["internal_states"] = [s for i in infos
                                      for s in (i.get("internal_states") or [])]
         merged["workers"] = infos
@@ -194,7 +236,11 @@ class Router:
         return json_error("no healthy worker", 503)
 
     async def metrics_text(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(body=self.metrics.render(list(self.pool.workers.values())),
+        own = self.metrics.render(list(self.pool.workers.values()))
+        texts = [data.decode("utf-8", "replace")
+                 for _, status, data in await self._each_healthy("GET", "/metrics")
+                 if status == 200]
+        return web.Response(body=own + merge_worker_metrics(texts),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _url_param(self, request: web.Request) -> str:
@@ -230,11 +276,11 @@ class Router:
                         for w in workers]})
 
 
-def run_router(args: RouterArgs) -> int:
+def run_router(args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> int:
     """Serve until SIGTERM / Ctrl-C."""
     level = "WARNING" if args.log_level == "warn" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    router = Router(args)
+    router = Router(args, info_overrides)
     print(f"radixlm router on http://{args.host}:{args.port}, policy {args.policy}, "
           f"{len(router.pool.workers)} workers", file=sys.stderr, flush=True)
     # (uvloop measured no faster here: aiohttp's own request handling dominates.)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import aiohttp
 
@@ -27,6 +26,7 @@ class WorkerPool:
         self.args = args
         self.workers: dict[str, Worker] = {}
         self.session: aiohttp.ClientSession | None = None   # set by the app at start-up
+        self._probe_errors: dict[str, str] = {}   # why each unhealthy worker failed its probe
         for url in args.worker_urls:
             url = check_worker_url(url, "--worker-urls")
             self.workers.setdefault(url, Worker(url))
@@ -64,6 +64,9 @@ class WorkerPool:
             info = json.loads(body) if status == 200 else None
         except ValueError:
             info = None
+        if status == 401:
+            raise ValueError(f"{worker.url} refused the router's API key (GET /get_model_info: "
+                             f"HTTP 401; start the router with the workers' --api-key)")
         if not isinstance(info, dict) or "model_path" not in info:
             raise ValueError(f"{worker.url} is not a radixlm or SGLang server "
                              f"(GET /get_model_info: HTTP {status}, no model_path)")
@@ -74,7 +77,11 @@ class WorkerPool:
         except ValueError as e:
             if worker.healthy:
                 self.mark_failed(worker, str(e))
+            elif self._probe_errors.get(worker.url) != str(e):   # (each new reason once)
+                logger.warning("worker %s is unhealthy: %s", worker.url, e)
+            self._probe_errors[worker.url] = str(e)
             return
+        self._probe_errors.pop(worker.url, None)
         if not worker.healthy:
             logger.info("worker %s is healthy", worker.url)
         worker.healthy = True

@@ -260,7 +260,8 @@ class ResultProcessor:
         """Move the grammar past `token` (`accepted`: the caller already did) and say whether
         that ended the request."""
         if not accepted and not req.grammar.accept_token(token):
-            return FinishReason("abort", message=f"token {token} violates the grammar")
+            return FinishReason("abort", message=f"token {token} violates the grammar",
+                                status_code=500)
         if req.grammar.is_terminated():
             return FinishReason("stop", matched=token)
         return None
@@ -320,7 +321,8 @@ class ResultProcessor:
         self._keep_kv(req, req.seq_len, released_tails)  # up to the last accepted token
         if not drawn.accepted and not req.grammar.accept_token(token):
             # The mask allows nothing (cannot happen).
-            self.finish(req, FinishReason("abort", message="the grammar allows no token"),
+            self.finish(req, FinishReason("abort", message="the grammar allows no token",
+                                          status_code=500),
                         send=False)
             return None
         return RowTokens([token], [logprob], rejected.top_logprobs)

@@ -24,7 +24,7 @@ from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
-                                       ShutdownReq, TokenizedGenerateReq)
+                                       ShutdownReq, TokenizedGenerateReq, expanded_from)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
@@ -246,9 +246,9 @@ class Scheduler:
                                                status_code=400))]))
         elif isinstance(msg, AbortReq):
             if msg.abort_all:
-                self.abort_all()
+                self.abort_all(shutdown=msg.shutdown)
             else:
-                self.abort(msg.rid)
+                self.abort(msg.rid, msg.expanded)
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
         elif isinstance(msg, GetStatsReq):
@@ -292,24 +292,29 @@ class Scheduler:
             if self.prefix_cache.has_slow_tier:
                 self.prefix_cache.prefetch(req.fill_ids[:req.max_prefix_match()])
 
-    def abort(self, rid: str) -> None:
-        for req in self.waiting:
-            if req.rid == rid:
-                self.waiting.remove(req)
-                self.results.finish(req, FinishReason("abort", message="aborted"))
-                return
+    def abort(self, rid: str, expanded: bool = False) -> None:
+        """Abort request `rid`; `expanded`: also the sequences expanded from it (a batch's
+        rid_0, rid_1, ..., n > 1 samples' rid-0, ...), as SGLang aborts by rid prefix."""
+        def matches(req: Req) -> bool:
+            return req.rid == rid or (expanded and expanded_from(req.rid, rid))
+
+        for req in [r for r in self.waiting if matches(r)]:
+            self.waiting.remove(req)
+            self.results.finish(req, FinishReason("abort", message="aborted"))
         for req in self.running + ([self.chunked_req] if self.chunked_req else []):
-            if req.rid == rid:
+            if matches(req):
                 req.to_abort = True  # released at the start of the next step
 
-    def abort_all(self) -> None:
-        """End every request now with finish_reason abort (server shutdown)."""
+    def abort_all(self, shutdown: bool = True) -> None:
+        """End every request now with finish_reason abort: the server stops (503, which tells
+        a router to retry elsewhere), or a client asked (/abort_request abort_all)."""
         self._process_pending()     # (a verify step in flight holds its drafts' KV slots)
         every = self.waiting + self.running + ([self.chunked_req] if self.chunked_req else [])
         self.waiting, self.running, self.chunked_req = [], [], None
         for req in every:
             self.results.finish(req, FinishReason("abort", message="server shutting down",
-                                                  status_code=503))
+                                                  status_code=503) if shutdown
+                                else FinishReason("abort", message="aborted"))
 
     def flush_cache(self) -> FlushCacheResult:
         self._process_pending()
@@ -496,3 +501,4 @@ class Scheduler:
                         if not r.finished and r.req_pool_idx is not None]
         self.kv.check_invariant((r.kv_allocated_len, len(r.prefix_indices))
                                 for r in {id(r): r for r in holders}.values())
+

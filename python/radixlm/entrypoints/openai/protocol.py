@@ -26,6 +26,7 @@ NonNegInt = Annotated[int, Strict(), Field(ge=0)]
 PosInt = Annotated[int, Strict(), Field(ge=1)]
 Float = Annotated[float, Strict()]
 Bool = Annotated[bool, Strict()]
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 Penalty = Annotated[float, Strict(), Field(ge=-2.0, le=2.0)]
 TopLogprobsNum = Annotated[int, Strict(), Field(ge=0, le=20)]
 
@@ -110,6 +111,9 @@ class SamplingExtras(_Request):
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     ebnf: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
+    # SGLang's request id: the engine's rid (a prompt's, or one per prompt), which
+    # /abort_request takes; a string is also the response's id
+    rid: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = None
     # SGLang request fields not implemented here, refused as native /generate refuses them.
     return_hidden_states: Optional[Bool] = None
     lora_path: Optional[Any] = None
@@ -200,7 +204,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length"]] = None
+    finish_reason: Optional[Literal["stop", "length", "abort"]] = None
     matched_stop: Union[None, int, str] = None  # SGLang's extra: the stop string or token id
 
 
@@ -380,7 +384,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls", "abort"]] = None
     matched_stop: Union[None, int, str] = None
 
 
@@ -419,7 +423,7 @@ class ChatStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls", "abort"]] = None
     matched_stop: Union[None, int, str] = None
 
     @field_serializer("delta")

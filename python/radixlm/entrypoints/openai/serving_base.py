@@ -54,10 +54,16 @@ def engine_error(e: BaseException) -> OpenAIError:
     return OpenAIError(f"internal error: {type(e).__name__}: {e}", 500)
 
 
+def failed(meta: dict[str, Any]) -> bool:
+    """An abort that is an error: it carries an HTTP status (400: the request cannot be
+    served, 503: the server stops, 500: an internal failure). A client's own abort
+    (/abort_request) has none: its choice ends with finish_reason "abort", as in SGLang."""
+    reason = meta.get("finish_reason")
+    return bool(reason) and reason.get("type") == "abort" and bool(reason.get("status_code"))
+
+
 def abort_error(meta: dict[str, Any]) -> OpenAIError:
-    """OpenAI has no "abort" finish reason, so an aborted sequence fails the whole request.
-    The engine only says why in words; those that name a size the request exceeds are the
-    client's to fix (400: retrying cannot help), a shutdown is unavailability (503)."""
+    """The whole request fails with an aborted sequence's status (see `failed`)."""
     reason = meta.get("finish_reason") or {}
     message = reason.get("message") or "the request was aborted"
     return OpenAIError(message, reason.get("status_code") or 500)
@@ -150,7 +156,22 @@ class OpenAIServing:
         self.model_name = body.model or served_model_name(request)
         self.context_len: int = self.engine.ready.context_len
         self.allow_auto_truncate: bool = request.app.state.server_args.allow_auto_truncate
-        self.request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        # SGLang's `rid`, a string: the response's id too (a list names a batch's prompts)
+        self.request_id = body.rid if isinstance(body.rid, str) else \
+            f"{self.id_prefix}-{uuid.uuid4().hex}"
+
+    def engine_rids(self, num_prompts: int) -> list[str]:
+        """The engine's request id of each prompt: the `rid` list as given, a single rid for
+        one prompt, rid_0, rid_1, ... for several (as the native API names a batch's)."""
+        rid = self.body.rid
+        if isinstance(rid, list):
+            if len(rid) != num_prompts:
+                raise OpenAIError(f"rid has {len(rid)} entries for {num_prompts} prompts", 400,
+                                  param="rid")
+            return list(rid)
+        if num_prompts == 1:
+            return [self.request_id]
+        return [f"{self.request_id}_{i}" for i in range(num_prompts)]
 
     # ------------------------------------------------------------------ prompts
 
@@ -232,7 +253,7 @@ class OpenAIServing:
             raise engine_error(e) from e
         results = results if isinstance(results, list) else [results]
         for out in results:
-            if finish_type(out["meta_info"]) == "abort":
+            if failed(out["meta_info"]):
                 raise abort_error(out["meta_info"])
         return results
 
@@ -257,7 +278,7 @@ class OpenAIServing:
                 meta, st = out["meta_info"], states[i]
                 if st.finished:
                     continue
-                if finish_type(meta) == "abort":
+                if failed(meta):
                     raise abort_error(meta)
                 prompt_tokens[i // n] = meta["prompt_tokens"]
                 if i % n == 0:
@@ -293,7 +314,7 @@ class OpenAIServing:
             if isinstance(e, Exception):
                 raise engine_error(e) from e
             raise
-        if finish_type(first["meta_info"]) == "abort":
+        if failed(first["meta_info"]):
             await stream.aclose()
             raise abort_error(first["meta_info"])
         return first, stream

@@ -72,7 +72,7 @@ class ChatServing(OpenAIServing):
         if self.tools.keep_special_tokens:
             params["skip_special_tokens"] = False   # the call marker is a special token
         kwargs: dict[str, Any] = {"input_ids": [ids], "sampling_params": [params],
-                                  "rid": [self.request_id]}
+                                  "rid": self.engine_rids(1)}
         if self.body.logprobs:
             kwargs.update(return_logprob=True, top_logprobs_num=self.body.top_logprobs or 0,
                           return_text_in_logprobs=True)

@@ -83,7 +83,7 @@ class CompletionServing(OpenAIServing):
                                                                       "max_tokens"))
                   for ids in prompts.ids]
         kwargs: dict[str, Any] = {"input_ids": prompts.ids, "sampling_params": params,
-                                  "rid": [f"{self.request_id}-{i}" for i in range(len(params))]}
+                                  "rid": self.engine_rids(len(params))}
         if self.want_logprobs:
             # With echo, prompt logprobs too: from the first token on (its logprob is null).
             kwargs.update(return_logprob=True, top_logprobs_num=self.top_n,
