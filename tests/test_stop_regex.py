@@ -175,3 +175,31 @@ def test_engine_and_server_stop_at_a_pattern(make_engine) -> None:
         assert bad.status_code == 400 and "stop_regex" in bad.text
     finally:
         stop_server(proc)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain-loop", "overlap"])
+def test_stop_regex_ends_on_the_matching_step(make_engine, monkeypatch, overlap) -> None:
+    """Under the overlap scheduler (where a step is launched before the previous one's tokens
+    are checked) the output is the same: cut at the match, nothing generated past it counted."""
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    engine = make_engine(max_total_tokens=4096, disable_overlap_schedule=not overlap)
+    prompt = "List the numbers from 1 to 30, separated by commas: 1, 2, 3,"
+    greedy = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    full = engine.generate(prompt, greedy)
+    m = re.search(r"1\d,", full["text"])
+    assert m is not None
+    outs = engine.generate([prompt, prompt], [
+        {**greedy, "stop_regex": r"1\d,"},
+        {**greedy, "stop_regex": r"1\d,", "min_new_tokens": 30}])
+    assert outs[0]["text"] == full["text"][: m.start()]
+    # The match must end in token min_new_tokens or later: a later one, or none at all.
+    ids = full["output_ids"]
+    ends_in = {x.start(): next(k for k in range(1, len(ids) + 1)
+                               if len(engine.tokenizer.decode(ids[:k])) >= x.end())
+               for x in re.finditer(r"1\d,", full["text"])}
+    later = [start for start, k in ends_in.items() if k >= 30]
+    expected = full["text"] if not later else full["text"][: later[0]]
+    assert outs[1]["text"] == expected
+    tokens = [len(o["output_ids"]) for o in outs]
+    assert tokens[0] < 40 and tokens[0] == outs[0]["meta_info"]["completion_tokens"]
