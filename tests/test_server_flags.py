@@ -212,8 +212,12 @@ def test_revision_and_download_dir_find_a_cached_hub_model(tmp_path, smollm_dir,
 def test_new_flags_reach_server_args(tmp_path):
     args = ServerArgs.from_kwargs(chat_template="chatml", allow_auto_truncate=True,
                                   stream_interval=4, revision="main", download_dir=str(tmp_path),
-                                  trust_remote_code=True)
+                                  trust_remote_code=True, decode_log_interval=7,
+                                  enable_cache_report=True)
     argv = args.to_cli_args()
     for flag in ("--chat-template", "--allow-auto-truncate", "--stream-interval", "--revision",
-                 "--download-dir", "--trust-remote-code"):
+                 "--download-dir", "--trust-remote-code", "--decode-log-interval",
+                 "--enable-cache-report"):
         assert flag in argv
+    with pytest.raises(ValueError, match="--decode-log-interval"):
+        ServerArgs.from_kwargs(decode_log_interval=0)

@@ -123,11 +123,15 @@ class ServerArgs:
     stream_interval: int = 1
     log_level: str = "info"
     log_requests: bool = False
+    decode_log_interval: int = 40          # decode steps between two "decode batch" log lines
     enable_metrics: bool = False
     # SGLang's: do not send a warm-up request after start-up. radixlm sends none (its CUDA graphs
     # and kernels are warmed while the engine starts), so the flag holds either way; accepted so
     # that SGLang launch commands run unchanged.
     skip_server_warmup: bool = False
+    # SGLang's: report usage.prompt_tokens_details.cached_tokens. radixlm always reports them
+    # (clients ask for them), so the flag holds either way.
+    enable_cache_report: bool = False
 
     # Limits on what one HTTP request may ask for (the offline Engine is not limited)
     max_request_body_mb: float = 64.0      # larger bodies get HTTP 413
@@ -252,6 +256,8 @@ class ServerArgs:
                 raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
         if not (0 < self.port < 65536):
             raise bad("port", f"must be in 1..65535, got {self.port}")
+        if self.decode_log_interval < 1:
+            raise bad("decode-log-interval", f"must be >= 1, got {self.decode_log_interval}")
         if self.stream_interval < 1:
             raise bad("stream-interval", f"must be >= 1, got {self.stream_interval}")
         if self.chat_template is not None:

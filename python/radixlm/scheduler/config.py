@@ -22,6 +22,7 @@ class SchedulerConfig:
     disable_optimistic_grammar: bool = False
     grammar_backend: str = "xgrammar"
     random_seed: int = 0
+    decode_log_interval: int = 40
     # Speculative decoding (scheduler/speculation.py); None: off
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4

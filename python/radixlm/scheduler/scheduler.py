@@ -49,7 +49,6 @@ from radixlm.utils.device import to_device
 
 logger = logging.getLogger(__name__)
 
-DECODE_LOG_INTERVAL = 40    # decode steps between two "decode batch" log lines (SGLang's)
 
 
 class Scheduler:
@@ -167,7 +166,7 @@ class Scheduler:
             self.profiler.on_step()
             if launched.batch.forward_mode.is_decode:
                 self.decode_steps += 1
-                if self.decode_steps % DECODE_LOG_INTERVAL == 0:
+                if self.decode_steps % self.config.decode_log_interval == 0:
                     log_decode_batch(self)
         return launched is not None
 
