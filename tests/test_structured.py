@@ -177,8 +177,9 @@ def test_constraints_with_streaming_n_and_logprobs(engine):
     ({"regex": "a", "json_schema": "{}"}, "only one of"),
 ])
 def test_invalid_constraints_raise_and_engine_keeps_serving(engine, params, needle):
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(ValueError, match=needle) as e:
         engine.generate("x", {"max_new_tokens": 4, **params})
+    assert ".cc:" not in str(e.value)      # the compiler's reason, not its source location
     assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] >= 1
 
 

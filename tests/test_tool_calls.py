@@ -217,6 +217,10 @@ def test_forced_grammar_accepts_only_valid_calls(name):
     assert not accepts("Sure! " + good)
     named = xgr.Grammar.from_ebnf(forced_call_ebnf(f, FUNCTIONS[1:]))
     assert not xgr_testing._is_grammar_accept_string(named, good)
+    # A function declared without `parameters` takes none (OpenAI's rule): `{}` only.
+    bare = xgr.Grammar.from_ebnf(forced_call_ebnf(f, [{"name": "get_date"}]))
+    assert xgr_testing._is_grammar_accept_string(bare, call("get_date", {}))
+    assert not xgr_testing._is_grammar_accept_string(bare, call("get_date", {"argument": 23}))
 
 
 # ---------------------------------------------------------------------------- requests

@@ -124,6 +124,9 @@ class ServerArgs:
     log_level: str = "info"
     log_requests: bool = False
     decode_log_interval: int = 40          # decode steps between two "decode batch" log lines
+    # A scheduler that makes no progress for this long while it has requests ends its process
+    # (the server then exits, to be restarted) instead of hanging them (scheduler/watchdog.py)
+    watchdog_timeout: float = 300.0
     enable_metrics: bool = False
     # SGLang's: do not send a warm-up request after start-up. radixlm sends none (its CUDA graphs
     # and kernels are warmed while the engine starts), so the flag holds either way; accepted so
@@ -256,6 +259,8 @@ class ServerArgs:
                 raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
         if not (0 < self.port < 65536):
             raise bad("port", f"must be in 1..65535, got {self.port}")
+        if not self.watchdog_timeout > 0:
+            raise bad("watchdog-timeout", f"must be > 0 seconds, got {self.watchdog_timeout}")
         if self.decode_log_interval < 1:
             raise bad("decode-log-interval", f"must be >= 1, got {self.decode_log_interval}")
         if self.stream_interval < 1:

@@ -15,7 +15,7 @@ import xgrammar as xgr
 import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
-                                      InvalidConstraintError)
+                                      InvalidConstraintError, compiler_reason)
 
 
 AUTO_FILL_THREADS = 8
@@ -153,7 +153,7 @@ class XGrammarBackend(GrammarBackend):
         except InvalidConstraintError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with the reason
-            raise InvalidConstraintError(f"invalid {key.kind}: {e}") from None
+            raise InvalidConstraintError(f"invalid {key.kind}: {compiler_reason(e)}") from None
 
     def matcher(self, compiled: object) -> GrammarMatcher:
         return XGrammarMatcher(compiled, self._never)  # type: ignore[arg-type]

@@ -66,12 +66,13 @@ class StopRegexes:
                    max(_max_width(s) for s in sources))
 
     def find(self, text: str, end_after: int = 0) -> tuple[int, str] | None:
-        """The earliest match in `text` whose last character is at or after `end_after`:
-        (start, matched text), or None."""
+        """The earliest match in `text` whose last character is at or after `end_after` (a
+        zero-width match, a lookahead's: that starts there or later): (start, matched text),
+        or None."""
         best: tuple[int, str] | None = None
         for pattern in self.patterns:
             pos = 0
-            while (m := pattern.search(text, pos)) is not None and m.end() <= end_after:
+            while (m := pattern.search(text, pos)) is not None and _before(m, end_after):
                 pos = m.start() + 1           # a match wholly before end_after is no match
             if m is None:
                 continue
@@ -90,6 +91,13 @@ class StopRegexes:
                     hold = max(hold, len(text) - m.start())
                     break
         return hold
+
+
+def _before(m: regex.Match, end_after: int) -> bool:
+    """Whether match `m` lies wholly before index `end_after` (found, or skipped, earlier)."""
+    if m.end() > m.start():
+        return m.end() <= end_after
+    return m.start() < end_after
 
 
 __all__ = ["MAX_WINDOW_CHARS", "StopRegexes", "stop_regex_error"]

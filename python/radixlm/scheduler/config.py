@@ -23,6 +23,7 @@ class SchedulerConfig:
     grammar_backend: str = "xgrammar"
     random_seed: int = 0
     decode_log_interval: int = 40
+    watchdog_timeout: float = 300.0   # seconds without progress, with work, before exiting
     # Speculative decoding (scheduler/speculation.py); None: off
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4

@@ -356,11 +356,38 @@ class ResultProcessor:
         keep = min(kv_len, req.seq_len - jump.num_replaced)
         released_tails.append((req.req_pool_idx, keep, req.kv_allocated_len))
         req.jump_to(jump.num_replaced, jump.new_tokens, keep)
-        if len(req.output_ids) >= req.max_new_tokens:
+        stopped = self._stop_in_forced_tokens(req, len(req.output_ids) - len(jump.new_tokens))
+        if stopped is not None:
+            self.finish(req, stopped, send=False)
+        elif len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, FinishReason("length", length=req.max_new_tokens), send=False)
         elif req.grammar.is_terminated():
             self.finish(req, FinishReason("stop", matched=req.output_ids[-1]), send=False)
         return True
+
+    def _stop_in_forced_tokens(self, req: Req, first: int) -> FinishReason | None:
+        """A stop string or stop_regex in jump-forward's tokens (output_ids[first:]) stops the
+        request there, as in sampled ones; the forced tokens after it are dropped. Otherwise
+        the request's stop checker is rebuilt over the new tokens (the jump re-tokenized the
+        text it had seen)."""
+        params = req.sampling_params
+        if not (params.stop or params.stop_regex):
+            return None
+        ids = req.output_ids
+        req.stop_checker = None
+        start = max(first, params.min_new_tokens - 1, 0)
+        if start >= len(ids):
+            return None     # (before min_new_tokens: _check_finished starts a checker later)
+        checker = StopStringChecker(self.tokenizer, params.stop, params.skip_special_tokens,
+                                    params.spaces_between_special_tokens, params.stop_regex)
+        checker.skip(ids[:start])    # (no match ends there: checked, or before min_new_tokens)
+        for k in range(start, len(ids)):
+            matched = checker.check([ids[k]])
+            if matched is not None:
+                del ids[k + 1:]
+                return FinishReason("stop", matched=matched)
+        req.stop_checker = checker
+        return None
 
     # ------------------------------------------------------------------ finishing
 

@@ -37,6 +37,7 @@ from radixlm.scheduler.profiler import StepProfiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
 from radixlm.scheduler.results import ResultProcessor, StepResult
+from radixlm.scheduler.watchdog import StepWatchdog
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.short_prefill import SHORT_PREFILL_TOKENS, ShortPrefills
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
@@ -121,8 +122,15 @@ class Scheduler:
     # ------------------------------------------------------------------ loop
 
     def run_forever(self) -> None:
-        while not self.stopped:
-            self.step(block=True)
+        # --watchdog-timeout: a loop stuck with work to do ends the process (watchdog.py)
+        watchdog = StepWatchdog(self.config.watchdog_timeout, lambda: self.has_work)
+        watchdog.start()
+        try:
+            while not self.stopped:
+                self.step(block=True)
+                watchdog.beat()
+        finally:
+            watchdog.stop()
 
     def step(self, block: bool = False) -> bool:
         """One scheduler iteration. Returns whether a batch was launched.

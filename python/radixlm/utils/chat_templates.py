@@ -54,6 +54,21 @@ BUILTIN_CHAT_TEMPLATES: dict[str, str] = {
 }
 
 
+# What ends the assistant's turn in each built-in template: chat requests stop there, since a
+# model whose tokenizer had no template may not stop on its own end-of-sequence token.
+BUILTIN_CHAT_STOPS: dict[str, tuple[str, ...]] = {
+    "chatml": ("<|im_end|>",),
+    "llama-3-instruct": ("<|eot_id|>",),
+    "gemma-it": ("<end_of_turn>",),
+}
+
+
+def chat_template_stops(value: str | None) -> tuple[str, ...]:
+    """The stop strings a --chat-template value brings (a built-in's; none for a file or a
+    written-out template, whose turns end as the model was trained to end them)."""
+    return BUILTIN_CHAT_STOPS.get(value or "", ())
+
+
 def load_chat_template(value: str) -> str:
     """The Jinja source `value` names: a built-in name, a file's contents, or `value` itself
     when it is a template. ValueError says which of these it is not."""
@@ -95,4 +110,5 @@ def _checked(source: str, what: str) -> str:
     return source
 
 
-__all__ = ["BUILTIN_CHAT_TEMPLATES", "load_chat_template"]
+__all__ = ["BUILTIN_CHAT_STOPS", "BUILTIN_CHAT_TEMPLATES", "chat_template_stops",
+           "load_chat_template"]

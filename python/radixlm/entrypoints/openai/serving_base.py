@@ -47,7 +47,7 @@ def engine_error(e: BaseException) -> OpenAIError:
     if isinstance(e, OpenAIError):
         return e
     if isinstance(e, ValueError):
-        return OpenAIError(str(e), 400)
+        return OpenAIError(str(e), 400, param=_constraint_param(str(e)))
     if isinstance(e, EngineDeadError):
         return OpenAIError(str(e), 503)
     logger.exception("OpenAI request failed", exc_info=e)
@@ -60,6 +60,15 @@ def failed(meta: dict[str, Any]) -> bool:
     (/abort_request) has none: its choice ends with finish_reason "abort", as in SGLang."""
     reason = meta.get("finish_reason")
     return bool(reason) and reason.get("type") == "abort" and bool(reason.get("status_code"))
+
+
+def _constraint_param(message: str) -> Optional[str]:
+    """The request field a constraint's compile error is about (the engine says it in words:
+    "invalid regex: ...", "json_schema is not valid JSON: ...")."""
+    for kind in ("json_schema", "regex", "ebnf"):
+        if message.startswith((f"invalid {kind}:", f"{kind} is not valid")):
+            return kind
+    return None
 
 
 def abort_error(meta: dict[str, Any]) -> OpenAIError:

@@ -6,6 +6,7 @@ prompt's KV through the radix cache; the engine returns them in choice order.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
@@ -22,6 +23,14 @@ from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, 
                                                      finish_type, make_usage, matched_stop, sse)
 from radixlm.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from radixlm.parsers.reasoning import get_reasoning_parser
+from radixlm.utils.chat_templates import chat_template_stops
+
+
+@functools.lru_cache(maxsize=16)
+def single_token_id(tokenizer: Any, text: str) -> int | None:
+    """The id of the one vocabulary entry spelled `text`, if there is one."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
 
 
 class ChatServing(OpenAIServing):
@@ -63,12 +72,26 @@ class ChatServing(OpenAIServing):
         inside = reasoning is not None and not forced and reasoning.starts_inside(prompt)
         return OutputParsing(reasoning, inside, self.tools.parser)
 
+    def _add_template_stops(self, params: dict[str, Any]) -> None:
+        """A built-in --chat-template's end of turn stops the answer: as a stop string, and as
+        a stop token where the tokenizer has it as one (decoding skips special tokens' text)."""
+        stops = chat_template_stops(self.args.chat_template)
+        if not stops:
+            return
+        given = params.get("stop") or []
+        given = [given] if isinstance(given, str) else list(given)
+        params["stop"] = given + [s for s in stops if s not in given]
+        ids = [tid for s in stops if (tid := single_token_id(self.engine.tokenizer, s)) is not None]
+        if ids:
+            params["stop_token_ids"] = list(params.get("stop_token_ids") or []) + ids
+
     def _engine_kwargs(self, ids: list[int]) -> dict[str, Any]:
         max_new = self.max_new_tokens(len(ids), self.body.max_new_tokens,
                                       "max_completion_tokens"
                                       if self.body.max_completion_tokens is not None
                                       else "max_tokens")
         params = {**self.sampling_params(self.body, max_new), **self.tools.constraint}
+        self._add_template_stops(params)
         if self.tools.keep_special_tokens:
             params["skip_special_tokens"] = False   # the call marker is a special token
         kwargs: dict[str, Any] = {"input_ids": [ids], "sampling_params": [params],

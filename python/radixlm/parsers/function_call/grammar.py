@@ -10,12 +10,14 @@ server that never forces a call never loads it in the HTTP process.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from radixlm.constrained.base import compiler_reason
 from radixlm.parsers.function_call.base import ForcedFormat
 
-_ANY_ARGUMENTS = {"type": "object"}
+# A function declared without `parameters` takes none (OpenAI: "omitting parameters defines a
+# function with an empty parameter list"): its forced arguments are `{}`.
+_NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def call_schema(functions: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
@@ -25,7 +27,7 @@ def call_schema(functions: list[dict[str, Any]], args_key: str) -> dict[str, Any
         options.append({
             "type": "object",
             "properties": {"name": {"const": fn["name"]},
-                           args_key: fn.get("parameters") or _ANY_ARGUMENTS},
+                           args_key: fn.get("parameters") or _NO_ARGUMENTS},
             "required": ["name", args_key],
             "additionalProperties": False,
         })
@@ -35,12 +37,6 @@ def call_schema(functions: list[dict[str, Any]], args_key: str) -> dict[str, Any
 def _literal(text: str) -> str:
     """An EBNF string literal (xgrammar reads JSON-style escapes)."""
     return json.dumps(text, ensure_ascii=False)
-
-
-def _reason(e: Exception) -> str:
-    """xgrammar's message without its "[time] file.cc:line: " prefix."""
-    lines = str(e).strip().splitlines() or [type(e).__name__]
-    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0])
 
 
 def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]]) -> str:
@@ -55,7 +51,7 @@ def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]]) -> str:
         parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with the reason
         raise ValueError(f"the tools' parameters are not a usable JSON schema: "
-                         f"{_reason(e)}") from None
+                         f"{compiler_reason(e)}") from None
     if fmt.prefix:
         parts.insert(0, xgr.Grammar.from_ebnf(f"root ::= {_literal(fmt.prefix)}"))
     if fmt.suffix:
