@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixlm.managers.detokenizer import IncrementalDetokenizer, StopStringChecker
-from radixlm.managers.stop_regex import MAX_WINDOW_CHARS, StopRegexes, stop_regex_error
+from radixlm.sampling.stop_regex import MAX_WINDOW_CHARS, StopRegexes, stop_regex_error
 from radixlm.sampling.params import SamplingParams
 
 TEXT = "Order 66 shipped on 2024-05-17; total: $12.50 (paid). Next order: 67."

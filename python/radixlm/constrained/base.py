@@ -8,7 +8,6 @@ constraint never imports xgrammar).
 from __future__ import annotations
 
 import importlib
-import re
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -36,13 +35,6 @@ class ConstraintKey:
 
 class InvalidConstraintError(ValueError):
     """The constraint does not compile; the message is the compiler's."""
-
-
-def compiler_reason(e: Exception) -> str:
-    """A grammar compiler's (xgrammar's) message, without its "[time] file.cc:line: " prefix:
-    what a client can act on."""
-    lines = str(e).strip().splitlines() or [type(e).__name__]
-    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0])
 
 
 class GrammarMatcher(ABC):

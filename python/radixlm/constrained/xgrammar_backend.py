@@ -15,7 +15,8 @@ import xgrammar as xgr
 import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
-                                      InvalidConstraintError, compiler_reason)
+                                      InvalidConstraintError)
+from radixlm.utils.grammar_errors import compiler_reason
 
 
 AUTO_FILL_THREADS = 8

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -109,6 +110,13 @@ class _Children:
             if proc.poll() is None:
                 proc.kill()
 
+    def stopped_on_request(self) -> bool:
+        """Whether every child that has exited did so as asked: code 0, or ended by SIGTERM /
+        SIGINT (a service manager stopping every process at once), not a crash or a kill."""
+        asked = {0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT}
+        return all(proc.returncode in asked for _, proc in self.processes
+                   if proc.poll() is not None)
+
     def reap(self, timeout_s: float = 5.0) -> None:
         """Wait for killed children, so that none is left a zombie."""
         for _, proc in self.processes:
@@ -188,8 +196,9 @@ class Engine:
                                              name="radixlm-tokenizer", daemon=True)
         self._loop_thread.start()
         # Called (from the receiver thread) once a child process has died and the engine has
-        # stopped: `radixlm serve` then exits, as SGLang's server does.
-        self.on_dead: Callable[[str], None] | None = None
+        # stopped, with why and whether it was stopped on request (SIGTERM): `radixlm serve`
+        # then exits, as SGLang's server does.
+        self.on_dead: Callable[[str, bool], None] | None = None
         self._receiver = threading.Thread(target=self._receive_outputs, name="radixlm-receiver",
                                           daemon=True)
         self._closed = False
@@ -211,10 +220,11 @@ class Engine:
                     self.loop.call_soon_threadsafe(tm.mark_dead, reason)
                     # The others cannot go on without it (a rank would wait in a collective
                     # for ever): stop them too, and reap them.
+                    asked = children.stopped_on_request()
                     children.kill()
                     children.reap()
                     if self.on_dead is not None:
-                        self.on_dead(reason)
+                        self.on_dead(reason, asked)
                 return
 
     def _run(self, coro) -> Any:

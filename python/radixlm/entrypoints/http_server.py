@@ -140,12 +140,14 @@ def serve(args: ServerArgs) -> int:
     server = Server(config)
     died: list[str] = []
 
-    def on_dead(reason: str) -> None:
+    def on_dead(reason: str, asked: bool) -> None:
         # A child process died: requests already get 503 and /health says so; the server
         # exits (code 1) so that a supervisor or orchestrator restarts it, as SGLang's does.
+        # (Children stopped by a SIGTERM sent to every process: a shutdown, exit code 0.)
         print(f"radixlm: the engine stopped ({reason}); the server exits", file=sys.stderr,
               flush=True)
-        died.append(reason)
+        if not asked:
+            died.append(reason)
         server.should_exit = True
 
     engine.on_dead = on_dead

@@ -8,7 +8,7 @@ Two consumers share one windowed decoder:
 - `StopStringChecker` lives in the scheduler and only answers "does the output now contain a stop
   string?", so the request can finish on the very step the stop string completes.
 
-Both treat a `stop_regex` match (stop_regex.py) as a stop string spelled by a pattern.
+Both treat a `stop_regex` match (sampling/stop_regex.py) as a stop string spelled by a pattern.
 
 Why a window instead of `decode(all_ids)` every step: decoding is O(output length), which makes a
 long generation quadratic. We decode `ids[prefix_offset:]` and subtract the text of
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.managers.stop_regex import StopRegexes
+from radixlm.sampling.stop_regex import StopRegexes
 
 REPLACEMENT_CHAR = "\ufffd"
 

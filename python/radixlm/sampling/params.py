@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.managers.stop_regex import stop_regex_error
+from radixlm.sampling.stop_regex import stop_regex_error
 
 # top_k = -1 means "no top-k filtering" (SGLang's convention); we normalise it to the vocab size
 # lazily in the sampler, so the stored value keeps the user's meaning.
@@ -48,7 +48,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    # Regular expressions that stop the request like stop strings (managers/stop_regex.py)
+    # Regular expressions that stop the request like stop strings (sampling/stop_regex.py)
     stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True

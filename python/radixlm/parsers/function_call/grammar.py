@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixlm.constrained.base import compiler_reason
+from radixlm.utils.grammar_errors import compiler_reason
 from radixlm.parsers.function_call.base import ForcedFormat
 
 # A function declared without `parameters` takes none (OpenAI: "omitting parameters defines a
