@@ -239,13 +239,9 @@ class ResultProcessor:
                 return FinishReason("stop", matched=token)
         if (params.stop or params.stop_regex) and len(req.output_ids) >= params.min_new_tokens:
             if req.stop_checker is None:
-                req.stop_checker = StopStringChecker(self.tokenizer, params.stop,
-                                                     params.skip_special_tokens,
-                                                     params.spaces_between_special_tokens,
-                                                     params.stop_regex)
                 # A stop string in the first min_new_tokens - 1 tokens' text is no match.
                 first = max(params.min_new_tokens - 1, 0)
-                req.stop_checker.skip(req.output_ids[:first])
+                req.stop_checker = self._stop_checker(req, first)
                 matched = req.stop_checker.check(req.output_ids[first:])
             else:
                 matched = req.stop_checker.check([token])
@@ -365,6 +361,15 @@ class ResultProcessor:
             self.finish(req, FinishReason("stop", matched=req.output_ids[-1]), send=False)
         return True
 
+    def _stop_checker(self, req: Req, skipped: int) -> StopStringChecker:
+        """A stop checker for `req` that has read its first `skipped` output tokens without
+        looking for stops in them."""
+        p = req.sampling_params
+        checker = StopStringChecker(self.tokenizer, p.stop, p.skip_special_tokens,
+                                    p.spaces_between_special_tokens, p.stop_regex)
+        checker.skip(req.output_ids[:skipped])
+        return checker
+
     def _stop_in_forced_tokens(self, req: Req, first: int) -> FinishReason | None:
         """A stop string or stop_regex in jump-forward's tokens (output_ids[first:]) stops the
         request there, as in sampled ones; the forced tokens after it are dropped. Otherwise
@@ -378,9 +383,8 @@ class ResultProcessor:
         start = max(first, params.min_new_tokens - 1, 0)
         if start >= len(ids):
             return None     # (before min_new_tokens: _check_finished starts a checker later)
-        checker = StopStringChecker(self.tokenizer, params.stop, params.skip_special_tokens,
-                                    params.spaces_between_special_tokens, params.stop_regex)
-        checker.skip(ids[:start])    # (no match ends there: checked, or before min_new_tokens)
+        # (no match ends before `start`: checked already, or before min_new_tokens)
+        checker = self._stop_checker(req, start)
         for k in range(start, len(ids)):
             matched = checker.check([ids[k]])
             if matched is not None:

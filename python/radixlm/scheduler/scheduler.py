@@ -51,7 +51,6 @@ from radixlm.utils.device import to_device
 logger = logging.getLogger(__name__)
 
 
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, runner: ModelRunner, kv: KVCacheManager,
                  recv: Callable[[float | None], list[Any]], send: Callable[[Any], None],
