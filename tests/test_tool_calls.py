@@ -223,6 +223,30 @@ def test_forced_grammar_accepts_only_valid_calls(name):
     assert not xgr_testing._is_grammar_accept_string(bare, call("get_date", {"argument": 23}))
 
 
+@pytest.mark.parametrize("name", sorted(TOOL_CALL_PARSERS) + ["json"])
+def test_forced_grammar_for_several_calls(name):
+    """tool_choice "required" with parallel calls: one or more calls joined by the format's
+    separator, each valid, which the format's parser reads back as that many calls; the
+    single-call grammar refuses two."""
+    xgr_testing = pytest.importorskip("xgrammar.testing")
+    import xgrammar as xgr
+
+    parser = _parser(name).forced_parser()
+    f = parser.forced
+    several = xgr.Grammar.from_ebnf(forced_call_ebnf(f, FUNCTIONS, several=True))
+    one = xgr.Grammar.from_ebnf(forced_call_ebnf(f, FUNCTIONS))
+    bodies = [json.dumps({"name": "get_weather", f.args_key: WEATHER}, separators=(", ", ": ")),
+              json.dumps({"name": "get_time", f.args_key: {}}, separators=(", ", ": "))]
+    accepts = xgr_testing._is_grammar_accept_string
+    two = f.prefix + f.between.join(bodies) + f.suffix
+    assert accepts(several, two) and accepts(several, f.prefix + bodies[0] + f.suffix)
+    assert not accepts(one, two)
+    assert not accepts(several, f.prefix + f.suffix)                      # no call at all
+    assert not accepts(several, f.prefix + bodies[0] + f.between + f.suffix)
+    assert [c.name for c in parser.parse(two).calls] == ["get_weather", "get_time"]
+    assert parser.parse(two).content == ""
+
+
 # ---------------------------------------------------------------------------- requests
 
 @pytest.fixture(scope="module")
@@ -304,6 +328,37 @@ def test_plan_for_template_with_tools(tokenizer):
     assert prompt.endswith("<assistant><think></think>")
     forced = plan_tools(_request(tools=TOOLS, tool_choice="required"), tok, None)
     assert isinstance(forced.parser, JsonParser) and forced.forced
+
+
+def test_parallel_tool_calls(tokenizer):
+    """tool_choice "required" lets the grammar write several calls when parallel_tool_calls is
+    true (one by default); a named function is called once; with parallel_tool_calls false the
+    output parsing returns the first call only, in auto mode too."""
+    from radixlm.entrypoints.openai.tool_calls import plan_tools
+    from radixlm.parsers.function_call.formats import HermesParser
+
+    between = json.dumps(HermesParser.forced.between)   # as the EBNF spells it
+
+    def plan(**kw):
+        return plan_tools(_request(tools=TOOLS, **kw), tokenizer, "qwen25")
+
+    several = plan(tool_choice="required", parallel_tool_calls=True)
+    assert several.max_calls is None and between in several.constraint["ebnf"]
+    for one in (plan(tool_choice="required"),
+                plan(tool_choice="required", parallel_tool_calls=False),
+                plan(tool_choice={"type": "function", "function": {"name": "get_time"}},
+                     parallel_tool_calls=True)):
+        assert between not in one.constraint["ebnf"]
+    assert plan(tool_choice="required", parallel_tool_calls=False).max_calls == 1
+    auto = plan_tools(_request(tools=TOOLS, parallel_tool_calls=False), tokenizer, "qwen25")
+    assert auto.max_calls == 1 and not auto.forced
+
+    text = ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    both = OutputParsing(tools=HermesParser()).message(text).tool_calls
+    first = OutputParsing(tools=HermesParser(), max_calls=1).message(text).tool_calls
+    assert [c.function.name for c in both] == ["get_time", "get_weather"]
+    assert [c.function.name for c in first] == ["get_time"]
 
 
 def test_special_token_markers(tokenizer):

@@ -53,9 +53,9 @@ def client(server_url):
     return openai_client(server_url, timeout=300)
 
 
-def _check_calls(choice, allowed: set[str]) -> list:
+def _check_calls(choice, allowed: set[str], single: bool = True) -> list:
     calls = choice.message.tool_calls
-    assert choice.finish_reason == "tool_calls" and calls and len(calls) == 1
+    assert choice.finish_reason == "tool_calls" and calls and (len(calls) == 1 or not single)
     for call in calls:
         assert call.type == "function" and call.id.startswith("call_")
         assert call.function.name in allowed
@@ -77,6 +77,29 @@ def test_forced_call_is_valid(client, tool_choice):
     for choice in resp.choices:
         _check_calls(choice, allowed)
         assert not choice.message.content
+
+
+def test_required_with_parallel_tool_calls(client):
+    """parallel_tool_calls true lets a forced answer hold several calls, each valid, and the
+    stream numbers them by index; the same request with false returns one call."""
+    kwargs = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", n=4,
+                  temperature=0.7, seed=5, max_tokens=200)
+    several = client.chat.completions.create(parallel_tool_calls=True, **kwargs)
+    counts = [len(_check_calls(c, set(SCHEMAS), single=False)) for c in several.choices
+              if c.finish_reason == "tool_calls"]
+    assert counts and max(counts) >= 2
+    for choice in client.chat.completions.create(parallel_tool_calls=False, **kwargs).choices:
+        _check_calls(choice, set(SCHEMAS))
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(parallel_tool_calls=True, stream=True,
+                                                **{**kwargs, "n": 1, "seed": 5}):
+        for c in chunk.choices:
+            for call in c.delta.tool_calls or []:
+                streamed.setdefault(call.index, "")
+                streamed[call.index] += call.function.arguments or ""
+    assert streamed and list(streamed) == list(range(len(streamed)))
+    for args in streamed.values():
+        json.loads(args)
 
 
 def test_streamed_call_accumulates_to_the_same_call(client):

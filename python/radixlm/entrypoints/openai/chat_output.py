@@ -37,6 +37,7 @@ class OutputParsing:
     reasoning: Optional[ReasoningParser] = None
     inside_reasoning: bool = False      # the output starts inside a thinking block
     tools: Optional[ToolCallParser] = None
+    max_calls: Optional[int] = None     # parallel_tool_calls false: the first call only
 
     @property
     def active(self) -> bool:
@@ -50,7 +51,7 @@ class OutputParsing:
         if self.tools is None:
             return Split(reasoning, rest, [])
         scan = self.tools.scan(rest, final)
-        return Split(reasoning, scan.content, scan.calls)
+        return Split(reasoning, scan.content, scan.calls[:self.max_calls])
 
     def message(self, text: str) -> ChatResponseMessage:
         """The finished choice's message. A finished scan holds only complete calls."""

@@ -276,7 +276,7 @@ class ChatCompletionRequest(SamplingExtras):
     top_logprobs: Optional[TopLogprobsNum] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[ToolChoice] = None   # None: "auto" with tools, else "none"
-    parallel_tool_calls: Optional[Bool] = None  # accepted; a forced call is always one call
+    parallel_tool_calls: Optional[Bool] = None  # false: one call at most (tool_calls.py)
     continue_final_message: Bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
     separate_reasoning: Bool = True   # SGLang's: False keeps thinking inside `content`

@@ -5,10 +5,15 @@ Decisions (the issue's part 2):
 - tool_choice "none" (or no tools): tools are not shown and the output is not parsed.
 - "auto" (the default with tools): the template renders the tools; the output is parsed with
   --tool-call-parser when one is set (with none, the answer is plain text, as in SGLang).
-- "required" / a named function: the output is forced by a grammar to be exactly one
-  well-formed call in the parser's format (plain JSON {"name", "arguments"} without a parser,
-  or for pythonic, which a grammar cannot tie to a JSON schema), whose arguments follow the
-  function's `parameters` schema; it is returned as `tool_calls`. A forced call leaves no room
+- "required" / a named function: the output is forced by a grammar to be well-formed calls
+  in the parser's format (plain JSON {"name", "arguments"} without a parser, or for
+  pythonic, which a grammar cannot tie to a JSON schema), whose arguments follow the
+  function's `parameters` schema; they are returned as `tool_calls`. A named function is
+  called once. "required" allows one or more calls when the request sends
+  parallel_tool_calls true, else exactly one: the grammar cannot tell a model when to stop
+  calling, and the bundled SmolLM2 (greedy) repeats the call until max_tokens, so a request
+  that does not ask for parallel calls gets the one call it can rely on.
+- parallel_tool_calls false: at most one call is returned (the first), whatever the choice. A forced call leaves no room
   for thinking, so the reasoning parser treats that output as content.
 - A chat template that ignores `tools` (SmolLM2's, for one): with a parser, the tools are
   described in a system prompt in the parser's format, and past calls are written into the
@@ -68,6 +73,7 @@ class ToolPlan:
     system_prompt: Optional[str] = None          # describes the tools where the template can't
     history_format: Optional[ToolCallParser] = None  # writes past calls as text, likewise
     constraint: dict[str, str] = field(default_factory=dict)  # sampling_params of a forced call
+    max_calls: Optional[int] = None              # calls returned at most (None: any number)
     keep_special_tokens: bool = False            # the call marker is a special token
 
     @property
@@ -97,7 +103,8 @@ def plan_tools(body: ChatCompletionRequest, tokenizer, parser_name: Optional[str
     offered = tools
     if isinstance(choice, NamedToolChoice):
         offered = [t for t in tools if t["function"]["name"] == choice.function.name]
-    plan = ToolPlan(template_tools=offered if native else None, history_format=history_format)
+    plan = ToolPlan(template_tools=offered if native else None, history_format=history_format,
+                    max_calls=1 if body.parallel_tool_calls is False else None)
     if choice == "auto":
         plan.parser = configured
     else:
@@ -105,7 +112,9 @@ def plan_tools(body: ChatCompletionRequest, tokenizer, parser_name: Optional[str
         plan.parser = (configured or JsonParser()).forced_parser()
         try:
             plan.constraint = {"ebnf": forced_call_ebnf(plan.parser.forced,
-                                                        [t["function"] for t in offered])}
+                                                        [t["function"] for t in offered],
+                                                        several=choice == "required"
+                                                        and body.parallel_tool_calls is True)}
         except ValueError as e:
             raise OpenAIError(str(e), 400, param="tools") from None
     if not native:

@@ -35,11 +35,14 @@ class Scan:
 
 @dataclass(frozen=True)
 class ForcedFormat:
-    """The exact text of one forced call: prefix + {"name": ..., ARGS_KEY: {...}} + suffix.
-    tool_choice required / named constrains the output to it (see grammar.py)."""
+    """The exact text of a forced answer: prefix + {"name": ..., ARGS_KEY: {...}} + suffix,
+    and with several calls (tool_choice "required" with parallel calls allowed) the calls
+    joined by `between`. tool_choice required / named constrains the output to it (see
+    grammar.py)."""
     prefix: str
     suffix: str
     args_key: str
+    between: str = "\n"
 
 
 class ToolCallParser(ABC):

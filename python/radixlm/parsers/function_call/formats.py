@@ -31,7 +31,8 @@ class HermesParser(ToolCallParser):
     name = "qwen25"
     start_marker = "<tool_call>"
     end_marker = "</tool_call>"
-    forced = ForcedFormat("<tool_call>\n", "\n</tool_call>", "arguments")
+    forced = ForcedFormat("<tool_call>\n", "\n</tool_call>", "arguments",
+                          between="\n</tool_call>\n<tool_call>\n")
 
     def scan(self, text: str, final: bool) -> Scan:
         pieces, calls, pos = [], [], 0
@@ -118,7 +119,7 @@ class Llama3Parser(_TailRegionParser):
     name = "llama3"
     start_marker = "<|python_tag|>"
     separators = ";"
-    forced = ForcedFormat("", "", "parameters")
+    forced = ForcedFormat("", "", "parameters", between="; ")
 
     def region_start(self, text: str, final: bool) -> tuple[int, int] | None:
         found = super().region_start(text, final)
@@ -144,7 +145,7 @@ class MistralParser(_TailRegionParser):
     name = "mistral"
     start_marker = "[TOOL_CALLS]"
     separators = "[],"
-    forced = ForcedFormat("[TOOL_CALLS] [", "]", "arguments")
+    forced = ForcedFormat("[TOOL_CALLS] [", "]", "arguments", between=", ")
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{self.start_marker} [{_call_json(name, arguments)}]"

@@ -10,6 +10,7 @@ server that never forces a call never loads it in the HTTP process.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from radixlm.utils.grammar_errors import compiler_reason
@@ -18,6 +19,7 @@ from radixlm.parsers.function_call.base import ForcedFormat
 # A function declared without `parameters` takes none (OpenAI: "omitting parameters defines a
 # function with an empty parameter list"): its forced arguments are `{}`.
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+_CALL_RULE = "radixlm_forced_call"
 
 
 def call_schema(functions: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
@@ -39,21 +41,27 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]]) -> str:
-    """EBNF for exactly one call in format `fmt`. Raises ValueError when a function's
-    parameters are not a schema the grammar backend understands."""
+def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]],
+                     several: bool = False) -> str:
+    """EBNF for exactly one call in format `fmt`, or with `several` one or more calls joined
+    by the format's separator. Raises ValueError when a function's parameters are not a
+    schema the grammar backend understands."""
     import xgrammar as xgr
 
     schema = json.dumps(call_schema(functions, fmt.args_key))
     try:
         # Compact separators, as the backend's json_schema constraints: no free whitespace for
         # a small model to wander into.
-        parts = [xgr.Grammar.from_json_schema(schema, any_whitespace=False)]
+        call = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     except Exception as e:  # xgrammar raises RuntimeError / ValueError with the reason
         raise ValueError(f"the tools' parameters are not a usable JSON schema: "
                          f"{compiler_reason(e)}") from None
-    if fmt.prefix:
-        parts.insert(0, xgr.Grammar.from_ebnf(f"root ::= {_literal(fmt.prefix)}"))
-    if fmt.suffix:
-        parts.append(xgr.Grammar.from_ebnf(f"root ::= {_literal(fmt.suffix)}"))
-    return str(parts[0] if len(parts) == 1 else xgr.Grammar.concat(*parts))
+    # The schema's grammar becomes rule _CALL_RULE (no other rule refers to its root: the
+    # conversion names the rest root_prop_0, basic_string, ...), and a new root wraps it.
+    call = re.sub(r"^root ::=", f"{_CALL_RULE} ::=", call, count=1, flags=re.MULTILINE)
+    body = _CALL_RULE
+    if several:
+        body = f"{_CALL_RULE} ({_literal(fmt.between)} {_CALL_RULE})*"
+    parts = [_literal(p) for p in (fmt.prefix,) if p] + [body] + \
+        [_literal(s) for s in (fmt.suffix,) if s]
+    return f"root ::= {' '.join(parts)}\n{call}"
