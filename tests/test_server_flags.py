@@ -25,11 +25,32 @@ TEMPLATE = ("{% for m in messages %}[[{{ m['role'] | upper }}]] {{ m['content'] 
             "{% if add_generation_prompt %}[[ASSISTANT]]{% endif %}")
 
 
+# --preferred-sampling-params of the module's server (native requests here all set their own
+# max_new_tokens, but for the test of it).
+PREFERRED = '{"max_new_tokens": 6, "ignore_eos": true}'
+
+
+def _model_with_generation_config(root, smollm_dir: str, config: dict) -> str:
+    """The bundled model's files (linked) with its generation_config.json replaced."""
+    path = root / "model"
+    path.mkdir()
+    for name in os.listdir(smollm_dir):
+        if name != "generation_config.json":
+            os.symlink(os.path.join(smollm_dir, name), path / name)
+    (path / "generation_config.json").write_text(json.dumps(config))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+def url(tmp_path_factory, smollm_dir):
+    root = tmp_path_factory.mktemp("template")
+    path = root / "chat.jinja"
     path.write_text(TEMPLATE)
-    proc, url = start_server("--chat-template", str(path), "--allow-auto-truncate",
+    # The model recommends greedy decoding: /v1 requests without a temperature are greedy
+    # (--sampling-defaults model, the default).
+    model = _model_with_generation_config(root, smollm_dir, {"temperature": 0.0})
+    proc, url = start_server("--model-path", model, "--chat-template", str(path),
+                             "--allow-auto-truncate", "--preferred-sampling-params", PREFERRED,
                              "--stream-interval", "3", "--context-length", str(CONTEXT))
     yield url
     stop_server(proc)
@@ -121,6 +142,26 @@ def test_stream_interval_flag_and_per_request_override(url):
     assert 2 <= len(deltas) <= 4 and "".join(deltas) == whole
 
 
+def test_preferred_sampling_params_and_model_sampling_defaults(url):
+    """--preferred-sampling-params fill what a request leaves out (null included), and the
+    model's generation_config.json gives /v1 requests their unset temperature."""
+    meta = _generate(url, {"text": "Hello"}).json()["meta_info"]
+    assert meta["completion_tokens"] == 6          # preferred max_new_tokens, ignore_eos
+    meta = _generate(url, {"text": "Hello", "sampling_params": {"max_new_tokens": None}}).json()
+    assert meta["meta_info"]["completion_tokens"] == 6
+    meta = _generate(url, {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}).json()
+    assert meta["meta_info"]["completion_tokens"] == 2
+    info = httpx.get(url + "/get_model_info", timeout=30).json()
+    assert info["preferred_sampling_params"] == PREFERRED
+    client = openai_client(url)
+    kwargs = dict(model="m", prompt="Once upon a time", max_tokens=8)
+    greedy = client.completions.create(temperature=0, **kwargs).choices[0].text
+    unset = client.completions.create(n=3, **kwargs)
+    assert [c.text for c in unset.choices] == [greedy] * 3
+    sampled = client.completions.create(temperature=1.5, n=3, seed=1, **kwargs)
+    assert any(c.text != greedy for c in sampled.choices)
+
+
 # ---------------------------------------------------------------------- flags and helpers
 
 def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
@@ -136,6 +177,23 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
     assert code == 2 and "not valid Jinja" in err
     code, err = cli_error(["serve", "--stream-interval", "0"], capsys)
     assert code == 2 and "--stream-interval" in err
+    for value, reason in (('{"temprature": 1}', "temprature"), ("temperature=1", "JSON"),
+                          ("[1]", "JSON object"), ('{"top_p": 2}', "top_p")):
+        code, err = cli_error(["serve", "--preferred-sampling-params", value], capsys)
+        assert code == 2 and "--preferred-sampling-params" in err and reason in err
+    code, err = cli_error(["serve", "--sampling-defaults", "vllm"], capsys)
+    assert code == 2 and "--sampling-defaults" in err
+
+
+def test_model_sampling_defaults_read(tmp_path):
+    from radixlm.utils.sampling_defaults import model_sampling_defaults
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": True, "min_p": "x",
+         "eos_token_id": 2}))
+    assert model_sampling_defaults(str(tmp_path), "model") == {
+        "temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert model_sampling_defaults(str(tmp_path), "openai") == {}
+    assert model_sampling_defaults(str(tmp_path / "none"), "model") == {}
 
 
 def test_load_chat_template_sources(tmp_path):

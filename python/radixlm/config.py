@@ -48,6 +48,11 @@ class ServerArgs:
     # The chat template for chat requests, instead of the tokenizer's: a Jinja file, a Jinja
     # string, or a built-in name (radixlm/utils/chat_templates.py)
     chat_template: str | None = None
+    # Defaults under every request's sampling_params: a JSON object (utils/sampling_defaults.py)
+    preferred_sampling_params: str | None = None
+    # /v1 requests' unset temperature / top_p / top_k / min_p / repetition_penalty: "model"
+    # takes generation_config.json's, "openai" the API's neutral ones
+    sampling_defaults: str = "model"
 
     # Memory
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
@@ -271,6 +276,7 @@ class ServerArgs:
                 load_chat_template(self.chat_template)
             except ValueError as e:
                 raise bad("chat-template", str(e)) from None
+        self._validate_sampling_defaults(bad)
         from radixlm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS  # stdlib-only
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise bad("tool-call-parser", f"must be one of {sorted(TOOL_CALL_PARSERS)}, "
@@ -278,6 +284,19 @@ class ServerArgs:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
                                           f"got {self.reasoning_parser!r}")
+
+    def _validate_sampling_defaults(self, bad) -> None:
+        from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
+        if self.sampling_defaults not in SAMPLING_DEFAULTS:
+            raise bad("sampling-defaults", f"must be one of {list(SAMPLING_DEFAULTS)}, "
+                                           f"got {self.sampling_defaults!r}")
+        try:
+            preferred = parse_preferred(self.preferred_sampling_params)
+            if preferred:
+                from radixlm.sampling.params import SamplingParams   # torch-free
+                SamplingParams.from_dict(preferred).validate()
+        except ValueError as e:
+            raise bad("preferred-sampling-params", str(e)) from None
 
     @property
     def uses_draft_trees(self) -> bool:
@@ -374,6 +393,8 @@ class ServerArgs:
                 kwargs["choices"] = KV_CACHE_DTYPES
             elif f.name == "attention_backend":
                 kwargs["choices"] = ATTENTION_BACKENDS
+            elif f.name == "sampling_defaults":
+                kwargs["choices"] = ("model", "openai")   # utils/sampling_defaults.py
             parser.add_argument(*flags, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:

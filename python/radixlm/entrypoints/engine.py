@@ -36,6 +36,7 @@ from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_
 from radixlm.entrypoints.ranks import start_ranks
 from radixlm.entrypoints.server_info import server_info
 from radixlm.utils.chat_templates import load_chat_template
+from radixlm.utils.sampling_defaults import model_sampling_defaults, parse_preferred
 from radixlm.utils.phases import PhaseTimer
 from radixlm.utils.server_process import free_port
 
@@ -188,9 +189,12 @@ class Engine:
         logger.info("engine ready in %.1f s (%s); scheduler: %s", self.startup_seconds,
                     ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_phases.items()),
                     ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
+        # /v1's defaults for the sampling fields a request leaves out (--sampling-defaults)
+        self.model_sampling_defaults = model_sampling_defaults(hf_dir, args.sampling_defaults)
         self.tokenizer_manager = TokenizerManager(
             self.tokenizer, ready, self._children.send,
-            allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval)
+            allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval,
+            preferred_sampling_params=parse_preferred(args.preferred_sampling_params))
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name="radixlm-tokenizer", daemon=True)

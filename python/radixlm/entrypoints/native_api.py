@@ -112,7 +112,9 @@ async def get_model_info(request: Request) -> dict:
     config = _hf_config_fields(ready.model_path)
     return {"model_path": ready.model_path, "tokenizer_path": ready.tokenizer_path,
             "is_generation": True, "served_model_name": served_model_name(request),
-            "preferred_sampling_params": None, "weight_version": "default",
+            "preferred_sampling_params":
+                request.app.state.server_args.preferred_sampling_params,
+            "weight_version": "default",
             "context_length": ready.context_len,
             "model_type": config.get("model_type"), "architectures": config.get("architectures"),
             "has_image_understanding": False, "has_audio_understanding": False,

@@ -69,15 +69,17 @@ class GenerateReqInput:
         prompts = self.text if self.text is not None else self.input_ids
         return len(prompts) if self.is_batch and isinstance(prompts, list) else 1
 
-    def expand(self) -> list[list[SingleGenerate]]:
+    def expand(self, defaults: dict[str, Any] | None = None) -> list[list[SingleGenerate]]:
         """One group per prompt; each group holds its n sequences. Raises ValueError."""
-        return list(self.groups())
+        return list(self.groups(defaults))
 
-    def groups(self) -> Iterator[list[SingleGenerate]]:
+    def groups(self, defaults: dict[str, Any] | None = None) -> Iterator[list[SingleGenerate]]:
         """`expand` one prompt at a time: what concerns the whole request is checked before the
         first group, each prompt's own fields (its ids' types, its sampling parameters) just
         before its group. The tokenizer manager sends each prompt on as soon as it passes, so
-        the first prefill of a big batch starts while later prompts are still being checked."""
+        the first prefill of a big batch starts while later prompts are still being checked.
+        `defaults` (--preferred-sampling-params) fill the sampling_params each prompt leaves
+        out."""
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of `text` and `input_ids` must be given")
         if self.text is not None:
@@ -115,7 +117,7 @@ class GenerateReqInput:
             text, ids = (prompt, None) if self.text is not None else (None, _token_ids(prompt))
             if not isinstance(params[i], (dict, type(None))):
                 raise ValueError("`sampling_params` must be an object")
-            sp = SamplingParams.from_dict(params[i])
+            sp = SamplingParams.from_dict(_with_defaults(params[i], defaults))
             sp.validate()
             if not isinstance(starts[i], int) or starts[i] < -1:
                 raise ValueError(f"logprob_start_len must be an integer >= -1, got {starts[i]!r}")
@@ -134,6 +136,15 @@ class GenerateReqInput:
                                             tops[i], index))
                 index += 1
             yield group
+
+
+def _with_defaults(params: dict[str, Any] | None,
+                   defaults: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A prompt's sampling_params over the server's defaults (a field set to null counts as
+    left out)."""
+    if not defaults:
+        return params
+    return {**defaults, **{k: v for k, v in (params or {}).items() if v is not None}}
 
 
 def _token_ids(one: Any) -> list[int]:

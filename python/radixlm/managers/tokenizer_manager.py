@@ -66,8 +66,11 @@ class ReqState:
 
 class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
-                 allow_auto_truncate: bool = False, stream_interval: int = 1):
+                 allow_auto_truncate: bool = False, stream_interval: int = 1,
+                 preferred_sampling_params: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        # --preferred-sampling-params: under every request's own sampling_params
+        self.preferred_sampling_params = preferred_sampling_params or {}
         self.allow_auto_truncate = allow_auto_truncate   # --allow-auto-truncate
         self.stream_interval = stream_interval           # --stream-interval
         self.ready = ready
@@ -140,7 +143,7 @@ class TokenizerManager:
         sent only once their shared prompt is cached."""
         warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
-        for group in obj.groups():
+        for group in obj.groups(self.preferred_sampling_params):
             ids = self.tokenize(group[0])
             for s in group:
                 self._check_sequence(s, ids, seen)

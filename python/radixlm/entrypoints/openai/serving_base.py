@@ -227,9 +227,10 @@ class OpenAIServing:
             param = self.prompt_field if e.field == "prompts" else e.field
             raise OpenAIError(str(e), 400, param=param) from None
 
-    @staticmethod
-    def sampling_params(req: SamplingExtras, max_new_tokens: int) -> dict[str, Any]:
-        """OpenAI + SGLang request fields -> SGLang sampling_params (None = engine default)."""
+    def sampling_params(self, req: SamplingExtras, max_new_tokens: int) -> dict[str, Any]:
+        """OpenAI + SGLang request fields -> SGLang sampling_params (None = engine default).
+        Fields the request leaves out take the model's recommended values under
+        --sampling-defaults model (utils/sampling_defaults.py)."""
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens, "n": req.n,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
@@ -246,6 +247,9 @@ class OpenAIServing:
         if req.min_tokens is not None and req.min_tokens > max_new_tokens:
             raise OpenAIError(f"min_tokens ({req.min_tokens}) must be <= max_tokens "
                               f"({max_new_tokens})", 400, param="min_tokens")
+        for key, value in self.engine.model_sampling_defaults.items():
+            if params.get(key) is None:
+                params[key] = value
         return {k: v for k, v in params.items() if v is not None}
 
     # ------------------------------------------------------------------ engine calls
