@@ -183,6 +183,17 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
         assert code == 2 and "--preferred-sampling-params" in err and reason in err
     code, err = cli_error(["serve", "--sampling-defaults", "vllm"], capsys)
     assert code == 2 and "--sampling-defaults" in err
+    code, err = cli_error(["serve", "--tokenizer-mode", "mistral"], capsys)
+    assert code == 2 and "--tokenizer-mode" in err
+    with pytest.raises(ValueError, match="--tokenizer-mode"):
+        ServerArgs.from_kwargs(tokenizer_mode="fast").validate()
+
+
+def test_slow_tokenizer_mode_tokenizes_as_the_fast_one(smollm_dir):
+    from radixlm.model_executor.weight_source import load_tokenizer
+    text = "Hello  world, 1234 tokens\n\tand more"
+    assert load_tokenizer(smollm_dir, "slow")(text).input_ids == \
+        load_tokenizer(smollm_dir)(text).input_ids
 
 
 def test_model_sampling_defaults_read(tmp_path):

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
 
+from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
+
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -22,6 +24,7 @@ QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 ATTENTION_BACKENDS = ("triton", "torch_native")   # layers/attention/base.py's registry
+TOKENIZER_MODES = ("auto", "slow")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # SGLang's other spellings of some flags (argparse's prefix matching would make --tp work only
 # until another --tp... flag appeared).
@@ -34,6 +37,9 @@ class ServerArgs:
     # Model
     model_path: str | None = None          # None: the bundled SmolLM2-135M-Instruct GGUF
     tokenizer_path: str | None = None
+    # "slow" loads transformers' Python tokenizer where the checkpoint has one (the HTTP
+    # process's, which tokenizes prompts); "auto" the fast one
+    tokenizer_mode: str = "auto"
     load_format: str = "auto"
     dtype: str = "auto"
     context_length: int | None = None
@@ -276,6 +282,9 @@ class ServerArgs:
                 load_chat_template(self.chat_template)
             except ValueError as e:
                 raise bad("chat-template", str(e)) from None
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise bad("tokenizer-mode", f"must be one of {list(TOKENIZER_MODES)}, "
+                                        f"got {self.tokenizer_mode!r}")
         self._validate_sampling_defaults(bad)
         from radixlm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS  # stdlib-only
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
@@ -286,7 +295,6 @@ class ServerArgs:
                                           f"got {self.reasoning_parser!r}")
 
     def _validate_sampling_defaults(self, bad) -> None:
-        from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
         if self.sampling_defaults not in SAMPLING_DEFAULTS:
             raise bad("sampling-defaults", f"must be one of {list(SAMPLING_DEFAULTS)}, "
                                            f"got {self.sampling_defaults!r}")
@@ -393,8 +401,10 @@ class ServerArgs:
                 kwargs["choices"] = KV_CACHE_DTYPES
             elif f.name == "attention_backend":
                 kwargs["choices"] = ATTENTION_BACKENDS
+            elif f.name == "tokenizer_mode":
+                kwargs["choices"] = TOKENIZER_MODES
             elif f.name == "sampling_defaults":
-                kwargs["choices"] = ("model", "openai")   # utils/sampling_defaults.py
+                kwargs["choices"] = SAMPLING_DEFAULTS
             parser.add_argument(*flags, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:

@@ -174,7 +174,7 @@ class Engine:
         with phases.phase("start_processes"):
             self._children = _Children(args, tokenizer_path)
         with phases.phase("tokenizer"):
-            self.tokenizer = load_tokenizer(tokenizer_path)
+            self.tokenizer = load_tokenizer(tokenizer_path, args.tokenizer_mode)
             if args.chat_template is not None:   # (checked when the args were made)
                 self.tokenizer.chat_template = load_chat_template(args.chat_template)
         with phases.phase("wait_for_scheduler"):

@@ -226,15 +226,17 @@ def resolve_tokenizer_dir(tokenizer_path: str) -> str:
     return path if os.path.exists(path) else tokenizer_path
 
 
-def load_tokenizer(tokenizer_path: str) -> "PreTrainedTokenizerBase":
+def load_tokenizer(tokenizer_path: str, mode: str = "auto") -> "PreTrainedTokenizerBase":
     """AutoTokenizer for a directory; a GGUF file (or a directory holding only one) is
-    converted first so its tokenizer files exist."""
+    converted first so its tokenizer files exist. mode "slow" (--tokenizer-mode) asks for the
+    Python tokenizer (transformers falls back to the fast one where there is none)."""
     with _TRANSFORMERS_LOCK:
         from transformers import AutoTokenizer
 
     path = resolve_tokenizer_dir(tokenizer_path)
     with _TRANSFORMERS_LOCK:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE,
+                                             use_fast=mode != "slow")
 
 
 __all__ = [
