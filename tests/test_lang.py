@@ -211,6 +211,38 @@ def test_run_batch_32_programs(backend, capfd):
     assert backend.usage.cache_hit_rate > 0.5
 
 
+def test_gen_with_n_samples(backend, url):
+    """gen(n=3) draws three samples in one request: the variable is their list (each what
+    the server samples for that prompt and seed), the text goes on with the first; on the
+    OpenAI backend too."""
+    @rl.function
+    def story(s):
+        s += "Once upon a time" + rl.gen("start", max_tokens=6, n=3, temperature=1.0, seed=7)
+        s += "." + rl.gen("end", max_tokens=3, temperature=0)
+
+    state = story.run()
+    samples = state["start"]
+    assert isinstance(samples, list) and len(samples) == 3 and len(set(samples)) > 1
+    assert state.text().startswith("Once upon a time" + samples[0] + ".")
+    direct = generate(url, {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 6, "n": 3, "temperature": 1.0, "sampling_seed": 7}})
+    assert [d["text"] for d in direct] == samples
+    assert len(state.get_meta_info("start")) == 3
+
+    @rl.function
+    def numbers(s):
+        s += "Pick a number: " + rl.gen("x", dtype=int, n=2, max_tokens=3, temperature=1.0,
+                                        seed=2)
+
+    picked = numbers.run()["x"]
+    assert len(picked) == 2 and all(isinstance(x, int) for x in picked)
+    oa = rl.OpenAI("default", base_url=url + "/v1", api_key="unused")
+    via_v1 = story.run(backend=oa)
+    assert isinstance(via_v1["start"], list) and len(via_v1["start"]) == 3
+    with pytest.raises(ValueError, match="n must be"):
+        rl.gen("x", n=0)
+
+
 def test_openai_backend_against_v1(url):
     if httpx.get(url + "/v1/models", timeout=10).status_code != 200:
         pytest.skip("the server's /v1 API is not there yet")

@@ -23,7 +23,7 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
 
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
+        n: int | None = None, stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
         stop_regex: str | list[str] | None = None, temperature: float | None = None,
         top_p: float | None = None, top_k: int | None = None,
         min_p: float | None = None, frequency_penalty: float | None = None,
@@ -37,8 +37,14 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     """Generate text into variable `name`. Unset settings take the run's defaults.
     dtype=int / float / bool (or "int", "float", "bool") constrains the text to a number (or
     True / False) and stores the converted value;
-    choices=[...] is select(name, choices) (temperature 0 unless given)."""
+    choices=[...] is select(name, choices) (temperature 0 unless given);
+    n > 1 draws n samples in one request: the variable holds the list of them (converted by
+    dtype), and the program's text goes on with the first."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"gen n must be an integer >= 1, got {n!r}")
     if choices is not None:
+        if n not in (None, 1):
+            raise ValueError("gen takes n or choices, not both (select picks one choice)")
         return select(name, choices, temperature=temperature or 0.0,
                       choices_method=choices_method)
     if isinstance(dtype, str):
@@ -48,7 +54,7 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
     if regex is not None and json_schema is not None:
         raise ValueError("gen takes at most one of regex and json_schema")
     args = SamplingArgs(
-        max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
+        max_new_tokens=max_tokens, min_new_tokens=min_tokens, n=n, stop=stop,
         stop_token_ids=stop_token_ids, stop_regex=stop_regex, temperature=temperature,
         top_p=top_p, top_k=top_k,
         min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,

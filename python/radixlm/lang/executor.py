@@ -234,6 +234,16 @@ class StreamExecutor:
         if expr.dtype in DTYPE_REGEX and args.regex is None and args.json_schema is None:
             args = dataclasses.replace(args, regex=DTYPE_REGEX[expr.dtype])
         ctx = self._context()
+        if (args.n or 1) > 1:
+            # n samples in one request, not streamed (a stream follows one text): the text
+            # goes on with the first, the variable holds them all.
+            if self._spec is not None:
+                self._spec.reset()
+            res = self.backend.generate(ctx, args)
+            self._append(res.text, expr.name)
+            self._set_result(expr.name, [_convert(t, expr.dtype, expr.name) for t in res.samples],
+                             res.sample_meta)   # type: ignore[arg-type]
+            return
         if self.stream:
             parts: list[str] = []
             meta: dict[str, Any] = {}
@@ -281,12 +291,13 @@ class StreamExecutor:
         and its reply is parsed into the message's gens."""
         items, self._chat_items = self._chat_items or [], None
         gens = [item for item in items if isinstance(item, Gen)]
-        if not gens or items == gens[:1]:
-            # No gen, or a message that is one gen: nothing to merge, run it as written.
+        args = [gen.sampling.merged(self.defaults) for gen in gens]
+        if not gens or items == gens[:1] or any((a.n or 1) > 1 for a in args):
+            # No gen, a message that is one gen, or one that draws several samples (one
+            # reply cannot hold them): nothing to merge, run it as written.
             for item in items:
                 self._execute(item)
             return
-        args = [gen.sampling.merged(self.defaults) for gen in gens]
         template = [item.text if isinstance(item, Text) else a
                     for item, a in zip(items, _gen_args_in_order(items, args))]
         assert self._spec is not None

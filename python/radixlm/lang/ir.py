@@ -25,6 +25,7 @@ class SamplingArgs:
     """
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
+    n: int | None = None             # samples: the variable holds a list, the text the first
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None

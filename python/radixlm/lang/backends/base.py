@@ -31,6 +31,14 @@ class PromptContext:
 class GenResult:
     text: str
     meta_info: dict[str, Any] = field(default_factory=dict)
+    # With n > 1: every sample's text and meta_info, the first being `text` / `meta_info`
+    samples: list[str] = field(default_factory=list)
+    sample_meta: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def of_samples(cls, texts: list[str], metas: list[dict[str, Any]]) -> "GenResult":
+        return cls(texts[0], metas[0], texts, metas) if len(texts) > 1 else \
+            cls(texts[0], metas[0])
 
 
 @dataclass

@@ -68,9 +68,14 @@ class NativeBackend(Backend):
         return {"text": ctx.text, "sampling_params": args.to_native(), **args.logprob_fields()}
 
     def generate(self, ctx: PromptContext, args: SamplingArgs) -> GenResult:
-        out = check_result(self._generate(self._payload(ctx, args)))
-        self.usage.add(out["meta_info"])
-        return GenResult(out["text"], out["meta_info"])
+        got = self._generate(self._payload(ctx, args))
+        outs = [check_result(o) for o in got] if isinstance(got, list) else [check_result(got)]
+        if len(outs) != (args.n or 1):
+            raise BackendError(f"expected {args.n or 1} samples, the backend returned "
+                               f"{len(outs)}")
+        for out in outs:
+            self.usage.add(out["meta_info"])
+        return GenResult.of_samples([o["text"] for o in outs], [o["meta_info"] for o in outs])
 
     def generate_stream(self, ctx: PromptContext, args: SamplingArgs) -> Iterator[StreamChunk]:
         seen = 0

@@ -62,7 +62,7 @@ class OpenAI(Backend):
 
     @staticmethod
     def _params(args: SamplingArgs) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_tokens": args.max_new_tokens,
+        params: dict[str, Any] = {"max_tokens": args.max_new_tokens, "n": args.n,
                                   "temperature": args.temperature, "top_p": args.top_p,
                                   "frequency_penalty": args.frequency_penalty,
                                   "presence_penalty": args.presence_penalty,
@@ -119,11 +119,13 @@ class OpenAI(Backend):
 
     def generate(self, ctx: PromptContext, args: SamplingArgs) -> GenResult:
         resp, chat = self._create(ctx, args, stream=False)
-        choice = resp.choices[0]
-        text = (choice.message.content or "") if chat else choice.text
-        meta = self._meta(resp.id, choice.finish_reason, resp.usage)
-        self.usage.add(meta)
-        return GenResult(text, meta)
+        choices = sorted(resp.choices, key=lambda c: c.index)
+        texts = [(c.message.content or "") if chat else c.text for c in choices]
+        # (usage covers the whole request: it goes with the first sample's meta_info)
+        metas = [self._meta(resp.id, c.finish_reason, resp.usage if i == 0 else None)
+                 for i, c in enumerate(choices)]
+        self.usage.add(metas[0])
+        return GenResult.of_samples(texts, metas)
 
     def generate_stream(self, ctx: PromptContext, args: SamplingArgs) -> Iterator[StreamChunk]:
         stream, chat = self._create(ctx, args, stream=True)
