@@ -24,8 +24,8 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
 
 def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
         n: int | None = None, stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None, temperature: float | None = None,
-        top_p: float | None = None, top_k: int | None = None,
+        stop_token_ids: list[int] | None = None, stop_regex: str | list[str] | None = None,
+        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
         min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None,
         ignore_eos: bool | None = None, seed: int | None = None,
