@@ -318,3 +318,46 @@ def test_builtin_template_ends_the_answer_at_its_end_of_turn():
     tok = AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     assert single_token_id(tok, "<|im_end|>") == tok.convert_tokens_to_ids("<|im_end|>")
     assert single_token_id(tok, "<end_of_turn>") is None
+
+
+def test_skip_tokenizer_init_serves_ids_without_tokenizer_files(tmp_path, smollm_dir, url):
+    """--skip-tokenizer-init on a model directory with no tokenizer files at all: input_ids in,
+    output_ids out (the same greedy ids as a server with its tokenizer), no `text`; what needs
+    the tokenizer is a 400 that names the flag, and the server keeps serving."""
+    model = tmp_path / "no_tokenizer"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        os.symlink(os.path.join(smollm_dir, name), model / name)
+    ids = _generate(url, {"text": "The capital of France is"}).json()
+    prompt = httpx.post(url + "/tokenize", json={"prompt": "The capital of France is"},
+                        timeout=30).json()["tokens"]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    want = _generate(url, {"input_ids": prompt, "sampling_params": params}).json()["output_ids"]
+    assert ids["output_ids"]
+    proc, bare = start_server("--model-path", str(model), "--skip-tokenizer-init")
+    try:
+        out = _generate(bare, {"input_ids": prompt, "sampling_params": params}).json()
+        assert out["output_ids"] == want and "text" not in out
+        assert out["meta_info"]["completion_tokens"] == 8
+        batch = _generate(bare, {"input_ids": [prompt, prompt[:3]], "sampling_params": params})
+        assert [len(o["output_ids"]) for o in batch.json()] == [8, 8]
+        refused = [
+            _generate(bare, {"text": "Hello", "sampling_params": params}),
+            _generate(bare, {"input_ids": prompt, "sampling_params": {**params, "stop": "."}}),
+            _generate(bare, {"input_ids": prompt, "sampling_params": {**params,
+                                                                        "regex": "[0-9]+"}}),
+            _generate(bare, {"input_ids": prompt, "return_logprob": True,
+                             "return_text_in_logprobs": True}),
+            httpx.post(bare + "/v1/completions", json={"model": "m", "prompt": "Hi"}, timeout=30),
+            httpx.post(bare + "/tokenize", json={"prompt": "Hi"}, timeout=30)]
+        for resp in refused:
+            assert resp.status_code == 400 and "--skip-tokenizer-init" in resp.text, resp.text
+        streamed = []
+        with httpx.stream("POST", bare + "/generate", timeout=120, json={
+                "input_ids": prompt, "sampling_params": params, "stream": True}) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    streamed.append(json.loads(line[6:])["output_ids"])
+        assert streamed[-1] == want
+    finally:
+        stop_server(proc)

@@ -40,6 +40,9 @@ class ServerArgs:
     # "slow" loads transformers' Python tokenizer where the checkpoint has one (the HTTP
     # process's, which tokenizes prompts); "auto" the fast one
     tokenizer_mode: str = "auto"
+    # No tokenizer anywhere: prompts come as input_ids, outputs go back as output_ids only
+    # (as SGLang's flag; what needs text is refused: managers/no_tokenizer.py)
+    skip_tokenizer_init: bool = False
     load_format: str = "auto"
     dtype: str = "auto"
     context_length: int | None = None
@@ -282,6 +285,9 @@ class ServerArgs:
                 load_chat_template(self.chat_template)
             except ValueError as e:
                 raise bad("chat-template", str(e)) from None
+        if self.skip_tokenizer_init and self.chat_template is not None:
+            raise bad("chat-template", "renders chats into text for the tokenizer, which "
+                                       "--skip-tokenizer-init leaves out")
         if self.tokenizer_mode not in TOKENIZER_MODES:
             raise bad("tokenizer-mode", f"must be one of {list(TOKENIZER_MODES)}, "
                                         f"got {self.tokenizer_mode!r}")

@@ -36,6 +36,7 @@ from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_
 from radixlm.entrypoints.ranks import start_ranks
 from radixlm.entrypoints.server_info import server_info
 from radixlm.utils.chat_templates import load_chat_template
+from radixlm.managers.no_tokenizer import no_tokenizer_error
 from radixlm.utils.sampling_defaults import model_sampling_defaults, parse_preferred
 from radixlm.utils.phases import PhaseTimer
 from radixlm.utils.server_process import free_port
@@ -67,7 +68,8 @@ class _Children:
             raise
         ep = json.dumps(dataclasses.asdict(self.endpoints))
         self.processes.append(("detokenizer", subprocess.Popen(
-            [sys.executable, "-m", "radixlm.managers.detokenizer_process", tokenizer_path, ep,
+            [sys.executable, "-m", "radixlm.managers.detokenizer_process",
+             "" if args.skip_tokenizer_init else tokenizer_path, ep,
              args.log_level, str(int(args.trust_remote_code))])))
         self._send_lock = threading.Lock()
         self._shutdown_sent = False
@@ -174,7 +176,8 @@ class Engine:
         with phases.phase("start_processes"):
             self._children = _Children(args, tokenizer_path)
         with phases.phase("tokenizer"):
-            self.tokenizer = load_tokenizer(tokenizer_path, args.tokenizer_mode)
+            self.tokenizer = None if args.skip_tokenizer_init else \
+                load_tokenizer(tokenizer_path, args.tokenizer_mode)
             if args.chat_template is not None:   # (checked when the args were made)
                 self.tokenizer.chat_template = load_chat_template(args.chat_template)
         with phases.phase("wait_for_scheduler"):
@@ -368,6 +371,8 @@ class Engine:
                             **template_kwargs: Any) -> str:
         """Render messages with the model's chat template (extra kwargs go to the template,
         e.g. tools=..., continue_final_message=True)."""
+        if self.tokenizer is None:
+            raise no_tokenizer_error("apply_chat_template")
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt,
                                                   **template_kwargs)

@@ -21,6 +21,7 @@ from radixlm.entrypoints.request_limits import check_generate_limits
 from radixlm.entrypoints.server_info import server_info
 from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import ProfileReq
+from radixlm.managers.no_tokenizer import no_tokenizer_error
 from radixlm.managers.tokenizer_manager import INTERNAL_RID_PREFIX, EngineDeadError
 
 router = APIRouter()
@@ -245,6 +246,8 @@ async def abort_request(request: Request) -> Response:
 async def tokenize(request: Request):
     engine = request.app.state.engine
     try:
+        if engine.tokenizer is None:
+            raise no_tokenizer_error(request.url.path)
         body = await read_json_body(request)
         text = body.get("prompt", body.get("text")) if isinstance(body, dict) else None
         if not isinstance(text, (str, list)) or (
@@ -267,6 +270,8 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     engine = request.app.state.engine
     try:
+        if engine.tokenizer is None:
+            raise no_tokenizer_error(request.url.path)
         body = await read_json_body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(

@@ -1,6 +1,7 @@
 """The detokenizer process: turns the scheduler's token ids into text deltas.
 
-Started as `python -m radixlm.managers.detokenizer_process TOKENIZER ENDPOINTS_JSON LOG_LEVEL`.
+Started as `python -m radixlm.managers.detokenizer_process TOKENIZER ENDPOINTS_JSON LOG_LEVEL`
+(TOKENIZER "" under --skip-tokenizer-init: outputs pass with empty text).
 
 It keeps one IncrementalDetokenizer per live request (created from the DetokSpec that comes
 with the request's first output) and forwards every other message unchanged.
@@ -25,6 +26,10 @@ class DetokenizerManager:
         self.states: dict[str, IncrementalDetokenizer] = {}
 
     def process(self, batch: BatchReqOutput) -> BatchReqOutput:
+        if self.tokenizer is None:   # --skip-tokenizer-init: ids only
+            for out in batch.outputs:
+                out.text, out.detok = "", None
+            return batch
         for out in batch.outputs:
             detok = self.states.get(out.rid)
             if detok is None:
@@ -56,7 +61,8 @@ def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
 
     set_trust_remote_code(trust_remote_code)
 
-    manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path))  # decodes only
+    # decodes only; no path: --skip-tokenizer-init
+    manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path) if tokenizer_path else None)
     ctx = zmq.Context()
     inbox = ipc.pull_socket(ctx, endpoints.detokenizer)
     outbox = ipc.push_socket(ctx, endpoints.tokenizer)

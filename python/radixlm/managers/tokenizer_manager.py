@@ -19,6 +19,7 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
                                        FlushCacheResult, GetStatsReq, ProfileReq, ProfileResult,
                                        ReqOutput, SchedulerReady,
                                        SchedulerStats, TokenizedGenerateReq, expanded_from)
+from radixlm.managers.no_tokenizer import check_without_tokenizer, without_text
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ class TokenizerManager:
         warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
         for group in obj.groups(self.preferred_sampling_params):
+            if self.tokenizer is None:
+                check_without_tokenizer(group[0], obj.return_text_in_logprobs)
             ids = self.tokenize(group[0])
             for s in group:
                 self._check_sequence(s, ids, seen)
@@ -357,7 +360,8 @@ class TokenizerManager:
                 meta["input_top_logprobs"] = [None if t is None else self._lp(st, t)
                                               for t in st.input_top_logprobs]
                 meta["output_top_logprobs"] = [self._lp(st, t) for t in st.output_top_logprobs]
-        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
+        out = {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
+        return out if self.tokenizer is not None else without_text(out)
 
     def _lp(self, st: ReqState, entries) -> list[list]:
         if not st.return_text_in_logprobs:

@@ -79,7 +79,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
         # wait up to 5 ms for the importing thread to hand it back (the capture took 8-20 s
         # instead of 2 on an H200).
         set_trust_remote_code(args.trust_remote_code)
-        tokenizer_path = args.tokenizer_path or args.model_path
+        tokenizer_path = None if args.skip_tokenizer_init else \
+            (args.tokenizer_path or args.model_path)
         tokenizer_job, switch_interval = None, sys.getswitchinterval()
         converted = args.model_path and os.path.isfile(os.path.join(args.model_path,
                                                                     "config.json"))
@@ -129,8 +130,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             draft_model.attach(runner, kv)
         startup.merge(runner.startup)
         with startup.phase("tokenizer"):   # (a thread's: what is left of it)
-            tokenizer = light_tokenizer or (tokenizer_job.result() if tokenizer_job is not None
-                                            else load_ids_tokenizer(runner.tokenizer_path))
+            tokenizer = light_tokenizer or (
+                tokenizer_job.result() if tokenizer_job is not None else
+                None if args.skip_tokenizer_init else load_ids_tokenizer(runner.tokenizer_path))
         sys.setswitchinterval(switch_interval)
         with startup.phase("scheduler"):
             scheduler = Scheduler(SchedulerConfig.from_server_args(args), runner, kv, recv,

@@ -16,6 +16,7 @@ from radixlm.entrypoints.openai.protocol import (ChatCompletionRequest, Completi
 from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.openai.serving_chat import ChatServing
 from radixlm.entrypoints.openai.serving_completions import CompletionServing
+from radixlm.managers.no_tokenizer import no_tokenizer_error
 
 router = APIRouter()
 
@@ -59,6 +60,8 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 
 async def _handle(request: Request, model: type[BaseModel], serving: type) -> Response:
     try:
+        if request.app.state.engine.tokenizer is None:
+            raise no_tokenizer_error(request.url.path)
         body = await parse_body(request, model)
     except ValueError as e:
         return bad_request(e)
