@@ -84,13 +84,13 @@ def test_parse_recorded_outputs(name, text, content, calls):
     assert all(c.id.startswith("call_") and c.type == "function" for c in message.tool_calls or [])
 
 
-def _stream(parsing: OutputParsing, text: str, step: int = 1):
+def _stream(parsing: OutputParsing, text: str, step: int = 1, truncated: bool = False):
     """Feed growing prefixes as a stream would; return what a client accumulates."""
     deltas = ChoiceDeltas(parsing)
     content, reasoning, calls, first_pieces = "", "", {}, []
     cuts = list(range(step, len(text), step)) + [len(text)]
     for k in cuts:
-        d = deltas.delta(text[:k], final=k == len(text))
+        d = deltas.delta(text[:k], final=k == len(text), truncated=truncated)
         content += d.content or ""
         reasoning += d.reasoning_content or ""
         for piece in d.tool_calls or []:
@@ -119,6 +119,28 @@ def test_stream_accumulates_to_message(name, text, content, calls):
         if not malformed:
             assert got_calls == want
             assert got_content == (message.content or "")
+
+
+@pytest.mark.parametrize("name", ["qwen25", "mistral", "llama3", "json"])
+def test_call_cut_by_max_tokens_is_the_same_streamed_or_not(name):
+    """An output cut at max_tokens inside a call: the message keeps the call as far as it got
+    (name, partial arguments), as the stream sent it; the call's text is not also content."""
+    parser = _parser(name)
+    whole = parser.render_call("get_weather", {"city": "Paris", "unit": "celsius"})
+    # (a bare JSON call is the whole answer: no text before it)
+    cut = ("" if name == "json" else "Checking. ") + whole[:whole.index("Paris") + 3]
+    parsing = OutputParsing(tools=parser)
+    message = parsing.message(cut, truncated=True)
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith('{"city"')
+    assert "get_weather" not in (message.content or "")
+    for step in (1, 4):
+        content, _, calls = _stream(parsing, cut, step, truncated=True)
+        assert calls == [("get_weather", call.function.arguments)]
+        assert content == (message.content or "")
+    # Cut before any call began: plain content, as without the flag.
+    assert parsing.message("Checking the weather", truncated=True).content == \
+        "Checking the weather"
 
 
 def test_stream_sends_arguments_in_pieces():

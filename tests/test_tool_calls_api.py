@@ -102,6 +102,26 @@ def test_required_with_parallel_tool_calls(client):
         json.loads(args)
 
 
+def test_call_cut_by_max_tokens_streamed_and_not(client):
+    """A forced call cut at max_tokens: finish_reason "length", the call as far as it got in
+    tool_calls, and no raw call text in content, streamed or not."""
+    kwargs = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                  max_tokens=14)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.content
+    (call,) = whole.message.tool_calls
+    content, args, names, reasons = "", "", [], []
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasons.append(c.finish_reason)
+            for piece in c.delta.tool_calls or []:
+                names += [piece.function.name] if piece.function.name else []
+                args += piece.function.arguments or ""
+    assert content == "" and names == [call.function.name] and args == call.function.arguments
+    assert reasons[-1] == "length"
+
+
 def test_streamed_call_accumulates_to_the_same_call(client):
     """The client's stream helper joins the name-then-arguments deltas into the call the
     non-streamed request returns, and parses it into the tool's Pydantic model."""

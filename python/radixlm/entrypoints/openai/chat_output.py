@@ -43,7 +43,14 @@ class OutputParsing:
     def active(self) -> bool:
         return self.reasoning is not None or self.tools is not None
 
-    def split(self, text: str, final: bool) -> Split:
+    def split(self, text: str, final: bool, truncated: bool = False) -> Split:
+        """`truncated`: the output was cut at max_tokens. A call it was in the middle of stays
+        a call (its arguments as far as they got, finish_reason "length"), as it was streamed,
+        rather than turning the whole call region into content at the end."""
+        if truncated and final:
+            partial = self.split(text, final=False)
+            if partial.calls:
+                return partial
         reasoning, rest = "", text
         if self.reasoning is not None:
             r = self.reasoning.split(text, self.inside_reasoning, final)
@@ -53,13 +60,14 @@ class OutputParsing:
         scan = self.tools.scan(rest, final)
         return Split(reasoning, scan.content, scan.calls[:self.max_calls])
 
-    def message(self, text: str) -> ChatResponseMessage:
-        """The finished choice's message. A finished scan holds only complete calls."""
+    def message(self, text: str, truncated: bool = False) -> ChatResponseMessage:
+        """The finished choice's message. A finished scan holds only complete calls, but for
+        a call cut by max_tokens (`truncated`)."""
         if not self.active:
             return ChatResponseMessage(content=text)
-        s = self.split(text, final=True)
+        s = self.split(text, final=True, truncated=truncated)
         calls = [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-                 for c in s.calls if c.complete and c.name is not None]
+                 for c in s.calls if (c.complete or truncated) and c.name is not None]
         return ChatResponseMessage(content=(s.content or None) if calls else s.content,
                                    reasoning_content=s.reasoning or None,
                                    tool_calls=calls or None)
@@ -83,8 +91,8 @@ class ChoiceDeltas:
     def called(self) -> bool:
         return bool(self.calls)
 
-    def delta(self, text: str, final: bool) -> DeltaMessage:
-        s = self.parsing.split(text, final)
+    def delta(self, text: str, final: bool, truncated: bool = False) -> DeltaMessage:
+        s = self.parsing.split(text, final, truncated)
         reasoning = _grow(self.reasoning, s.reasoning)
         content = _grow(self.content, s.content)
         self.reasoning += reasoning

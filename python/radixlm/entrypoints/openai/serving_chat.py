@@ -115,8 +115,8 @@ class ChatServing(OpenAIServing):
         for i, out in enumerate(results):
             meta = out["meta_info"]
             logprobs = self._logprobs(meta)[0] if self.body.logprobs else None
-            message = self.parsing.message(out["text"])
             reason = finish_type(meta)
+            message = self.parsing.message(out["text"], truncated=reason == "length")
             if message.tool_calls and reason == "stop":
                 reason = "tool_calls"
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
@@ -151,7 +151,8 @@ class ChatServing(OpenAIServing):
         meta, reason = out["meta_info"], finish_type(out["meta_info"])
         if self.parsing.active:
             deltas = self._deltas[index]
-            delta = deltas.delta(out["text"], final=reason is not None)
+            delta = deltas.delta(out["text"], final=reason is not None,
+                                 truncated=reason == "length")
             if reason == "stop" and deltas.called:
                 reason = "tool_calls"
         else:
