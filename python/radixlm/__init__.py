@@ -13,7 +13,8 @@ from radixlm.version import __version__
 
 # The frontend language's names (radixlm.lang), importable lazily from the top level.
 _LANG_NAMES = (
-    "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+    "function", "gen", "gen_int", "gen_string", "select", "separate_reasoning", "image",
+    "video", "Runtime", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
     "token_length_normalized", "greedy_token_selection", "Program", "ProgramState",

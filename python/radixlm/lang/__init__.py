@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.lang.api import (assistant, assistant_begin, assistant_end, flush_cache, function,
-                              gen, gen_int, gen_string, get_server_info, select, system,
-                              system_begin, system_end, user, user_begin, user_end)
+                              gen, gen_int, gen_string, get_server_info, image, select,
+                              separate_reasoning, system, system_begin, system_end, user,
+                              user_begin, user_end, video)
 from radixlm.lang.backends.base import Backend
 from radixlm.lang.choices import greedy_token_selection, token_length_normalized
 from radixlm.lang.default_backend import get_default_backend, set_default_backend
@@ -34,10 +35,13 @@ _LAZY_BACKENDS = {
     "RuntimeEndpoint": "radixlm.lang.backends.runtime_endpoint",
     "OpenAI": "radixlm.lang.backends.openai",
     "EngineBackend": "radixlm.lang.backends.engine",
+    "Runtime": "radixlm.lang.runtime",
+    "Engine": "radixlm.entrypoints.engine",
 }
 
 __all__ = [
-    "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+    "function", "gen", "gen_int", "gen_string", "select", "separate_reasoning", "image",
+    "video", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
     "token_length_normalized", "greedy_token_selection", "Program", "ProgramState",

@@ -6,8 +6,11 @@ from typing import Any, Callable
 
 from radixlm.lang.choices import ChoicesMethod, resolve
 from radixlm.lang.default_backend import resolve_backend
+# (SGLang's api module has these too: scripts import them from it)
+from radixlm.lang.default_backend import get_default_backend, set_default_backend  # noqa: F401
+from radixlm.lang.errors import UnsupportedByBackendError
 from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select,
-                             to_expr)
+                             SeparateReasoning, to_expr)
 from radixlm.lang.program import Program
 
 _DTYPES = (None, int, float, str, bool)
@@ -36,10 +39,10 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         json_schema: str | dict | None = None) -> Expr:
     """Generate text into variable `name`. Unset settings take the run's defaults.
     dtype=int / float / bool (or "int", "float", "bool") constrains the text to a number (or
-    True / False) and stores the converted value;
+    True / False); the variable holds the text, as in SGLang (int(s["n"]) converts it);
     choices=[...] is select(name, choices) (temperature 0 unless given);
-    n > 1 draws n samples in one request: the variable holds the list of them (converted by
-    dtype), and the program's text goes on with the first."""
+    n > 1 draws n samples in one request: the variable holds the list of them, and the
+    program's text goes on with the first."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"gen n must be an integer >= 1, got {n!r}")
     if choices is not None:
@@ -82,6 +85,34 @@ def select(name: str | None = None, choices: list[str] | None = None, temperatur
             not all(isinstance(c, str) and c for c in choices):
         raise ValueError("select needs choices: a non-empty list of non-empty strings")
     return Select(name, list(choices), float(temperature), resolve(choices_method))
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Expr:
+    """`separate_reasoning(gen("answer"), model_type="deepseek-r1")`: once the gen ran, the
+    variable holds the answer and `answer_reasoning_content` the thinking before it
+    (model_type: a --reasoning-parser name: deepseek-r1 or qwen3)."""
+    from radixlm.parsers.reasoning import REASONING_PARSERS   # (stdlib only)
+    if model_type not in REASONING_PARSERS:
+        raise ValueError(f"separate_reasoning model_type must be one of "
+                         f"{sorted(REASONING_PARSERS)}, got {model_type!r}")
+    inner = to_expr(expr) if expr is not None else ExprList([])
+    names = inner.defined_vars()
+    if not names:
+        raise ValueError("separate_reasoning needs a named gen to split, e.g. "
+                         "separate_reasoning(gen(\"answer\"), model_type=\"deepseek-r1\")")
+    return ExprList([inner, SeparateReasoning(names, model_type)])
+
+
+def image(expr: Any = None) -> Expr:
+    """SGLang's image input: radixlm serves text-only models, so a program that uses one
+    fails here, clearly, rather than running without the image."""
+    raise UnsupportedByBackendError("image() needs a vision-language model; radixlm serves "
+                                    "text-only models")
+
+
+def video(path: Any = None, num_frames: int = -1) -> Expr:
+    raise UnsupportedByBackendError("video() needs a vision-language model; radixlm serves "
+                                    "text-only models")
 
 
 # ---------------------------------------------------------------------- roles

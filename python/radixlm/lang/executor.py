@@ -18,8 +18,8 @@ from typing import Any, Iterator
 from radixlm.lang.backends.base import Backend, PromptContext
 from radixlm.lang.chat import ChatRenderer
 from radixlm.lang.errors import LangError, VariableNotFoundError
-from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select, Text,
-                             VarScopeBegin, VarScopeEnd)
+from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingArgs, Select,
+                             SeparateReasoning, Text, VarScopeBegin, VarScopeEnd)
 from radixlm.lang.errors import UnsupportedByBackendError
 from radixlm.lang.speculative import ApiSpeculator, chat_call_args, match_chat_template
 
@@ -181,11 +181,12 @@ class StreamExecutor:
                     self._cond.notify_all()
 
     def _execute(self, expr: Expr) -> None:
-        if self._chat_items is not None and isinstance(expr, (Text, Gen, Select)):
-            if isinstance(expr, Select):
+        if self._chat_items is not None and isinstance(expr, (Text, Gen, Select,
+                                                             SeparateReasoning)):
+            if not isinstance(expr, (Text, Gen)):
                 raise UnsupportedByBackendError(
-                    "select() cannot be part of an assistant message written by API "
-                    "speculative execution on a chat endpoint")
+                    f"{type(expr).__name__.lower()}() cannot be part of an assistant message "
+                    f"written by API speculative execution on a chat endpoint")
             self._chat_items.append(expr)
         elif isinstance(expr, ExprList):
             for item in expr.items:
@@ -196,6 +197,8 @@ class StreamExecutor:
             self._gen(expr)
         elif isinstance(expr, Select):
             self._select(expr)
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr)
         elif isinstance(expr, RoleBegin):
             self._role_begin_(expr.role)
         elif isinstance(expr, RoleEnd):
@@ -241,8 +244,7 @@ class StreamExecutor:
                 self._spec.reset()
             res = self.backend.generate(ctx, args)
             self._append(res.text, expr.name)
-            self._set_result(expr.name, [_convert(t, expr.dtype, expr.name) for t in res.samples],
-                             res.sample_meta)   # type: ignore[arg-type]
+            self._set_result(expr.name, res.samples, res.sample_meta)  # type: ignore[arg-type]
             return
         if self.stream:
             parts: list[str] = []
@@ -262,7 +264,25 @@ class StreamExecutor:
             res = self.backend.generate(ctx, args)
             text, meta = res.text, res.meta_info
             self._append(text, expr.name)
-        self._set_result(expr.name, _convert(text, expr.dtype, expr.name), meta)
+        self._set_result(expr.name, text, meta)
+
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        from radixlm.parsers.reasoning import get_reasoning_parser   # (stdlib only)
+        parser = get_reasoning_parser(expr.model_type)
+        for name in expr.names:
+            with self._cond:
+                value = self.variables.get(name)
+            texts = value if isinstance(value, list) else [value]
+            if not all(isinstance(t, str) for t in texts):
+                raise LangError(f"separate_reasoning: variable {name!r} holds no text")
+            parts = [parser.split(t, parser.starts_in_reasoning, final=True) for t in texts]
+            answer = [p.content for p in parts]
+            reasoning = [p.reasoning for p in parts]
+            many = isinstance(value, list)
+            with self._cond:
+                self.variables[name] = answer if many else answer[0]
+            self._set_result(f"{name}_reasoning_content", reasoning if many else reasoning[0],
+                             self.meta_info.get(name) or {})
 
     def _select(self, expr: Select) -> None:
         res = self.backend.select(self._context(), expr.choices, expr.method, expr.temperature)
@@ -317,7 +337,7 @@ class StreamExecutor:
                 continue
             value = next(values_iter)
             self._append(value, item.name)
-            self._set_result(item.name, _convert(value, item.dtype, item.name),
+            self._set_result(item.name, value,
                              {**res.meta_info, "speculative_call": True})
 
     def _role_end(self, role: str) -> None:
@@ -341,17 +361,3 @@ def _gen_args_in_order(items: list[Text | Gen], args: list[SamplingArgs]) -> lis
 def _describe(items: list[Text | Gen]) -> str:
     return " + ".join(repr(item.text) if isinstance(item, Text) else f"gen({item.name!r})"
                       for item in items)
-
-
-def _convert(text: str, dtype: type | None, name: str | None) -> Any:
-    if dtype is None or dtype is str:
-        return text
-    try:
-        if dtype is bool:   # (bool("False") is True: only the two spellings the regex allows)
-            if text.strip() not in ("True", "False"):
-                raise ValueError(text)
-            return text.strip() == "True"
-        return dtype(text.strip())
-    except ValueError:
-        raise ValueError(f"gen({name!r}, dtype={dtype.__name__}) produced {text!r}, which is not "
-                         f"a {dtype.__name__}; was max_tokens too small?") from None

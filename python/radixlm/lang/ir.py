@@ -95,7 +95,7 @@ class Text(Expr):
 class Gen(Expr):
     name: str | None
     sampling: SamplingArgs
-    dtype: type | None = None        # int / float: constrained and converted; str or None: text
+    dtype: type | None = None        # int / float / bool: the text constrained to one
 
     def defined_vars(self) -> list[str]:
         return [self.name] if self.name else []
@@ -134,6 +134,18 @@ class VarScopeEnd(Expr):
 
     def defined_vars(self) -> list[str]:
         return [self.name]
+
+
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """After the gens `names` ran: each variable keeps the answer, and `<name>_reasoning_content`
+    gets the thinking block a reasoning model wrote before it (model_type: a --reasoning-parser
+    name). The program's text keeps both."""
+    names: list[str]
+    model_type: str
+
+    def defined_vars(self) -> list[str]:
+        return [f"{n}_reasoning_content" for n in self.names]
 
 
 @dataclass(eq=False)
