@@ -260,3 +260,31 @@ def test_parse_with_pydantic_model(client):
     choice = resp.choices[0]
     assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
     assert City.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_parse_function_call_and_separate_reasoning_endpoints(server_url):
+    """SGLang's native parsing endpoints, on text a client generated with /generate."""
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+            '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "delete_all", '
+            '"arguments": {}}\n</tool_call>')
+    out = httpx.post(server_url + "/parse_function_call", timeout=30, json={
+        "text": text, "tool_call_parser": "qwen25", "tools": TOOLS}).json()
+    assert out["normal_text"] == "Let me check."
+    # (a call to a function not in `tools` is left out)
+    assert out["calls"] == [{"tool_index": 0, "name": "get_weather",
+                             "parameters": '{"city": "Paris", "unit": "celsius"}'}]
+    plain = httpx.post(server_url + "/parse_function_call", timeout=30, json={
+        "text": "No call here.", "tool_call_parser": "qwen25", "tools": TOOLS}).json()
+    assert plain == {"normal_text": "No call here.", "calls": []}
+    split = httpx.post(server_url + "/separate_reasoning", timeout=30, json={
+        "text": "Rain is likely.</think>Take an umbrella.",
+        "reasoning_parser": "deepseek-r1"}).json()
+    assert split == {"text": "Take an umbrella.", "reasoning_text": "Rain is likely."}
+    for path, body, field in (
+            ("/parse_function_call", {"text": text, "tool_call_parser": "gpt5", "tools": TOOLS},
+             "tool_call_parser"),
+            ("/parse_function_call", {"text": text, "tool_call_parser": "qwen25"}, "tools"),
+            ("/separate_reasoning", {"text": 3, "reasoning_parser": "qwen3"}, "text"),
+            ("/separate_reasoning", {"text": "x"}, "reasoning_parser")):
+        resp = httpx.post(server_url + path, json=body, timeout=30)
+        assert resp.status_code == 400 and field in resp.json()["error"]["message"]

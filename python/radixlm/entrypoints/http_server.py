@@ -28,13 +28,14 @@ logger = logging.getLogger("radixlm.server")
 
 
 def create_app(engine, args: ServerArgs) -> FastAPI:
-    from radixlm.entrypoints import native_api
+    from radixlm.entrypoints import native_api, parse_api
     from radixlm.entrypoints.openai import routes as openai_routes
 
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.engine = engine
     app.state.server_args = args
     app.include_router(native_api.router)
+    app.include_router(parse_api.router)
     app.include_router(openai_routes.router)
     if args.enable_metrics:
         from radixlm.managers.metrics import MetricsCollector
