@@ -48,15 +48,8 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: Bool = False
-    continuous_usage_stats: Bool = False   # vLLM's usage on every chunk: not implemented
-
-    @field_validator("continuous_usage_stats")
-    @classmethod
-    def _no_continuous_usage(cls, v: bool) -> bool:
-        if v:
-            raise invalid("continuous_usage_stats is not supported (include_usage sends the "
-                          "usage in a last chunk)")
-        return v
+    # (vLLM's, with include_usage: every chunk carries the usage so far)
+    continuous_usage_stats: Bool = False
 
 
 def _refuse_when_set(v: Any, info: ValidationInfo, why: str = "is not supported by this "
@@ -142,6 +135,10 @@ class SamplingExtras(_Request):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
 
 # ---------------------------------------------------------------------------- completions

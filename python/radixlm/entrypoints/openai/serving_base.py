@@ -168,6 +168,8 @@ class OpenAIServing:
         # SGLang's `rid`, a string: the response's id too (a list names a batch's prompts)
         self.request_id = body.rid if isinstance(body.rid, str) else \
             f"{self.id_prefix}-{uuid.uuid4().hex}"
+        # stream_options.continuous_usage_stats: the usage so far, for the next chunk
+        self.usage_so_far: Optional[Usage] = None
 
     def engine_rids(self, num_prompts: int) -> list[str]:
         """The engine's request id of each prompt: the `rid` list as given, a single rid for
@@ -297,6 +299,10 @@ class OpenAIServing:
                 if i % n == 0:
                     cached_tokens[i // n] = meta.get("cached_tokens", 0)
                 st.completion_tokens = meta["completion_tokens"]
+                if self.body.continuous_usage:
+                    self.usage_so_far = make_usage(prompt_tokens,
+                                                   [s.completion_tokens for s in states],
+                                                   cached_tokens)
                 chunk = render(i, out, st)
                 if chunk is not None:
                     yield chunk

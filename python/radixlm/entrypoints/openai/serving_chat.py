@@ -129,7 +129,7 @@ class ChatServing(OpenAIServing):
 
     def _chunk(self, created: int, choices: list[ChatStreamChoice], usage=None) -> str:
         chunk = ChatCompletionChunk(id=self.request_id, created=created, model=self.model_name,
-                                    choices=choices, usage=usage)
+                                    choices=choices, usage=usage or self.usage_so_far)
         return sse(chunk, None if self.body.include_usage else {"usage"})
 
     def _stream(self, first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[str]:

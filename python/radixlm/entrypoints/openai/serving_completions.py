@@ -132,7 +132,8 @@ class CompletionServing(OpenAIServing):
             if choice is None:
                 return None
             return sse(CompletionStreamResponse(id=self.request_id, created=created,
-                                                model=self.model_name, choices=[choice]),
+                                                model=self.model_name, choices=[choice],
+                                                usage=self.usage_so_far),
                        exclude)
 
         def usage_chunk(usage: Usage) -> str:
