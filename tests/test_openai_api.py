@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -113,6 +114,23 @@ def test_continuous_usage_stats(client, model):
         assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 0
                    for c in with_output)
         assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 6
+
+
+def test_structural_tag_response_format(client, model):
+    """response_format {"type": "structural_tag", ...} (SGLang's) constrains the answer; a
+    malformed one is a 400 naming it."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    fmt = {"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<n>", "content": {"type": "json_schema", "json_schema": schema},
+        "end": "</n>"}}
+    resp = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24,
+                                          temperature=0, response_format=fmt)
+    body = re.fullmatch(r"<n>(.*)</n>", resp.choices[0].message.content, re.S)
+    assert body and isinstance(json.loads(body.group(1))["n"], int)
+    with pytest.raises(openai.BadRequestError, match="structural_tag"):
+        client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, response_format={
+            "type": "structural_tag", "triggers": ["<n>"]})
 
 
 def test_completion_length_counts(client, model):

@@ -121,6 +121,28 @@ def test_ebnf_outputs_parse(engine):
         assert sentence.fullmatch(out["text"]), out["text"]
 
 
+ANSWER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                "days": {"type": "integer"}},
+                 "required": ["city", "days"], "additionalProperties": False}
+
+
+def test_structural_tag_outputs(engine):
+    """structural_tag in xgrammar's form (a tag that must be written) and in SGLang's
+    (free text; a trigger starts a structure whose body follows its schema)."""
+    forced = {"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<answer>", "content": {"type": "json_schema",
+                                                         "json_schema": ANSWER_SCHEMA},
+        "end": "</answer>"}}
+    prompt = _chat(engine, "Which city, and for how many days?")
+    for out in _stopped(_sample(engine, prompt, {"structural_tag": json.dumps(forced)}, 64)):
+        body = re.fullmatch(r"<answer>(.*)</answer>", out["text"], re.S)
+        assert body, out["text"]
+        jsonschema.validate(json.loads(body.group(1)), ANSWER_SCHEMA)
+    with pytest.raises(ValueError, match="structural_tag"):
+        engine.generate("x", {"max_new_tokens": 2, "structural_tag": json.dumps(
+            {"type": "structural_tag", "triggers": ["<a>"]})})
+
+
 def test_constrained_and_free_requests_in_one_batch(engine):
     prompts = ["Answer: ", "Tell me something: ", "Answer: "]
     params = [{"max_new_tokens": 16, "temperature": 0, "regex": r"(yes|no)"},
@@ -187,6 +209,28 @@ def test_grammar_backend_none_rejects_constraints(make_engine):
     e = make_engine(grammar_backend="none", max_total_tokens=1024)
     with pytest.raises(ValueError, match="grammar-backend"):
         e.generate("x", {"max_new_tokens": 4, "regex": "a+"})
+
+
+def test_structural_tag_with_triggers_holds_only_the_structures(tokenizer):
+    """SGLang's form: any text, until a trigger opens a structure, whose body must follow its
+    schema up to the end tag; then free text again."""
+    from radixlm.constrained.base import ConstraintKey
+    from radixlm.constrained.xgrammar_backend import XGrammarBackend
+
+    backend = XGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    tag = {"type": "structural_tag", "triggers": ["<answer>"], "structures": [
+        {"begin": "<answer>", "schema": ANSWER_SCHEMA, "end": "</answer>"}]}
+    compiled = backend.compile(ConstraintKey("structural_tag", json.dumps(tag))).result()
+
+    def accepts(text: str) -> bool:
+        matcher = backend.matcher(compiled)
+        return all(matcher.accept_token(t) for t in tokenizer.encode(text))
+
+    assert accepts('Sure. <answer>{"city": "Oslo", "days": 2}</answer> Enjoy!')
+    assert accepts("Just text, no structure at all.")
+    assert not accepts('Sure. <answer>{"city": "Oslo"}</answer>')         # days missing
+    assert not accepts('Sure. <answer>{"city": "Oslo", "days": "two"}</answer>')
+    backend.shutdown()
 
 
 @pytest.mark.parametrize("threads", [1, 3])

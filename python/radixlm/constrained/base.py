@@ -15,18 +15,18 @@ from typing import Callable
 
 import torch
 
-from radixlm.sampling.params import SamplingParams
+from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.utils.device import to_device
 
 
 @dataclass(frozen=True)
 class ConstraintKey:
-    kind: str    # "json_schema" | "regex" | "ebnf"
+    kind: str    # one of CONSTRAINT_KINDS
     spec: str
 
     @classmethod
     def of(cls, params: SamplingParams) -> "ConstraintKey | None":
-        for kind in ("json_schema", "regex", "ebnf"):
+        for kind in CONSTRAINT_KINDS:
             spec = getattr(params, kind)
             if spec is not None:
                 return cls(kind, spec)

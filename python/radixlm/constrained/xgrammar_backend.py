@@ -150,11 +150,43 @@ class XGrammarBackend(GrammarBackend):
                 return self.compiler.compile_json_schema(key.spec, any_whitespace=False)
             if key.kind == "regex":
                 return self.compiler.compile_regex(key.spec)
+            if key.kind == "structural_tag":
+                return self._compile_structural_tag(key.spec)
             return self.compiler.compile_grammar(key.spec)
         except InvalidConstraintError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with the reason
             raise InvalidConstraintError(f"invalid {key.kind}: {compiler_reason(e)}") from None
+
+    def _compile_structural_tag(self, spec: str) -> xgr.CompiledGrammar:
+        """SGLang's form (structures + triggers) through xgrammar's tag items; xgrammar's own
+        (`format`) as it is."""
+        try:
+            tag = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise InvalidConstraintError(f"structural_tag is not valid JSON: {e}") from None
+        if not isinstance(tag, dict) or "structures" not in tag and "format" not in tag:
+            raise InvalidConstraintError(
+                "invalid structural_tag: it needs `structures` and `triggers` (or xgrammar's "
+                "`format`)")
+        if "format" in tag:
+            return self.compiler.compile_structural_tag(spec)
+        structures, triggers = tag.get("structures"), tag.get("triggers")
+        if not isinstance(structures, list) or not structures or not isinstance(triggers, list) \
+                or not all(isinstance(t, str) and t for t in triggers):
+            raise InvalidConstraintError("invalid structural_tag: `structures` must be a "
+                                         "non-empty list and `triggers` a list of strings")
+        items = []
+        for s in structures:
+            if not isinstance(s, dict) or not all(isinstance(s.get(k), str)
+                                                  for k in ("begin", "end")):
+                raise InvalidConstraintError("invalid structural_tag: each structure needs "
+                                             "`begin`, `schema` and `end`")
+            schema = s.get("schema")
+            items.append(xgr.StructuralTagItem(
+                begin=s["begin"], end=s["end"],
+                schema=schema if isinstance(schema, str) else json.dumps(schema)))
+        return self.compiler.compile_structural_tag(items, triggers)
 
     def matcher(self, compiled: object) -> GrammarMatcher:
         return XGrammarMatcher(compiled, self._never)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ structured outputs (a grammar walks the vocabulary's strings) and text in logpro
 from __future__ import annotations
 
 from radixlm.managers.generate_request import SingleGenerate
+from radixlm.sampling.params import CONSTRAINT_KINDS
 
 FLAG = "--skip-tokenizer-init"
 
@@ -19,8 +20,7 @@ def check_without_tokenizer(single: SingleGenerate, text_in_logprobs: bool) -> N
     p = single.sampling_params
     needs_text = [name for name, used in (
         ("stop", bool(p.stop)), ("stop_regex", bool(p.stop_regex)),
-        ("json_schema", p.json_schema is not None), ("regex", p.regex is not None),
-        ("ebnf", p.ebnf is not None)) if used]
+        *((kind, getattr(p, kind) is not None) for kind in CONSTRAINT_KINDS)) if used]
     if needs_text:
         raise ValueError(f"sampling_params.{needs_text[0]} needs the tokenizer, which this "
                          f"server runs without ({FLAG}); use stop_token_ids to stop")

@@ -30,7 +30,10 @@ def _field_names(cls: type) -> frozenset[str]:
 
 # SGLang sampling_params keys that this server does not implement: a request that sets one is
 # refused rather than served as if the key were not there (a field that is accepted must work).
-UNSUPPORTED_KEYS = ("structural_tag", "custom_params")
+UNSUPPORTED_KEYS = ("custom_params",)
+# The output constraints (structured outputs), at most one a request; each a string (JSON text
+# for json_schema and structural_tag).
+CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # `seed` is this server's alias of `sampling_seed`.
 ALIASES = {"seed": "sampling_seed"}
 
@@ -61,6 +64,10 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # SGLang's structural tag, JSON: {"type": "structural_tag", "structures": [{"begin", "schema",
+    # "end"}], "triggers": [...]} (free text; a trigger starts a structure held to its schema)
+    # or xgrammar's {"type": "structural_tag", "format": {...}}
+    structural_tag: str | None = None
     # A stream's chunk every this many tokens (None: the server's --stream-interval); the
     # first token and the end are sent at once. Changes no output, only how it is chunked.
     stream_interval: int | None = None
@@ -179,13 +186,14 @@ class SamplingParams:
                      "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
-        for name in ("json_schema", "regex", "ebnf"):
+        for name in CONSTRAINT_KINDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}")
-        constraints = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
+        constraints = [n for n in CONSTRAINT_KINDS if getattr(self, n) is not None]
         if len(constraints) > 1:
-            raise ValueError(f"only one of json_schema, regex, ebnf may be set, got {constraints}")
+            raise ValueError(f"only one of {', '.join(CONSTRAINT_KINDS)} may be set, got "
+                             f"{constraints}")
 
 
 def _token_ids_error(params: "SamplingParams", vocab_size: int | None) -> str | None:

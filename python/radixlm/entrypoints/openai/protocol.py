@@ -69,8 +69,13 @@ class JsonSchemaSpec(_Request):
 
 
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaSpec] = None
+    # type structural_tag (SGLang's): free text where a trigger starts one of the structures,
+    # or xgrammar's `format`
+    structures: Optional[list[dict[str, Any]]] = None
+    triggers: Optional[list[str]] = None
+    format: Optional[dict[str, Any]] = None
 
 
 class SamplingExtras(_Request):

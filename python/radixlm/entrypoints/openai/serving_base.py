@@ -20,6 +20,7 @@ from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limi
 from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
+from radixlm.sampling.params import CONSTRAINT_KINDS
 from radixlm.managers.tokenizer_manager import EngineDeadError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
@@ -65,7 +66,7 @@ def failed(meta: dict[str, Any]) -> bool:
 def _constraint_param(message: str) -> Optional[str]:
     """The request field a constraint's compile error is about (the engine says it in words:
     "invalid regex: ...", "json_schema is not valid JSON: ...")."""
-    for kind in ("json_schema", "regex", "ebnf"):
+    for kind in CONSTRAINT_KINDS:
         if message.startswith((f"invalid {kind}:", f"{kind} is not valid")):
             return kind
     return None
@@ -98,6 +99,13 @@ def structured_output(req: SamplingExtras) -> dict[str, Any]:
     given = {name: getattr(req, name) for name in ("json_schema", "regex", "ebnf")
              if getattr(req, name) is not None}
     fmt = req.response_format
+    if fmt is not None and fmt.type == "structural_tag":
+        if given:
+            raise OpenAIError(f"response_format cannot be combined with {', '.join(given)}: "
+                              f"give one output constraint", 400, param="response_format")
+        tag = fmt.model_dump(include={"type", "structures", "triggers", "format"},
+                             exclude_none=True)
+        return {"structural_tag": json.dumps(tag)}
     if fmt is not None and fmt.type != "text":
         if fmt.type == "json_object":
             schema: Any = {"type": "object"}
