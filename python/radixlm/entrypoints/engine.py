@@ -29,7 +29,7 @@ from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, SchedulerReady,
-                                       SchedulerStats, ShutdownReq)
+                                       SchedulerStats, ShutdownReq, UpdateWeightsReq)
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_dir,
                                                   set_trust_remote_code)
@@ -340,6 +340,14 @@ class Engine:
 
     def flush_cache(self) -> bool:
         return self._run(self.tokenizer_manager.flush_cache()).success
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                 flush_cache: bool = True) -> tuple[bool, str]:
+        """Serve the weights of another checkpoint of the same architecture, in place, once
+        the running requests finish: (success, message). On failure the served weights stay."""
+        result = self._run(self.tokenizer_manager.update_weights_from_disk(
+            UpdateWeightsReq(model_path, load_format, flush_cache)))
+        return result.success, result.message
 
     def get_stats(self) -> SchedulerStats:
         return self._run(self.tokenizer_manager.get_stats())

@@ -20,7 +20,7 @@ from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.request_limits import check_generate_limits
 from radixlm.entrypoints.server_info import server_info
 from radixlm.managers.generate_request import GenerateReqInput
-from radixlm.managers.messages import ProfileReq
+from radixlm.managers.messages import ProfileReq, UpdateWeightsReq
 from radixlm.managers.no_tokenizer import no_tokenizer_error
 from radixlm.managers.tokenizer_manager import INTERNAL_RID_PREFIX, EngineDeadError
 
@@ -157,6 +157,29 @@ async def flush_cache(request: Request) -> Response:
     if not result.success:
         return error_response(f"cache not flushed: {result.message}", 400)
     return PlainTextResponse("Cache flushed.\n")
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request) -> Response:
+    """SGLang's: {"model_path", "load_format"?, "flush_cache"?} -> {"success", "message",
+    "num_paused_requests"}, 200 or 400 (the served weights unchanged)."""
+    try:
+        body = await read_json_body(request)
+        path = body.get("model_path") if isinstance(body, dict) else None
+        fmt, flush = body.get("load_format"), body.get("flush_cache", True)
+        if not isinstance(path, str) or not path:
+            raise ValueError("`model_path` must be a checkpoint's path or Hub id")
+        if fmt is not None and not isinstance(fmt, str) or not isinstance(flush, bool):
+            raise ValueError("`load_format` must be a string and `flush_cache` true or false")
+    except ValueError as e:
+        return bad_request(e)
+    try:
+        result = await request.app.state.engine.tokenizer_manager.update_weights_from_disk(
+            UpdateWeightsReq(path, fmt, flush))
+    except EngineDeadError as e:
+        return error_response(str(e), 503)
+    return JSONResponse({"success": result.success, "message": result.message,
+                         "num_paused_requests": 0}, status_code=200 if result.success else 400)
 
 
 # /start_profile's fields (SGLang's names); others are refused rather than ignored.

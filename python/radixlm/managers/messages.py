@@ -54,6 +54,15 @@ class FlushCacheReq:
 
 
 @dataclass
+class UpdateWeightsReq:
+    """Serve the weights of `model_path` (same architecture) from now on; the scheduler does it
+    once the running requests have finished, admitting no new ones meanwhile."""
+    model_path: str
+    load_format: str | None = None
+    flush_cache: bool = True
+
+
+@dataclass
 class GetStatsReq:
     """Ask the scheduler for its runtime figures (for /get_server_info and tests)."""
 
@@ -157,6 +166,13 @@ class DetokSpec:
 class FlushCacheResult:
     success: bool
     message: str = ""
+
+
+@dataclass
+class UpdateWeightsResult:
+    success: bool
+    message: str = ""
+    model_path: str = ""        # the directory now served (on success)
 
 
 @dataclass

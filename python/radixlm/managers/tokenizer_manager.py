@@ -17,8 +17,9 @@ from typing import Any, AsyncIterator, Callable
 from radixlm.managers.generate_request import GenerateReqInput, SingleGenerate
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ProfileResult,
-                                       ReqOutput, SchedulerReady,
-                                       SchedulerStats, TokenizedGenerateReq, expanded_from)
+                                       ReqOutput, SchedulerReady, SchedulerStats,
+                                       TokenizedGenerateReq, UpdateWeightsReq,
+                                       UpdateWeightsResult, expanded_from)
 from radixlm.managers.no_tokenizer import check_without_tokenizer, without_text
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 
@@ -78,6 +79,7 @@ class TokenizerManager:
         self.send = send
         self.states: dict[str, ReqState] = {}
         self._pending: dict[type, list[asyncio.Future]] = {FlushCacheResult: [],
+                                                           UpdateWeightsResult: [],
                                                            SchedulerStats: [],
                                                            ProfileResult: []}
         self.dead_reason: str | None = None
@@ -379,6 +381,14 @@ class TokenizerManager:
 
     async def flush_cache(self) -> FlushCacheResult:
         return await self._ask(FlushCacheReq(), FlushCacheResult)
+
+    async def update_weights_from_disk(self, req: UpdateWeightsReq) -> UpdateWeightsResult:
+        """Waits for the requests running now (the scheduler admits none meanwhile); on
+        success the model directory the server reports is the new one."""
+        result = await self._ask(req, UpdateWeightsResult)
+        if result.success:
+            self.ready.model_path = result.model_path
+        return result
 
     async def get_stats(self) -> SchedulerStats:
         return await self._ask(GetStatsReq(), SchedulerStats)

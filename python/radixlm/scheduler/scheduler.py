@@ -24,8 +24,10 @@ from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
                                       create_grammar_backend)
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
-                                       ShutdownReq, TokenizedGenerateReq, expanded_from)
+                                       ShutdownReq, TokenizedGenerateReq, UpdateWeightsReq,
+                                       UpdateWeightsResult, expanded_from)
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
+from radixlm.model_executor.weight_update import update_weights_from_disk
 from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixlm.scheduler.admission import Admission
@@ -117,6 +119,9 @@ class Scheduler:
             limit = SHORT_PREFILL_TOKENS if self.max_decode_rows is not None else 0
         self.short_prefills = ShortPrefills(limit if self.draft_model is None else 0)
         self.profiler = StepProfiler(runner.device, runner.tp.rank)
+        # /update_weights_from_disk: done once the running requests finish; none is admitted
+        # meanwhile (model_executor/weight_update.py)
+        self.weight_update: UpdateWeightsReq | None = None
 
     # ------------------------------------------------------------------ loop
 
@@ -147,6 +152,9 @@ class Scheduler:
         idle = not self.has_work
         for msg in self.recv(0.05 if (block and idle) else 0.0):
             self.handle_message(msg)
+        if self.weight_update is not None and not (self.running or self.chunked_req
+                                                   or self.pending):
+            self._update_weights()
         if self.pending is not None and self._must_process_before_scheduling():
             self._process_pending(waited=True)
         batch = self.next_batch()
@@ -257,6 +265,10 @@ class Scheduler:
                 self.abort(msg.rid, msg.expanded)
         elif isinstance(msg, FlushCacheReq):
             self.send(self.flush_cache())
+        elif isinstance(msg, UpdateWeightsReq):
+            if self.weight_update is not None:
+                self.send(UpdateWeightsResult(False, "superseded by a later weight update"))
+            self.weight_update = msg
         elif isinstance(msg, GetStatsReq):
             self.send(scheduler_stats(self))
         elif isinstance(msg, ProfileReq):
@@ -322,6 +334,14 @@ class Scheduler:
                                                   status_code=503) if shutdown
                                 else FinishReason("abort", message="aborted"))
 
+    def _update_weights(self) -> None:
+        req, self.weight_update = self.weight_update, None
+        done = update_weights_from_disk(self.runner, req.model_path, req.load_format)
+        if done.success and req.flush_cache:
+            self.kv.flush()     # (the cached prefixes' KV came from the old weights)
+        self.send(UpdateWeightsResult(done.success, done.message,
+                                      self.runner.hf_dir if done.success else ""))
+
     def flush_cache(self) -> FlushCacheResult:
         self._process_pending()
         if self.has_work:
@@ -333,7 +353,7 @@ class Scheduler:
 
     def next_batch(self) -> ScheduleBatch | None:
         self._release_aborted()
-        batch = self._prefill_batch()
+        batch = self._prefill_batch() if self.weight_update is None else None
         if batch is not None:
             self.short_prefills.take(batch.reqs, self.running, self.max_decode_rows, self.kv)
             if batch.reqs:

@@ -1,0 +1,117 @@
+"""/update_weights_from_disk (Engine.update_weights_from_disk): another checkpoint of the same
+architecture is served in place; a checkpoint that does not fit, or fails half-way, leaves the
+served weights as they were; requests running when it is asked finish first."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import pytest
+from safetensors.torch import load_file, save_file
+
+from helpers import start_server, stop_server
+
+PROMPT = "The capital of France is"
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def _checkpoint(root, smollm_dir: str, name: str, change=None, config: dict | None = None) -> str:
+    """A copy of the bundled model's directory whose weights `change` edits (a dict of
+    tensors in, out) and whose config.json takes `config`'s fields."""
+    path = root / name
+    path.mkdir()
+    for f in os.listdir(smollm_dir):
+        if f != "config.json" and (f != "model.safetensors" or change is None):
+            os.symlink(os.path.join(smollm_dir, f), path / f)
+    if change is not None:
+        tensors = load_file(os.path.join(smollm_dir, "model.safetensors"))
+        save_file(change(tensors), str(path / "model.safetensors"))
+    with open(os.path.join(smollm_dir, "config.json")) as f:
+        cfg = json.load(f)
+    (path / "config.json").write_text(json.dumps({**cfg, **(config or {})}))
+    return str(path)
+
+
+def _flip_embeddings(tensors: dict) -> dict:
+    return {k: (-v if "embed_tokens" in k else v) for k, v in tensors.items()}
+
+
+def _drop_last_layer_norm(tensors: dict) -> dict:
+    # (every tensor but one is copied before the loader notices what is missing)
+    return {k: v for k, v in tensors.items() if not k.endswith("model.norm.weight")}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, smollm_dir):
+    root = tmp_path_factory.mktemp("weights")
+    return {"same": _checkpoint(root, smollm_dir, "same"),
+            "flipped": _checkpoint(root, smollm_dir, "flipped", _flip_embeddings),
+            "broken": _checkpoint(root, smollm_dir, "broken", _drop_last_layer_norm),
+            "wider": _checkpoint(root, smollm_dir, "wider", config={"hidden_size": 640})}
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    from radixlm.entrypoints.engine import Engine
+    e = Engine(model_path=checkpoints["same"], device="cpu", log_level="warning",
+               max_total_tokens=4096)
+    yield e
+    e.shutdown()
+
+
+def test_update_weights_in_place_and_back(engine, checkpoints):
+    before = engine.generate(PROMPT, GREEDY)["output_ids"]
+
+    ok, message = engine.update_weights_from_disk(checkpoints["flipped"])
+    assert ok, message
+    assert engine.generate(PROMPT, GREEDY)["output_ids"] != before
+    assert engine.ready.model_path == checkpoints["flipped"]
+
+    for bad, reason in (("wider", "hidden_size"), ("broken", "restored"),
+                        ("/nonexistent/model", "cannot read")):
+        ok, message = engine.update_weights_from_disk(checkpoints.get(bad, bad))
+        assert not ok and reason in message, message
+    ok, message = engine.update_weights_from_disk(checkpoints["same"])
+    assert ok, message
+    # Back to the first weights exactly, cache flushed (no stale KV of the flipped model).
+    again = engine.generate(PROMPT, GREEDY)
+    assert again["output_ids"] == before and again["meta_info"]["cached_tokens"] == 0
+
+
+def test_running_requests_finish_before_the_update(engine, checkpoints):
+    long = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    want = engine.generate(PROMPT, long)["output_ids"]
+    got = {}
+    worker = threading.Thread(target=lambda: got.update(engine.generate(PROMPT, long)))
+    worker.start()
+    while engine.get_stats().num_running_reqs == 0 and worker.is_alive():
+        time.sleep(0.01)
+    ok, _ = engine.update_weights_from_disk(checkpoints["flipped"])
+    worker.join()
+    # The running request was computed with the weights it started with.
+    assert ok and got["output_ids"] == want
+
+
+def test_update_weights_endpoint(checkpoints):
+    proc, url = start_server("--model-path", checkpoints["same"], "--max-total-tokens", "4096")
+    try:
+        resp = httpx.post(url + "/update_weights_from_disk", timeout=120,
+                          json={"model_path": checkpoints["flipped"]})
+        assert resp.status_code == 200 and resp.json()["success"] is True
+        info = httpx.get(url + "/get_model_info", timeout=30).json()
+        assert info["model_path"] == checkpoints["flipped"]
+        resp = httpx.post(url + "/update_weights_from_disk", timeout=120,
+                          json={"model_path": checkpoints["wider"]})
+        assert resp.status_code == 400 and resp.json()["success"] is False
+        assert "hidden_size" in resp.json()["message"]
+        resp = httpx.post(url + "/update_weights_from_disk", json={"path": "x"}, timeout=30)
+        assert resp.status_code == 400 and "model_path" in resp.text
+        out = httpx.post(url + "/generate", json={"text": PROMPT, "sampling_params": GREEDY},
+                         timeout=60).json()
+        assert out["meta_info"]["completion_tokens"] == 8
+    finally:
+        stop_server(proc)
