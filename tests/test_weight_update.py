@@ -115,3 +115,18 @@ def test_update_weights_endpoint(checkpoints):
         assert out["meta_info"]["completion_tokens"] == 8
     finally:
         stop_server(proc)
+
+
+@pytest.mark.gpu
+def test_gpu_update_reaches_the_cuda_graphs(make_engine, checkpoints):
+    """On a GPU with CUDA graphs and the overlap scheduler: the captured graphs read the new
+    weights (they were overwritten in place), and going back gives the first tokens again."""
+    engine = make_engine(model_path=checkpoints["same"], device="cuda", max_total_tokens=8192)
+    params = [{**GREEDY, "max_new_tokens": 16}] * 3
+    prompts = [PROMPT, "def fibonacci(n):", "A list of three colours: red,"]
+    before = [o["output_ids"] for o in engine.generate(prompts, params)]
+    assert engine.update_weights_from_disk(checkpoints["flipped"])[0]
+    flipped = [o["output_ids"] for o in engine.generate(prompts, params)]
+    assert all(a != b for a, b in zip(before, flipped))
+    assert engine.update_weights_from_disk(checkpoints["same"])[0]
+    assert [o["output_ids"] for o in engine.generate(prompts, params)] == before
