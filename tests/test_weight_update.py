@@ -118,15 +118,32 @@ def test_update_weights_endpoint(checkpoints):
 
 
 @pytest.mark.gpu
-def test_gpu_update_reaches_the_cuda_graphs(make_engine, checkpoints):
+def test_gpu_update_reaches_the_cuda_graphs(make_engine, tmp_path):
     """On a GPU with CUDA graphs and the overlap scheduler: the captured graphs read the new
-    weights (they were overwritten in place), and going back gives the first tokens again."""
-    engine = make_engine(model_path=checkpoints["same"], device="cuda", max_total_tokens=8192)
+    weights (overwritten in place), and going back gives the first tokens again. Two random
+    small Llamas, token ids in and out (--skip-tokenizer-init: no tokenizer files needed)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=False)
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        dirs.append(str(tmp_path / f"llama{seed}"))
+        LlamaForCausalLM(config).save_pretrained(dirs[-1])
+    engine = make_engine(model_path=dirs[0], device="cuda", skip_tokenizer_init=True,
+                         max_total_tokens=8192)
+    prompts = [[1, 2, 3, 4, 5], [10, 20, 30], [7] * 9]
     params = [{**GREEDY, "max_new_tokens": 16}] * 3
-    prompts = [PROMPT, "def fibonacci(n):", "A list of three colours: red,"]
-    before = [o["output_ids"] for o in engine.generate(prompts, params)]
-    assert engine.update_weights_from_disk(checkpoints["flipped"])[0]
-    flipped = [o["output_ids"] for o in engine.generate(prompts, params)]
-    assert all(a != b for a, b in zip(before, flipped))
-    assert engine.update_weights_from_disk(checkpoints["same"])[0]
-    assert [o["output_ids"] for o in engine.generate(prompts, params)] == before
+
+    def run():
+        return [o["output_ids"] for o in engine.generate(input_ids=prompts,
+                                                         sampling_params=params)]
+
+    before = run()
+    assert engine.update_weights_from_disk(dirs[1])[0]
+    assert all(a != b for a, b in zip(before, run()))
+    assert engine.update_weights_from_disk(dirs[0])[0]
+    assert run() == before
