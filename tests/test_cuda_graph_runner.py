@@ -67,6 +67,18 @@ def test_gpu_graphs_smallest_first_one_logits_buffer(tmp_path, monkeypatch):
         torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+def test_gpu_cuda_graph_bs_captures_exactly_those_sizes(tmp_path):
+    """--cuda-graph-bs: the graphs are those sizes (one above the running-request limit is
+    the limit), and a batch runs in the smallest that fits."""
+    runner, _ = create_runner_and_kv(RunnerConfig(
+        model_path=tiny_checkpoint(tmp_path, "llama"), device="cuda", dtype="float32",
+        max_total_tokens=1024, max_running_requests=24, cuda_graph_bs=[4, 1, 12, 64]))
+    gr = runner.graph_runner
+    assert gr.batch_sizes == [1, 4, 12, 24] and gr.max_bs == 24
+    assert runner.max_graph_batch_size == 24
+
+
 def test_replay_pads_every_row_its_graph_reads():
     """Whatever batches ran before, a replay's graph sees the batch's rows in [:bs] and the
     padding values (KV slot 0, request slot 0, length 1) in [bs:padded]: rows a larger batch

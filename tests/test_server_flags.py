@@ -196,6 +196,18 @@ def test_slow_tokenizer_mode_tokenizes_as_the_fast_one(smollm_dir):
         load_tokenizer(smollm_dir)(text).input_ids
 
 
+def test_cuda_graph_bs_flag(capsys):
+    from radixlm.cli import _parser
+    parser, _ = _parser()
+    ns = parser.parse_args(["serve", "--cuda-graph-bs", "1", "2", "8"])
+    args = ServerArgs.from_cli_args(ns)
+    assert args.cuda_graph_bs == [1, 2, 8]
+    argv = args.to_cli_args()
+    assert argv[argv.index("--cuda-graph-bs"):][:4] == ["--cuda-graph-bs", "1", "2", "8"]
+    code, err = cli_error(["serve", "--cuda-graph-bs", "0", "4"], capsys)
+    assert code == 2 and "--cuda-graph-bs" in err
+
+
 def test_model_sampling_defaults_read(tmp_path):
     from radixlm.utils.sampling_defaults import model_sampling_defaults
     (tmp_path / "generation_config.json").write_text(json.dumps(

@@ -92,6 +92,9 @@ class ServerArgs:
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
+    # The decode batch sizes to capture graphs for (default: 1, 2, 4, 8, 16, ... up to
+    # --cuda-graph-max-bs); a batch runs in the smallest graph it fits
+    cuda_graph_bs: list[int] | None = None
     # torch.compile (inductor) of the decode forward, captured in the CUDA graphs, for batches of
     # up to --torch-compile-max-bs rows (model_executor/torch_compile.py)
     enable_torch_compile: bool = False
@@ -277,6 +280,10 @@ class ServerArgs:
             raise bad("watchdog-timeout", f"must be > 0 seconds, got {self.watchdog_timeout}")
         if self.decode_log_interval < 1:
             raise bad("decode-log-interval", f"must be >= 1, got {self.decode_log_interval}")
+        if self.cuda_graph_bs is not None and (
+                not self.cuda_graph_bs or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                  and b >= 1 for b in self.cuda_graph_bs)):
+            raise bad("cuda-graph-bs", f"must be batch sizes >= 1, got {self.cuda_graph_bs}")
         if self.stream_interval < 1:
             raise bad("stream-interval", f"must be >= 1, got {self.stream_interval}")
         if self.chat_template is not None:
@@ -397,6 +404,8 @@ class ServerArgs:
                 continue
             base = _base_type(typ)
             kwargs: dict[str, Any] = {"type": base, "default": f.default}
+            if getattr(base, "__origin__", None) is list:     # --cuda-graph-bs 1 2 4 8
+                kwargs = {"type": base.__args__[0], "nargs": "+", "default": f.default}
             if f.name == "schedule_policy":
                 kwargs["choices"] = SCHEDULE_POLICIES
             elif f.name == "load_format":
@@ -424,6 +433,8 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             if isinstance(value, bool):
                 out.append(flag)      # store_true flags; a default of True has no flag
+            elif isinstance(value, list):
+                out += [flag, *(str(v) for v in value)]
             else:
                 out += [flag, str(value)]
         return out

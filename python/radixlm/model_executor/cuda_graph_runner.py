@@ -52,17 +52,20 @@ class CudaGraphRunner:
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, device: torch.device,
                  max_bs: int, compiled: "CompiledDecode | None" = None,
-                 draft_trees: bool = False):
+                 draft_trees: bool = False, batch_sizes: list[int] | None = None):
         """`compiled`: --enable-torch-compile's forward (already compiled), captured instead
         of the eager one for the sizes it covers. `draft_trees`: capture graphs that take the
         rows' draft-tree masks (ForwardBatch.tree_start / tree_mask), for speculative trees; a step
-        without a tree then runs them with nothing masked."""
+        without a tree then runs them with nothing masked. `batch_sizes` (--cuda-graph-bs): the
+        sizes to capture, instead of capture_batch_sizes(max_bs); one above max_bs (the
+        running-request limit) is max_bs."""
         self.model = model
         self.compiled = compiled
         self.backend = backend
         self.device = device
-        self.max_bs = max_bs
-        self.batch_sizes = capture_batch_sizes(self.max_bs)
+        sizes = sorted({min(b, max_bs) for b in batch_sizes or ()})
+        self.batch_sizes = sizes or capture_batch_sizes(max_bs)
+        self.max_bs = self.batch_sizes[-1]
         dev = device
         # Static inputs; padded rows keep these values (slot 0 is the KV pool's padding slot).
         self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)

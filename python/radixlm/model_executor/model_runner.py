@@ -173,7 +173,7 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 self.model, self.attn_backend, self.device,
                 min(cfg.cuda_graph_max_bs, self.max_running_requests), self.compiled_decode,
-                draft_trees=draft_trees)
+                draft_trees=draft_trees, batch_sizes=cfg.cuda_graph_bs)
             with self.startup.phase("cuda_graphs"):
                 self.graph_runner.capture()
         with self.startup.phase("sampler_kernels"):

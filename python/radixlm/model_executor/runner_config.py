@@ -32,6 +32,7 @@ class RunnerConfig:
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
+    cuda_graph_bs: list[int] | None = None   # --cuda-graph-bs: the sizes captured
     enable_torch_compile: bool = False     # model_executor/torch_compile.py
     torch_compile_max_bs: int = 32
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)
