@@ -183,6 +183,8 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
         assert code == 2 and "--preferred-sampling-params" in err and reason in err
     code, err = cli_error(["serve", "--sampling-defaults", "vllm"], capsys)
     assert code == 2 and "--sampling-defaults" in err
+    code, err = cli_error(["serve", "--json-model-override-args", "[1]"], capsys)
+    assert code == 2 and "--json-model-override-args" in err
     code, err = cli_error(["serve", "--tokenizer-mode", "mistral"], capsys)
     assert code == 2 and "--tokenizer-mode" in err
     with pytest.raises(ValueError, match="--tokenizer-mode"):

@@ -97,13 +97,19 @@ def test_running_requests_finish_before_the_update(engine, checkpoints):
 
 
 def test_update_weights_endpoint(checkpoints):
-    proc, url = start_server("--model-path", checkpoints["same"], "--max-total-tokens", "4096")
+    """Also --weight-version (reported, and replaced by an update that names one) and
+    --json-model-override-args (a config.json field replaced: the context length here)."""
+    proc, url = start_server("--model-path", checkpoints["same"], "--max-total-tokens", "4096",
+                             "--weight-version", "step-0",
+                             "--json-model-override-args", '{"max_position_embeddings": 300}')
     try:
+        info = httpx.get(url + "/get_model_info", timeout=30).json()
+        assert info["weight_version"] == "step-0" and info["context_length"] == 300
         resp = httpx.post(url + "/update_weights_from_disk", timeout=120,
-                          json={"model_path": checkpoints["flipped"]})
+                          json={"model_path": checkpoints["flipped"], "weight_version": "step-1"})
         assert resp.status_code == 200 and resp.json()["success"] is True
         info = httpx.get(url + "/get_model_info", timeout=30).json()
-        assert info["model_path"] == checkpoints["flipped"]
+        assert info["model_path"] == checkpoints["flipped"] and info["weight_version"] == "step-1"
         resp = httpx.post(url + "/update_weights_from_disk", timeout=120,
                           json={"model_path": checkpoints["wider"]})
         assert resp.status_code == 400 and resp.json()["success"] is False

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
 
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
+
+
+def parse_model_overrides(text: str | None) -> dict[str, Any]:
+    """--json-model-override-args as a dict (ValueError when it is not a JSON object)."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"must be a JSON object of config.json fields: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object of config.json fields, got {text!r}")
+    return value
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -40,6 +54,11 @@ class ServerArgs:
     # "slow" loads transformers' Python tokenizer where the checkpoint has one (the HTTP
     # process's, which tokenizes prompts); "auto" the fast one
     tokenizer_mode: str = "auto"
+    # config.json fields replaced, as a JSON object ({"max_position_embeddings": 8192}):
+    # applied where the model's config is read, before anything is built from it
+    json_model_override_args: str | None = None
+    # A label of the weights served (/get_model_info); /update_weights_from_disk may set it
+    weight_version: str = "default"
     # No tokenizer anywhere: prompts come as input_ids, outputs go back as output_ids only
     # (as SGLang's flag; what needs text is refused: managers/no_tokenizer.py)
     skip_tokenizer_init: bool = False
@@ -295,6 +314,11 @@ class ServerArgs:
         if self.skip_tokenizer_init and self.chat_template is not None:
             raise bad("chat-template", "renders chats into text for the tokenizer, which "
                                        "--skip-tokenizer-init leaves out")
+        if self.json_model_override_args is not None:
+            try:
+                parse_model_overrides(self.json_model_override_args)
+            except ValueError as e:
+                raise bad("json-model-override-args", str(e)) from None
         if self.tokenizer_mode not in TOKENIZER_MODES:
             raise bad("tokenizer-mode", f"must be one of {list(TOKENIZER_MODES)}, "
                                         f"got {self.tokenizer_mode!r}")

@@ -192,6 +192,7 @@ class Engine:
         logger.info("engine ready in %.1f s (%s); scheduler: %s", self.startup_seconds,
                     ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_phases.items()),
                     ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
+        self.weight_version = args.weight_version     # /get_model_info; set by weight updates
         # /v1's defaults for the sampling fields a request leaves out (--sampling-defaults)
         self.model_sampling_defaults = model_sampling_defaults(hf_dir, args.sampling_defaults)
         self.tokenizer_manager = TokenizerManager(
@@ -342,11 +343,15 @@ class Engine:
         return self._run(self.tokenizer_manager.flush_cache()).success
 
     def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
-                                 flush_cache: bool = True) -> tuple[bool, str]:
+                                 flush_cache: bool = True,
+                                 weight_version: str | None = None) -> tuple[bool, str]:
         """Serve the weights of another checkpoint of the same architecture, in place, once
-        the running requests finish: (success, message). On failure the served weights stay."""
+        the running requests finish: (success, message). On failure the served weights stay.
+        `weight_version`: the new weights' label (/get_model_info)."""
         result = self._run(self.tokenizer_manager.update_weights_from_disk(
             UpdateWeightsReq(model_path, load_format, flush_cache)))
+        if result.success and weight_version is not None:
+            self.weight_version = weight_version
         return result.success, result.message
 
     def get_stats(self) -> SchedulerStats:

@@ -115,7 +115,7 @@ async def get_model_info(request: Request) -> dict:
             "is_generation": True, "served_model_name": served_model_name(request),
             "preferred_sampling_params":
                 request.app.state.server_args.preferred_sampling_params,
-            "weight_version": "default",
+            "weight_version": request.app.state.engine.weight_version,
             "context_length": ready.context_len,
             "model_type": config.get("model_type"), "architectures": config.get("architectures"),
             "has_image_understanding": False, "has_audio_understanding": False,
@@ -161,23 +161,29 @@ async def flush_cache(request: Request) -> Response:
 
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request) -> Response:
-    """SGLang's: {"model_path", "load_format"?, "flush_cache"?} -> {"success", "message",
-    "num_paused_requests"}, 200 or 400 (the served weights unchanged)."""
+    """SGLang's: {"model_path", "load_format"?, "flush_cache"?, "weight_version"?} ->
+    {"success", "message", "num_paused_requests"}, 200 or 400 (the served weights unchanged)."""
+    engine = request.app.state.engine
     try:
         body = await read_json_body(request)
         path = body.get("model_path") if isinstance(body, dict) else None
         fmt, flush = body.get("load_format"), body.get("flush_cache", True)
+        version = body.get("weight_version")
         if not isinstance(path, str) or not path:
             raise ValueError("`model_path` must be a checkpoint's path or Hub id")
         if fmt is not None and not isinstance(fmt, str) or not isinstance(flush, bool):
             raise ValueError("`load_format` must be a string and `flush_cache` true or false")
+        if version is not None and not isinstance(version, str):
+            raise ValueError("`weight_version` must be a string")
     except ValueError as e:
         return bad_request(e)
     try:
-        result = await request.app.state.engine.tokenizer_manager.update_weights_from_disk(
+        result = await engine.tokenizer_manager.update_weights_from_disk(
             UpdateWeightsReq(path, fmt, flush))
     except EngineDeadError as e:
         return error_response(str(e), 503)
+    if result.success and version is not None:
+        engine.weight_version = version
     return JSONResponse({"success": result.success, "message": result.message,
                          "num_paused_requests": 0}, status_code=200 if result.success else 400)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm import envs
+from radixlm.config import parse_model_overrides
 from radixlm.core.forward_batch import ForwardBatch
 from radixlm.core.kv_quant import is_fp8, kv_storage_dtype
 from radixlm.core.kv_spec import KVCacheSpec
@@ -105,6 +106,8 @@ class ModelRunner:
         self.hf_dir, self.load_format = resolve_model_dir(config.model_path, config.load_format)
         self.tokenizer_path = config.tokenizer_path or self.hf_dir
         hf_config = read_hf_config(self.hf_dir)
+        for key, value in parse_model_overrides(config.json_model_override_args).items():
+            setattr(hf_config, key, value)      # --json-model-override-args
         self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
                                                 _generation_eos(self.hf_dir))
         if hicache and self.model_config.is_mla:

@@ -33,6 +33,7 @@ class RunnerConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 256
     cuda_graph_bs: list[int] | None = None   # --cuda-graph-bs: the sizes captured
+    json_model_override_args: str | None = None   # config.json fields replaced (JSON)
     enable_torch_compile: bool = False     # model_executor/torch_compile.py
     torch_compile_max_bs: int = 32
     # Parallel layout (tensor parallelism builds on these; ServerArgs allows tp_size 1 today)

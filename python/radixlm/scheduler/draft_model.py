@@ -72,7 +72,7 @@ class DraftModel:
             args, model_path=args.speculative_draft_model_path, tokenizer_path=None,
             load_format="dummy" if args.load_format == "dummy" else "auto",
             max_total_tokens=2 * args.page_size, max_running_requests=1, quantization=None,
-            enable_torch_compile=False)
+            enable_torch_compile=False, json_model_override_args=None)  # (the target's)
         try:
             runner = ModelRunner(RunnerConfig.from_server_args(draft_args))
         except torch.OutOfMemoryError as e:
