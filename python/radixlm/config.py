@@ -86,6 +86,9 @@ class ServerArgs:
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
     max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
     max_running_requests: int | None = None
+    # Requests waiting for admission beyond this many are refused at once: HTTP 429 (not 503,
+    # which tells a router the engine is dead)
+    max_queued_requests: int | None = None
     page_size: int = 1
     kv_cache_dtype: str = "auto"           # fp8_e4m3: 1-byte K/V (per-tensor scales), 2x tokens
     disable_radix_cache: bool = False
@@ -303,6 +306,8 @@ class ServerArgs:
                 not self.cuda_graph_bs or not all(isinstance(b, int) and not isinstance(b, bool)
                                                   and b >= 1 for b in self.cuda_graph_bs)):
             raise bad("cuda-graph-bs", f"must be batch sizes >= 1, got {self.cuda_graph_bs}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise bad("max-queued-requests", f"must be >= 1, got {self.max_queued_requests}")
         if self.stream_interval < 1:
             raise bad("stream-interval", f"must be >= 1, got {self.stream_interval}")
         if self.chat_template is not None:

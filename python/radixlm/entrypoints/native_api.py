@@ -22,7 +22,8 @@ from radixlm.entrypoints.server_info import server_info
 from radixlm.managers.generate_request import GenerateReqInput
 from radixlm.managers.messages import ProfileReq, UpdateWeightsReq
 from radixlm.managers.no_tokenizer import no_tokenizer_error
-from radixlm.managers.tokenizer_manager import INTERNAL_RID_PREFIX, EngineDeadError
+from radixlm.managers.tokenizer_manager import (INTERNAL_RID_PREFIX, EngineDeadError,
+                                               RequestRefusedError)
 
 router = APIRouter()
 
@@ -52,6 +53,8 @@ async def generate(request: Request):
         return bad_request(e)
     except EngineDeadError as e:
         return error_response(str(e), 503)
+    except RequestRefusedError as e:
+        return error_response(str(e), e.status)
     except ClientDisconnected:
         return Response(status_code=499)  # nobody is listening; the request was aborted
     return StreamingResponse(_stream_body(first, stream), media_type="text/event-stream")

@@ -35,6 +35,15 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+class RequestRefusedError(RuntimeError):
+    """The scheduler refused the request for now (--max-queued-requests: its queue is full);
+    `status` is the HTTP status (429), a client retries later."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass
 class ReqState:
     single: SingleGenerate
@@ -413,3 +422,5 @@ def _raise_if_rejected(st: ReqState) -> None:
     fr = st.finish_reason
     if fr is not None and fr.status_code == 400:
         raise ValueError(fr.message or "invalid request")
+    if fr is not None and fr.status_code == 429:
+        raise RequestRefusedError(fr.message or "too many requests", 429)

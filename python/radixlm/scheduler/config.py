@@ -24,6 +24,7 @@ class SchedulerConfig:
     random_seed: int = 0
     decode_log_interval: int = 40
     watchdog_timeout: float = 300.0   # seconds without progress, with work, before exiting
+    max_queued_requests: int | None = None   # more waiting: a new request is refused (429)
     # Speculative decoding (scheduler/speculation.py); None: off
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4

@@ -305,6 +305,11 @@ class Scheduler:
             self.results.finish(req, FinishReason(
                 "abort", message=f"prompt of {req.prompt_len} tokens does not fit the KV cache "
                                  f"({capacity} tokens)", status_code=400))
+        elif (self.config.max_queued_requests is not None
+              and len(self.waiting) >= self.config.max_queued_requests):
+            self.results.finish(req, FinishReason(
+                "abort", message=f"the request queue is full ({len(self.waiting)} waiting, "
+                                 f"--max-queued-requests); retry later", status_code=429))
         else:
             self.waiting.append(req)
             if self.prefix_cache.has_slow_tier:

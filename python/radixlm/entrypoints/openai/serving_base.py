@@ -21,7 +21,7 @@ from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS
-from radixlm.managers.tokenizer_manager import EngineDeadError
+from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ def engine_error(e: BaseException) -> OpenAIError:
         return OpenAIError(str(e), 400, param=_constraint_param(str(e)))
     if isinstance(e, EngineDeadError):
         return OpenAIError(str(e), 503)
+    if isinstance(e, RequestRefusedError):
+        return OpenAIError(str(e), e.status)
     logger.exception("OpenAI request failed", exc_info=e)
     return OpenAIError(f"internal error: {type(e).__name__}: {e}", 500)
 
