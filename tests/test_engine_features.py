@@ -223,6 +223,40 @@ def test_logprob_start_len_and_default(engine, tokenizer):
     assert len(default["meta_info"]["output_token_logprobs"]) == 2
 
 
+def test_sglang_generate_arguments(engine, tokenizer):
+    """SGLang's generate() keywords: taken when unset (None / False), refused when set; a
+    typo is a TypeError; a logprob_start_len at or past the prompt's end is refused."""
+    params = {"max_new_tokens": 2, **GREEDY}
+    out = engine.generate("Hi", params, image_data=None, lora_path=None,
+                          return_hidden_states=False, custom_logit_processor=None,
+                          data_parallel_rank=None, token_ids_logprob=None)
+    assert out["meta_info"]["completion_tokens"] == 2
+    with pytest.raises(ValueError, match="image_data"):
+        engine.generate("Hi", params, image_data="cat.png")
+    with pytest.raises(TypeError, match="return_logprobs"):
+        engine.generate("Hi", params, return_logprobs=True)
+    n = len(tokenizer("Hello there").input_ids)
+    with pytest.raises(ValueError, match="logprob_start_len"):
+        engine.generate("Hello there", params, return_logprob=True, logprob_start_len=n)
+    last = engine.generate("Hello there", params, return_logprob=True, logprob_start_len=n - 1)
+    assert len(last["meta_info"]["input_token_logprobs"]) == 1
+
+
+def test_engine_takes_server_args_and_refuses_dp(smollm_dir):
+    from radixlm import Engine, ServerArgs
+    with pytest.raises(ValueError, match="dp-size"):
+        Engine(device="cpu", dp_size=2)
+    with pytest.raises(TypeError, match="not both"):
+        Engine(server_args=ServerArgs(device="cpu"), max_total_tokens=1024)
+    engine = Engine(server_args=ServerArgs(device="cpu", max_total_tokens=2048,
+                                           log_level="warning"))
+    try:
+        assert engine.server_args.max_total_tokens == 2048
+        assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    finally:
+        engine.shutdown()
+
+
 def test_streaming_is_cumulative(engine):
     chunks = list(engine.generate("Colours of the rainbow:", {"max_new_tokens": 10, **GREEDY},
                                   stream=True))

@@ -404,6 +404,7 @@ def test_api_key_and_no_orphans_after_kill():
     proc, url = start_server("--api-key", "sekret", "--max-total-tokens", "2048")
     try:
         assert httpx.get(url + "/health").status_code == 200  # health stays open
+        assert httpx.get(url + "/metrics").status_code != 401   # so does /metrics (SGLang)
         r = httpx.get(url + "/get_model_info")
         assert r.status_code == 401 and "API key" in r.json()["message"]
         r = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer wrong"})

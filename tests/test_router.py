@@ -171,6 +171,7 @@ def test_api_key_is_checked_and_sent_on(workers):
         body = {"text": "Hi", "sampling_params": GREEDY}
         denied = httpx.post(url + "/generate", json=body)
         assert denied.status_code == 401 and denied.json()["error"]["code"] == 401
+        assert httpx.get(url + "/metrics").status_code == 200    # Prometheus needs no key
         ok = httpx.post(url + "/generate", json=body, timeout=60,
                         headers={"Authorization": "Bearer sekret"})
         assert ok.status_code == 200

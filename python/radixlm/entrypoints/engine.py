@@ -27,7 +27,7 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
-from radixlm.managers.generate_request import GenerateReqInput
+from radixlm.managers.generate_request import SGLANG_ONLY_FIELDS, GenerateReqInput
 from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, SchedulerReady,
                                        SchedulerStats, ShutdownReq, UpdateWeightsReq)
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
@@ -155,9 +155,23 @@ def _failed(reason: str) -> SchedulerReady:
 
 
 class Engine:
-    def __init__(self, model_path: str | None = None, **kwargs: Any):
+    def __init__(self, model_path: str | None = None, server_args: ServerArgs | None = None,
+                 **kwargs: Any):
+        """`Engine(model_path=..., **server_args)` or, as SGLang's, `Engine(server_args=...)`.
+        It logs errors only unless log_level says otherwise (as SGLang's Engine; `radixlm
+        serve` logs at info)."""
         started = time.perf_counter()
-        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        if server_args is not None:
+            if model_path is not None or kwargs:
+                raise TypeError("Engine takes server_args or settings as keywords, not both")
+            self.server_args = server_args
+        else:
+            kwargs.setdefault("log_level", "error")
+            self.server_args = ServerArgs.from_kwargs(model_path=model_path, **kwargs)
+        if self.server_args.dp_size != 1:
+            raise ValueError(f"dp_size {self.server_args.dp_size}: the in-process Engine runs "
+                             f"one engine; `radixlm serve --dp-size N` serves N behind the "
+                             f"cache-aware router")
         logging.basicConfig(level=self.server_args.log_level.upper(),
                             format="[%(asctime)s] %(name)s: %(message)s")
         self._closed = True
@@ -251,10 +265,15 @@ class Engine:
     def _request(prompt, sampling_params, input_ids, stream, kwargs) -> GenerateReqInput:
         if not isinstance(stream, bool):   # (checked now: a stream's errors come when read)
             raise ValueError("`stream` must be true or false")
-        if "extra" in kwargs:              # GenerateReqInput's own field, not an argument
-            raise TypeError("generate() got an unexpected keyword argument 'extra'")
-        return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
-                                stream=stream, **kwargs)
+        known = set(GenerateReqInput.__dataclass_fields__) - {"extra"}
+        unknown = sorted(set(kwargs) - known - set(SGLANG_ONLY_FIELDS))
+        if unknown:                        # (a typo must not pass as an ignored field)
+            raise TypeError(f"generate() got an unexpected keyword argument '{unknown[0]}'")
+        # SGLang's other arguments are taken left unset (None / False) and refused when set,
+        # as on /generate (GenerateReqInput.from_dict).
+        return GenerateReqInput.from_dict({"text": prompt, "input_ids": input_ids,
+                                           "sampling_params": sampling_params,
+                                           "stream": stream, **kwargs})
 
     def generate(self, prompt: str | list[str] | None = None,
                  sampling_params: dict | list[dict] | None = None,

@@ -69,6 +69,10 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     return app
 
 
+# Answered without the API key (the router keeps the same list)
+OPEN_PATHS = ("/health", "/health_generate", "/metrics")
+
+
 class AuthAndLogMiddleware:
     """Bearer-key check (all but /health) and one log line per request, as plain ASGI: unlike
     FastAPI's @app.middleware("http") it does not wrap the body stream, so handlers still see
@@ -83,8 +87,9 @@ class AuthAndLogMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        # Only /health stays open (a load balancer's probe); CORS preflights carry no key.
-        if self.api_key and path != "/health" and scope.get("method") != "OPTIONS":
+        # Probes stay open, as in SGLang: /health* (load balancers') and /metrics
+        # (Prometheus'); CORS preflights carry no key.
+        if self.api_key and path not in OPEN_PATHS and scope.get("method") != "OPTIONS":
             headers = dict(scope.get("headers") or [])
             scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(),

@@ -29,6 +29,8 @@ UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", 
                       "lora_id", "custom_logit_processor", "return_hidden_states",
                       "session_params", "token_ids_logprob", "extra_key", "bootstrap_host",
                       "bootstrap_port", "bootstrap_room")
+# What else SGLang's generate takes: the refused fields, and data_parallel_rank (0 or None only).
+SGLANG_ONLY_FIELDS = (*UNSUPPORTED_FIELDS, "data_parallel_rank")
 
 
 @dataclass

@@ -199,6 +199,10 @@ class TokenizerManager:
         seen.add(s.rid)
         if s.rid in self.states:
             raise ValueError(f"a request with rid {s.rid!r} is already running")
+        if s.return_logprob and s.logprob_start_len >= len(ids):
+            # (as SGLang: no prompt logprob would start there; -1 means the output's only)
+            raise ValueError(f"logprob_start_len ({s.logprob_start_len}) must be lower than "
+                             f"the number of input tokens ({len(ids)})")
         if s.top_logprobs_num > self.ready.vocab_size:
             raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
                              f"({self.ready.vocab_size})")

@@ -33,7 +33,8 @@ from radixlm.router.workers import WorkerPool
 logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = ("/health",)      # answered without the API key (load balancers' probes)
+# Answered without the API key, as by SGLang: load balancers' and Prometheus' probes
+OPEN_PATHS = ("/health", "/health_generate", "/metrics")
 # /get_server_info figures that add up over the workers (requests, KV tokens)
 SUMMED_INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "max_total_num_tokens",
                     "available_kv_tokens", "evictable_kv_tokens", "protected_kv_tokens",
