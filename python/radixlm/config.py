@@ -8,25 +8,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
 
+from radixlm.utils.json_flag import parse_json_object
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
 
 
 def parse_model_overrides(text: str | None) -> dict[str, Any]:
     """--json-model-override-args as a dict (ValueError when it is not a JSON object)."""
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"must be a JSON object of config.json fields: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a JSON object of config.json fields, got {text!r}")
-    return value
+    return parse_json_object(text, "config.json fields")
+
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any
 
+from radixlm.utils.json_flag import parse_json_object
+
 SAMPLING_DEFAULTS = ("model", "openai")
 # generation_config.json keys that are sampling parameters, under the same names.
 MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -25,15 +27,7 @@ MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 def parse_preferred(text: str | None) -> dict[str, Any]:
     """--preferred-sampling-params as a dict. Raises ValueError naming what is wrong (the
     caller checks the values themselves as a request's sampling_params)."""
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"must be a JSON object of sampling parameters: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a JSON object of sampling parameters, got {text!r}")
-    return value
+    return parse_json_object(text, "sampling parameters")
 
 
 def model_sampling_defaults(model_dir: str, mode: str) -> dict[str, Any]:
