@@ -486,6 +486,8 @@ class _FakeEngine:
         from types import SimpleNamespace
         self.tokenizer = tokenizer
         self.ready = SimpleNamespace(context_len=2048, model_path="/models/fake-model")
+        self.model_sampling_defaults: dict = {}     # (--sampling-defaults: none to apply)
+        self.weight_version = "default"
         self.closed = False
 
     @staticmethod

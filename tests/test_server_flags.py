@@ -385,20 +385,18 @@ def test_max_queued_requests_refuses_with_429():
     proc, url = start_server("--max-running-requests", "1", "--max-queued-requests", "1")
     try:
         body = {"text": "Count: 1, 2, 3,", "sampling_params": {
-            "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}
+            "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             codes = list(pool.map(lambda _: _generate(url, body).status_code, range(6)))
         assert codes.count(200) >= 1 and codes.count(429) >= 1, codes
         assert set(codes) <= {200, 429}
-        refused = openai_client(url).completions.with_raw_response
         statuses = []
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             for f in [pool.submit(lambda: httpx.post(url + "/v1/completions", timeout=120, json={
-                    "model": "m", "prompt": "Count:", "max_tokens": 48, "ignore_eos": True}))
+                    "model": "m", "prompt": "Count:", "max_tokens": 24, "ignore_eos": True}))
                       for _ in range(6)]:
                 statuses.append(f.result().status_code)
         assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}, statuses
-        assert refused
         assert _generate(url, body).status_code == 200
     finally:
         stop_server(proc)
