@@ -6,9 +6,9 @@ addresses, stay valid.
 Refused up front, before anything is overwritten: a checkpoint whose config differs in shape,
 a quantized model (its weights are repacked after loading, not read as stored), an MLA model
 (its rope rows are permuted after loading), an FP8 KV cache (scales read at start-up) and
-dummy weights (nothing to restore). A
-load that fails half-way loads the weights that were served back, so the model is never left
-mixed; with tensor parallelism every rank must succeed, or all roll back.
+dummy weights (nothing to restore). A load that fails half-way loads the weights that were
+served back, so the model is never left mixed; with tensor parallelism every rank must
+succeed, or all roll back. A speculative draft model keeps its own weights.
 """
 
 from __future__ import annotations
