@@ -487,7 +487,6 @@ class _FakeEngine:
         self.tokenizer = tokenizer
         self.ready = SimpleNamespace(context_len=2048, model_path="/models/fake-model")
         self.model_sampling_defaults: dict = {}     # (--sampling-defaults: none to apply)
-        self.weight_version = "default"
         self.closed = False
 
     @staticmethod

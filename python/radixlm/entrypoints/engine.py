@@ -206,13 +206,13 @@ class Engine:
         logger.info("engine ready in %.1f s (%s); scheduler: %s", self.startup_seconds,
                     ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_phases.items()),
                     ", ".join(f"{k} {v:.2f} s" for k, v in ready.startup_phases.items()))
-        self.weight_version = args.weight_version     # /get_model_info; set by weight updates
         # /v1's defaults for the sampling fields a request leaves out (--sampling-defaults)
         self.model_sampling_defaults = model_sampling_defaults(hf_dir, args.sampling_defaults)
         self.tokenizer_manager = TokenizerManager(
             self.tokenizer, ready, self._children.send,
             allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval,
-            preferred_sampling_params=parse_preferred(args.preferred_sampling_params))
+            preferred_sampling_params=parse_preferred(args.preferred_sampling_params),
+            weight_version=args.weight_version)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name="radixlm-tokenizer", daemon=True)
@@ -368,9 +368,7 @@ class Engine:
         the running requests finish: (success, message). On failure the served weights stay.
         `weight_version`: the new weights' label (/get_model_info)."""
         result = self._run(self.tokenizer_manager.update_weights_from_disk(
-            UpdateWeightsReq(model_path, load_format, flush_cache)))
-        if result.success and weight_version is not None:
-            self.weight_version = weight_version
+            UpdateWeightsReq(model_path, load_format, flush_cache), weight_version))
         return result.success, result.message
 
     def get_stats(self) -> SchedulerStats:

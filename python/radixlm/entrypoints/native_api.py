@@ -118,7 +118,7 @@ async def get_model_info(request: Request) -> dict:
             "is_generation": True, "served_model_name": served_model_name(request),
             "preferred_sampling_params":
                 request.app.state.server_args.preferred_sampling_params,
-            "weight_version": request.app.state.engine.weight_version,
+            "weight_version": request.app.state.engine.tokenizer_manager.weight_version,
             "context_length": ready.context_len,
             "model_type": config.get("model_type"), "architectures": config.get("architectures"),
             "has_image_understanding": False, "has_audio_understanding": False,
@@ -182,11 +182,9 @@ async def update_weights_from_disk(request: Request) -> Response:
         return bad_request(e)
     try:
         result = await engine.tokenizer_manager.update_weights_from_disk(
-            UpdateWeightsReq(path, fmt, flush))
+            UpdateWeightsReq(path, fmt, flush), version)
     except EngineDeadError as e:
         return error_response(str(e), 503)
-    if result.success and version is not None:
-        engine.weight_version = version
     return JSONResponse({"success": result.success, "message": result.message,
                          "num_paused_requests": 0}, status_code=200 if result.success else 400)
 

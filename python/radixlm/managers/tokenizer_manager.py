@@ -78,10 +78,14 @@ class ReqState:
 class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
                  allow_auto_truncate: bool = False, stream_interval: int = 1,
-                 preferred_sampling_params: dict[str, Any] | None = None):
+                 preferred_sampling_params: dict[str, Any] | None = None,
+                 weight_version: str = "default"):
         self.tokenizer = tokenizer
         # --preferred-sampling-params: under every request's own sampling_params
         self.preferred_sampling_params = preferred_sampling_params or {}
+        # --weight-version: the served weights' label (/get_model_info); a weight update
+        # that names one replaces it
+        self.weight_version = weight_version
         self.allow_auto_truncate = allow_auto_truncate   # --allow-auto-truncate
         self.stream_interval = stream_interval           # --stream-interval
         self.ready = ready
@@ -395,12 +399,17 @@ class TokenizerManager:
     async def flush_cache(self) -> FlushCacheResult:
         return await self._ask(FlushCacheReq(), FlushCacheResult)
 
-    async def update_weights_from_disk(self, req: UpdateWeightsReq) -> UpdateWeightsResult:
+    async def update_weights_from_disk(self, req: UpdateWeightsReq,
+                                       weight_version: str | None = None
+                                       ) -> UpdateWeightsResult:
         """Waits for the requests running now (the scheduler admits none meanwhile); on
-        success the model directory the server reports is the new one."""
+        success the model directory the server reports is the new one, and its label
+        `weight_version` where one is given."""
         result = await self._ask(req, UpdateWeightsResult)
         if result.success:
             self.ready.model_path = result.model_path
+            if weight_version is not None:
+                self.weight_version = weight_version
         return result
 
     async def get_stats(self) -> SchedulerStats:
