@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-import radixlm.scheduler.scheduler as scheduler_module
+import radixlm.scheduler.grammars as grammars_module
 from helpers import cpu_scheduler
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.sampling.params import SamplingParams
@@ -26,7 +26,7 @@ def test_a_backend_that_cannot_start_ends_constrained_requests_only(monkeypatch)
         attempts.append(args)
         raise RuntimeError("xgrammar is broken")
 
-    monkeypatch.setattr(scheduler_module, "create_grammar_backend", broken)
+    monkeypatch.setattr(grammars_module, "create_grammar_backend", broken)
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True)
     sent: list = []
     sched = cpu_scheduler(args, sent.append)

@@ -20,8 +20,6 @@ from typing import Any, Callable
 import torch
 
 import radixlm.envs as envs
-from radixlm.constrained.base import (ConstraintKey, InvalidConstraintError,
-                                      create_grammar_backend)
 from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, FlushCacheReq,
                                        FlushCacheResult, GetStatsReq, ProfileReq, ReqOutput,
                                        ShutdownReq, TokenizedGenerateReq, UpdateWeightsReq,
@@ -44,8 +42,8 @@ from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.short_prefill import SHORT_PREFILL_TOKENS, ShortPrefills
 from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
 from radixlm.scheduler.grammar_sampling import (MaskedResampler, alternatives_wanted,
-                                                may_sample_unmasked, save_unmasked_logits,
-                                                split_rows)
+                                                save_unmasked_logits, split_rows)
+from radixlm.scheduler.grammars import RequestGrammars
 from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
 from radixlm.utils.device import to_device
@@ -78,11 +76,12 @@ class Scheduler:
         elif config.speculative_algorithm is not None:
             self.speculator = Speculator(NgramDrafter.from_config(config),
                                          config.speculative_num_draft_tokens)
-        # Draws rejected unmasked grammar rows again (grammar_sampling.py); the grammar backend
-        # is created on the first constrained request.
+        # The grammar backend starts on the first constrained request (grammars.py); the
+        # resampler draws rejected unmasked grammar rows again (grammar_sampling.py).
+        self.grammars = RequestGrammars(config, tokenizer, mc.vocab_size, mc.eos_token_ids)
         self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
         resampler = MaskedResampler(runner.sampler, self.step_sampling,
-                                    lambda: self._grammar_backend, runner.device)
+                                    lambda: self.grammars.started, runner.device)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
                                        mc.eos_token_ids,
                                        jump_forward=not config.disable_jump_forward,
@@ -96,8 +95,6 @@ class Scheduler:
         self.cached_tokens_total = 0
         self.gen_throughput = GenThroughput()
         self.stopped = False
-        self._grammar_backend = None
-        self._grammar_error: str | None = None
         self.check_invariants = envs.check_invariants()
         self.overlap = (not config.disable_overlap_schedule
                         and (runner.device.type == "cuda" or envs.overlap_on_cpu()))
@@ -287,14 +284,10 @@ class Scheduler:
             seed = self.rng.getrandbits(62)
         req = Req.from_message(msg, seed=seed, arrival=self.arrivals)
         self.arrivals += 1
-        key = ConstraintKey.of(req.sampling_params)
-        if key is not None:
-            if self.grammar_backend is None:   # off, or it failed to start (logged once)
-                self.results.finish(req, FinishReason("abort", message=self._grammar_error or (
-                    "constrained decoding is off (--grammar-backend none)"),
-                    status_code=503 if self._grammar_error else 400))
-                return
-            req.grammar_future = self.grammar_backend.compile(key)
+        refused = self.grammars.start_compiling(req)
+        if refused is not None:
+            self.results.finish(req, refused)
+            return
         capacity = self.runner.max_total_num_tokens - self.kv.page_size
         if req.prompt_len >= self.runner.model_config.context_len:
             self.results.finish(req, FinishReason(
@@ -382,39 +375,8 @@ class Scheduler:
             req, self.chunked_req = self.chunked_req, None
             self.results.finish(req, FinishReason("abort", message="aborted"))
 
-    @property
-    def grammar_backend(self):
-        """Created on the first constrained request (xgrammar is only imported then)."""
-        if (self._grammar_backend is None and self.config.grammar_backend != "none"
-                and self._grammar_error is None):
-            mc = self.runner.model_config
-            try:
-                self._grammar_backend = create_grammar_backend(
-                    self.config.grammar_backend, self.tokenizer, mc.vocab_size,
-                    list(mc.eos_token_ids))
-            except Exception as e:   # (its imports, or transformers' tokenizer, failed)
-                if self.config.tp_size > 1:
-                    raise   # (every rank must decide alike: they stop, as they did before)
-                logger.exception("the grammar backend could not start")
-                self._grammar_error = f"constrained decoding is unavailable: {e}"
-        return self._grammar_backend
-
-    def _resolve_grammars(self) -> None:
-        """Give compiled grammars to their requests; reject requests whose grammar failed."""
-        for req in [r for r in self.waiting if r.grammar_future is not None]:
-            if not req.grammar_future.done() and self.config.tp_size == 1:
-                continue   # (tensor-parallel ranks wait: when it is done must not differ)
-            fut, req.grammar_future = req.grammar_future, None
-            try:
-                req.grammar = self.grammar_backend.matcher(fut.result())
-                req.grammar_optimistic = (not self.config.disable_optimistic_grammar
-                                          and may_sample_unmasked(req.sampling_params))
-            except InvalidConstraintError as e:
-                self.waiting.remove(req)
-                self.results.finish(req, FinishReason("abort", message=str(e), status_code=400))
-
     def _prefill_batch(self) -> ScheduleBatch | None:
-        self._resolve_grammars()
+        self.grammars.resolve(self.waiting, self.results.finish)
         batch, self.chunked_req = self.admission.prefill_batch(self.waiting, self.running,
                                                                self.chunked_req)
         return batch
@@ -455,7 +417,7 @@ class Scheduler:
             self.draft_model.mirror(fb)
         pool_rows = fb.req_pool_indices
         verify = (verify_targets(batch, out.next_token_logits, runner.sampler,
-                                 runner.model_config.eos_token_ids, self._grammar_backend)
+                                 runner.model_config.eos_token_ids, self.grammars.started)
                   if batch.verify_rows else None)
         if batch.last_rows is not None:  # jump-forward rows: each request samples its last
             out = ForwardOutput(out.next_token_logits[batch.last_rows], None)
@@ -499,9 +461,9 @@ class Scheduler:
         # Decode rows of optimistic constrained requests sample without the mask (the grammar
         # checks their tokens when they are processed: scheduler/grammar_sampling.py).
         masked = live
-        if batch.forward_mode.is_decode and self._grammar_backend is not None:
+        if batch.forward_mode.is_decode and self.grammars.started is not None:
             step.unmasked, masked = split_rows(reqs, live)
-        info = self.step_sampling.build(reqs, masked, self._grammar_backend)
+        info = self.step_sampling.build(reqs, masked, self.grammars.started)
         logits, pool_rows = step.out.next_token_logits, step.pool_rows
         if len(step.sample_rows) < batch.batch_size:
             rows = to_device(step.sample_rows, torch.int64, runner.device)
