@@ -27,3 +27,16 @@ def bad_request(e: ValueError) -> JSONResponse:
     """A ValueError from reading or validating a request -> its HTTP error: the status it
     carries (413 for a body over the size limit), else 400."""
     return error_response(str(e), getattr(e, "status", HTTPStatus.BAD_REQUEST))
+
+
+def validation_error_response(errors: list[dict]) -> JSONResponse:
+    """pydantic's errors for a request body -> one OpenAI-shaped 400 naming the fields."""
+    if errors and errors[0].get("type") == "json_invalid":
+        return error_response(f"malformed JSON body: {errors[0].get('msg')}", 400)
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    first_loc = errors[0].get("loc", ()) if errors else ()
+    param = ".".join(str(x) for x in first_loc if x != "body") or None
+    return error_response("; ".join(parts) or "invalid request", 400, param=param)

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.config import ServerArgs
-from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.errors import error_response, validation_error_response
 from radixlm.entrypoints.server_info import model_name
 
 logger = logging.getLogger("radixlm.server")
@@ -29,6 +29,7 @@ logger = logging.getLogger("radixlm.server")
 
 def create_app(engine, args: ServerArgs) -> FastAPI:
     from radixlm.entrypoints import native_api, parse_api
+    from radixlm.entrypoints.openai import batches, files
     from radixlm.entrypoints.openai import routes as openai_routes
 
     app = FastAPI(title="radixlm", version="0.1.0")
@@ -37,6 +38,8 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     app.include_router(native_api.router)
     app.include_router(parse_api.router)
     app.include_router(openai_routes.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     if args.enable_metrics:
         from radixlm.managers.metrics import MetricsCollector
         app.state.metrics = MetricsCollector(model_name(args))
@@ -47,16 +50,7 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            return error_response(f"malformed JSON body: {errors[0].get('msg')}", 400)
-        parts = []
-        for e in errors:
-            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-            parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
-        first_loc = errors[0].get("loc", ()) if errors else ()
-        param = ".".join(str(x) for x in first_loc if x != "body") or None
-        return error_response("; ".join(parts) or "invalid request", 400, param=param)
+        return validation_error_response(exc.errors())
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):

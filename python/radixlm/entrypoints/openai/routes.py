@@ -1,15 +1,14 @@
-"""The OpenAI-compatible endpoints under /v1. The app (http_server.py) includes `router`; its
-RequestValidationError handler turns pydantic errors in these bodies into OpenAI-shaped 400s."""
+"""The OpenAI-compatible endpoints under /v1 (the Files and Batch APIs: files.py, batches.py).
+pydantic errors in a body become OpenAI-shaped 400s naming the fields."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from radixlm.entrypoints.errors import bad_request, error_response
+from radixlm.entrypoints.errors import bad_request, error_response, validation_error_response
 from radixlm.entrypoints.request_body import read_json_body
 from radixlm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                  ModelCard, ModelList)
@@ -42,37 +41,45 @@ async def retrieve_model(model_id: str, request: Request):
     return card
 
 
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def parse_body(request: Request, model: type[Body]) -> Body:
-    """The body through the server's one JSON reader (size, depth and finite-number checks),
-    then the pydantic model; a ValidationError becomes the app's OpenAI-shaped 400."""
-    obj = await read_json_body(request)
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors(include_url=False)) from None
-
-
 # The `model` field of a request is not checked against the served name: SGLang accepts any
 # (clients commonly send "default"), and the response names the model that answered.
 
-async def _handle(request: Request, model: type[BaseModel], serving: type) -> Response:
+# endpoint -> (request body model, handler)
+ENDPOINTS: dict[str, tuple[type[BaseModel], type]] = {
+    "/v1/completions": (CompletionRequest, CompletionServing),
+    "/v1/chat/completions": (ChatCompletionRequest, ChatServing),
+}
+
+
+async def serve_body(request: Request, endpoint: str, obj: Any) -> Response:
+    """One OpenAI request whose JSON body has been read already (an HTTP request's, or a line
+    of a batch: batches.py)."""
+    model, serving = ENDPOINTS[endpoint]
     try:
         if request.app.state.engine.tokenizer is None:
-            raise no_tokenizer_error(request.url.path)
-        body = await parse_body(request, model)
+            raise no_tokenizer_error(endpoint)
+        body = model.model_validate(obj)
+    except ValidationError as e:
+        return validation_error_response(e.errors(include_url=False))
     except ValueError as e:
         return bad_request(e)
     return await serving(request, body).handle()
 
 
+async def _handle(request: Request, endpoint: str) -> Response:
+    # The body through the server's one JSON reader (size, depth and finite-number checks).
+    try:
+        obj = await read_json_body(request)
+    except ValueError as e:
+        return bad_request(e)
+    return await serve_body(request, endpoint, obj)
+
+
 @router.post("/v1/completions")
 async def create_completion(request: Request):
-    return await _handle(request, CompletionRequest, CompletionServing)
+    return await _handle(request, "/v1/completions")
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request):
-    return await _handle(request, ChatCompletionRequest, ChatServing)
+    return await _handle(request, "/v1/chat/completions")

@@ -1,0 +1,151 @@
+"""OpenAI's Files API, as far as the Batch API needs it: upload (POST /v1/files, multipart), list,
+retrieve, download (/content) and delete. Files live in the server's memory: they are inputs and
+outputs of batches (batches.py), gone when the server stops, as with SGLang's batch support.
+
+The upload is `multipart/form-data` (what `openai`'s `client.files.create` sends). FastAPI's form
+parsing needs the optional python-multipart package, so the body is parsed here with the
+standard library's MIME parser instead.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixlm.entrypoints.errors import error_response
+
+router = APIRouter()
+
+MAX_FILE_BYTES = 200 * 1024 * 1024     # OpenAI's limit for a batch input file
+PURPOSES = ("batch", "batch_output", "user_data", "fine-tune", "assistants", "vision", "evals")
+
+
+@dataclass
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str
+    data: bytes
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def card(self) -> dict[str, Any]:
+        """The File object of OpenAI's API."""
+        return {"id": self.id, "object": "file", "bytes": len(self.data),
+                "created_at": self.created_at, "filename": self.filename,
+                "purpose": self.purpose, "status": "processed", "expires_at": None,
+                "status_details": None}
+
+
+class FileStore:
+    """The server's files, by id."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, StoredFile] = {}
+
+    def add(self, filename: str, purpose: str, data: bytes) -> StoredFile:
+        f = StoredFile(id=f"file-{uuid.uuid4().hex}", filename=filename, purpose=purpose,
+                       data=data)
+        self.files[f.id] = f
+        return f
+
+    def get(self, file_id: str) -> StoredFile | None:
+        return self.files.get(file_id)
+
+
+def file_store(app: Any) -> FileStore:
+    """The app's files (created on first use)."""
+    state = app.state
+    if getattr(state, "files", None) is None:
+        state.files = FileStore()
+    return state.files
+
+
+class UploadError(ValueError):
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A multipart/form-data body -> {field name: (filename or None, bytes)}."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise UploadError(f"the upload must be multipart/form-data, got "
+                          f"{content_type or 'no content type'!r}")
+    message = BytesParser(policy=HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        raise UploadError("the multipart body could not be parsed (no parts)")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            continue
+        data = part.get_payload(decode=True)
+        fields[str(name)] = (part.get_filename(), data if data is not None else b"")
+    return fields
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request):
+    body = await request.body()
+    if len(body) > MAX_FILE_BYTES + 64 * 1024:
+        return error_response(f"the file is larger than {MAX_FILE_BYTES} bytes", 413,
+                              param="file")
+    try:
+        fields = parse_multipart(request.headers.get("content-type", ""), body)
+        if "file" not in fields:
+            raise UploadError("the upload has no `file` field", param="file")
+        if "purpose" not in fields:
+            raise UploadError("the upload has no `purpose` field", param="purpose")
+        purpose = fields["purpose"][1].decode("utf-8", "replace").strip()
+        if purpose not in PURPOSES:
+            raise UploadError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}",
+                              param="purpose")
+        filename, data = fields["file"]
+    except UploadError as e:
+        return error_response(str(e), e.status, param=e.param)
+    stored = file_store(request.app).add(filename or "upload", purpose, data)
+    return JSONResponse(stored.card())
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, purpose: str | None = None):
+    files = [f.card() for f in file_store(request.app).files.values()
+             if purpose is None or f.purpose == purpose]
+    return JSONResponse({"object": "list", "data": files, "has_more": False,
+                         "first_id": files[0]["id"] if files else None,
+                         "last_id": files[-1]["id"] if files else None})
+
+
+def _missing(file_id: str) -> JSONResponse:
+    return error_response(f"no file with id {file_id!r}", 404, param="file_id")
+
+
+@router.get("/v1/files/{file_id}")
+async def retrieve_file(file_id: str, request: Request):
+    f = file_store(request.app).get(file_id)
+    return _missing(file_id) if f is None else JSONResponse(f.card())
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request):
+    f = file_store(request.app).get(file_id)
+    if f is None:
+        return _missing(file_id)
+    media = "application/jsonl" if f.filename.endswith(".jsonl") else "application/octet-stream"
+    return Response(f.data, media_type=media)
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request):
+    f = file_store(request.app).files.pop(file_id, None)
+    if f is None:
+        return _missing(file_id)
+    return JSONResponse({"id": file_id, "object": "file", "deleted": True})
