@@ -211,6 +211,45 @@ def test_logprobs_match_hf(engine, hf_model, tokenizer):
     assert meta["input_top_logprobs"][0] is None and len(meta["input_top_logprobs"][1]) == 3
 
 
+def test_token_ids_logprob_match_hf(engine, hf_model, tokenizer):
+    """SGLang's token_ids_logprob: at every prompt position (from logprob_start_len) and every
+    output position, the logprobs of the asked ids, in the order asked, as HF computes them."""
+    prompt = "The quick brown fox jumps over the"
+    asked = [tokenizer(" lazy").input_ids[-1], 13, 0, 500]
+    out = engine.generate(prompt, {"max_new_tokens": 5, **GREEDY}, return_logprob=True,
+                          logprob_start_len=0, top_logprobs_num=2, token_ids_logprob=asked)
+    meta = out["meta_info"]
+    prompt_ids = tokenizer(prompt).input_ids
+    ids = prompt_ids + out["output_ids"]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), -1)
+    inp = meta["input_token_ids_logprobs"]
+    assert len(inp) == len(prompt_ids) and inp[0] is None
+    for pos, entries in enumerate(inp[1:], start=1):
+        assert [t for _, t, _ in entries] == asked
+        assert [lp for lp, _, _ in entries] == pytest.approx(
+            [float(ref[pos - 1, t]) for t in asked], abs=1e-3)
+    outs = meta["output_token_ids_logprobs"]
+    assert len(outs) == len(out["output_ids"])
+    for k, entries in enumerate(outs):
+        assert [t for _, t, _ in entries] == asked
+        assert [lp for lp, _, _ in entries] == pytest.approx(
+            [float(ref[len(prompt_ids) - 1 + k, t]) for t in asked], abs=1e-3)
+        # The same numbers as the top logprobs where the two lists meet.
+        for lp, t, _ in meta["output_top_logprobs"][k]:
+            if t in asked:
+                assert entries[asked.index(t)][0] == pytest.approx(lp, abs=1e-5)
+    # One list per prompt in a batch; out-of-vocabulary and non-integer ids are refused.
+    two = engine.generate([prompt, "Hello"], {"max_new_tokens": 2, **GREEDY},
+                          return_logprob=True, token_ids_logprob=[[13], [0, 1]])
+    assert [[t for _, t, _ in e] for e in two[1]["meta_info"]["output_token_ids_logprobs"]] \
+        == [[0, 1], [0, 1]]
+    for bad in ([10**9], [1.5], ["a"], [[1], [2]]):
+        with pytest.raises(ValueError, match="token_ids_logprob"):
+            engine.generate(prompt, {"max_new_tokens": 1}, return_logprob=True,
+                            token_ids_logprob=bad)
+
+
 def test_logprob_start_len_and_default(engine, tokenizer):
     prompt = "Counting sheep: one, two, three, four, five"
     n = len(tokenizer(prompt).input_ids)
@@ -229,7 +268,7 @@ def test_sglang_generate_arguments(engine, tokenizer):
     params = {"max_new_tokens": 2, **GREEDY}
     out = engine.generate("Hi", params, image_data=None, lora_path=None,
                           return_hidden_states=False, custom_logit_processor=None,
-                          data_parallel_rank=None, token_ids_logprob=None)
+                          data_parallel_rank=None, token_ids_logprob=None, lora_id=None)
     assert out["meta_info"]["completion_tokens"] == 2
     with pytest.raises(ValueError, match="image_data"):
         engine.generate("Hi", params, image_data="cat.png")

@@ -107,10 +107,16 @@ def test_logprobs_fields(url):
     out = post(url, "/generate", {"text": "Roses are red, violets are",
                                   "sampling_params": {"max_new_tokens": 3, **GREEDY},
                                   "return_logprob": True, "logprob_start_len": 2,
-                                  "top_logprobs_num": 2, "return_text_in_logprobs": True}).json()
+                                  "top_logprobs_num": 2, "return_text_in_logprobs": True,
+                                  "token_ids_logprob": [13, 7]}).json()
     meta = out["meta_info"]
     n_prompt = meta["prompt_tokens"]
     assert len(meta["input_token_logprobs"]) == n_prompt - 2
+    # token_ids_logprob: the asked ids at every position, with their text (as SGLang)
+    assert len(meta["input_token_ids_logprobs"]) == n_prompt - 2
+    assert len(meta["output_token_ids_logprobs"]) == 3
+    for entries in meta["input_token_ids_logprobs"] + meta["output_token_ids_logprobs"]:
+        assert [(t, isinstance(text, str)) for _, t, text in entries] == [(13, True), (7, True)]
     for lp, tid, text in meta["input_token_logprobs"] + meta["output_token_logprobs"]:
         assert lp <= 0 and isinstance(tid, int) and isinstance(text, str)
     assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]

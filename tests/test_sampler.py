@@ -260,6 +260,26 @@ def test_top_logprobs_sorted_and_correct():
         torch.testing.assert_close(torch.tensor(values), logp[row, ids])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_token_ids_logprobs_of_the_rows_that_ask(device):
+    """token_ids_logprob: raw logits' log_softmax at the asked ids, in the order asked, for the
+    rows that ask (a bf16 batch, with a penalty and a bias that must not change them; on CUDA
+    through the fused sampler)."""
+    logits = torch.randn(4, 50).to(torch.bfloat16).to(device)
+    reqs = [req(seed=i, temperature=0.9, repetition_penalty=1.5, output=[3],
+                logit_bias={9: 5.0}) for i in range(4)]
+    info = SamplingBatchInfo.build(reqs, 50, logits.device)
+    asked = [[9, 3, 3], None, [], [49]]
+    out = Sampler()(logits, info, token_ids=asked)
+    ref = torch.log_softmax(logits.float(), -1)
+    assert out.token_ids_logprobs[1] == [] and out.token_ids_logprobs[2] == []
+    for row in (0, 3):
+        assert [t for _, t in out.token_ids_logprobs[row]] == asked[row]
+        torch.testing.assert_close(torch.tensor([lp for lp, _ in out.token_ids_logprobs[row]],
+                                                device=device), ref[row, asked[row]])
+    assert Sampler()(logits, info).token_ids_logprobs is None
+
+
 # ---------------------------------------------------------------- property test
 
 

@@ -345,7 +345,7 @@ def test_adjusted_and_logprob_outputs_equal_the_engine_without_speculation(
         engine = make_engine(max_total_tokens=4096, max_running_requests=8,
                              speculative_algorithm="NGRAM" if spec else None)
         outs[spec] = engine.generate(prompts, params, return_logprob=True,
-                                     top_logprobs_num=3)
+                                     top_logprobs_num=3, token_ids_logprob=[13, 253])
         stats[spec] = engine.get_stats()
         engine.shutdown()
     for a, b in zip(outs[False], outs[True]):
@@ -357,6 +357,11 @@ def test_adjusted_and_logprob_outputs_equal_the_engine_without_speculation(
         ta, tb = a["meta_info"]["output_top_logprobs"], b["meta_info"]["output_top_logprobs"]
         assert len(tb) == len(b["output_ids"]) and all(len(t) == 3 for t in tb)
         assert [[tok for _, tok, _ in t] for t in tb] == [[tok for _, tok, _ in t] for t in ta]
+        ia, ib = (x["meta_info"]["output_token_ids_logprobs"] for x in (a, b))
+        assert len(ib) == len(b["output_ids"])
+        assert [lp for e in ib for lp, _, _ in e] == pytest.approx(
+            [lp for e in ia for lp, _, _ in e], abs=1e-4)
+        assert all([t for _, t, _ in e] == [13, 253] for e in ib)
     # All but the penalised sampled one (whose text does not repeat itself) drafted.
     assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs[True]) >= 4
     assert len(outs[True][3]["output_ids"]) >= 20        # min_new_tokens held under drafts

@@ -6,12 +6,12 @@ token logits), plus, for requests that asked for prompt logprobs, the positions 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from radixlm.core.forward_batch import ForwardBatch
-from radixlm.core.logprobs import TokenLogprob, TopLogprobs
+from radixlm.core.logprobs import TokenLogprob, TopLogprobs, logprobs_of_tokens
 from radixlm.utils.device import to_device
 
 
@@ -19,6 +19,8 @@ from radixlm.utils.device import to_device
 class InputLogprobs:
     token_logprobs: list[TokenLogprob]     # one per requested row, for its target token
     top_logprobs: list[TopLogprobs]        # one per requested row (empty lists when k == 0)
+    # one per requested row: the asked token ids' logprobs (empty lists when none asked)
+    token_ids_logprobs: list[TopLogprobs] = field(default_factory=list)
 
 
 def last_token_hidden(hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
@@ -34,9 +36,12 @@ def last_token_hidden(hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
 
 
 def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,
-                           targets: list[list[int]], top_k: list[int]) -> list[InputLogprobs]:
+                           targets: list[list[int]], top_k: list[int],
+                           token_ids: list[list[int] | None] | None = None
+                           ) -> list[InputLogprobs]:
     """For request i, rows fb.input_logprob_rows[i] (relative to its new tokens) predict token
-    targets[i][j]; return the logprob of each target and the top_k[i] best alternatives."""
+    targets[i][j]; return the logprob of each target, the top_k[i] best alternatives and the
+    logprobs of the ids token_ids[i] asks about."""
     out = []
     starts = fb.extend_start_loc_cpu
     for i, rows in enumerate(fb.input_logprob_rows):
@@ -51,5 +56,8 @@ def compute_input_logprobs(model, hidden: torch.Tensor, fb: ForwardBatch,
         if top_k[i] > 0:
             vals, ids = logprobs.topk(min(top_k[i], logprobs.shape[-1]), dim=-1)
             tops = [list(zip(v, t)) for v, t in zip(vals.tolist(), ids.tolist())]
-        out.append(InputLogprobs(list(zip(chosen, targets[i])), tops))
+        asked = token_ids[i] if token_ids else None
+        out.append(InputLogprobs(list(zip(chosen, targets[i])), tops,
+                                 logprobs_of_tokens(logprobs, [asked] * len(rows))
+                                 if asked else [[] for _ in rows]))
     return out

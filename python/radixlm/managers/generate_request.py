@@ -21,13 +21,14 @@ class SingleGenerate:
     logprob_start_len: int
     top_logprobs_num: int
     index: int                      # position in the flattened response list
+    token_ids_logprob: list[int] | None = None   # ids whose logprobs each position reports
 
 
 # SGLang /generate fields that radixlm does not implement. A request that sets one is refused
 # (400) rather than answered as if the field were not there: a field that is accepted must work.
 UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", "lora_path",
                       "lora_id", "custom_logit_processor", "return_hidden_states",
-                      "session_params", "token_ids_logprob", "extra_key", "bootstrap_host",
+                      "session_params", "extra_key", "bootstrap_host",
                       "bootstrap_port", "bootstrap_room")
 # What else SGLang's generate takes: the refused fields, and data_parallel_rank (0 or None only).
 SGLANG_ONLY_FIELDS = (*UNSUPPORTED_FIELDS, "data_parallel_rank")
@@ -41,6 +42,8 @@ class GenerateReqInput:
     return_logprob: bool | list[bool] = False
     logprob_start_len: int | list[int] = -1
     top_logprobs_num: int | list[int] = 0
+    # token ids whose logprobs every position reports: one list for all prompts, or one each
+    token_ids_logprob: list[int] | list[list[int]] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
@@ -101,6 +104,7 @@ class GenerateReqInput:
         want_lp = _per_prompt(self.return_logprob, n_prompts, "return_logprob", False)
         starts = _per_prompt(self.logprob_start_len, n_prompts, "logprob_start_len", -1)
         tops = _per_prompt(self.top_logprobs_num, n_prompts, "top_logprobs_num", 0)
+        asked = _token_ids_logprob(self.token_ids_logprob, n_prompts)
         if isinstance(self.rid, list):
             rids = _per_prompt(self.rid, n_prompts, "rid", None)
         elif isinstance(self.rid, str) and self.rid and n_prompts > 1:
@@ -135,7 +139,7 @@ class GenerateReqInput:
                         child.sampling_seed = sp.sampling_seed + k
                 rid = base if sp.n == 1 else f"{base}-{k}"
                 group.append(SingleGenerate(rid, text, ids, child, bool(want_lp[i]), starts[i],
-                                            tops[i], index))
+                                            tops[i], index, asked[i]))
                 index += 1
             yield group
 
@@ -157,6 +161,25 @@ def _token_ids(one: Any) -> list[int]:
     if not isinstance(one, list) or not set(map(type, one)) <= {int}:
         raise ValueError("`input_ids` must contain integer token ids")
     return list(one)
+
+
+def _token_ids_logprob(value: Any, n: int) -> list[list[int] | None]:
+    """`token_ids_logprob` per prompt: a list of ids applies to every prompt, a list of lists
+    gives each its own (SGLang's two forms); an empty list asks for nothing."""
+    if value is None:
+        return [None] * n
+    if not isinstance(value, list):
+        raise ValueError("`token_ids_logprob` must be a list of token ids (or one per prompt)")
+    per_prompt = [value] * n
+    if value and isinstance(value[0], list):
+        per_prompt = _per_prompt(value, n, "token_ids_logprob", None)
+    out = []
+    for ids in per_prompt:
+        if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise ValueError("`token_ids_logprob` must hold token ids (integers >= 0)")
+        out.append(list(ids) or None)
+    return out
 
 
 def _per_prompt(value: Any, n: int, name: str, default: Any) -> list[Any]:

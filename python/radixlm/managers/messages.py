@@ -30,6 +30,7 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1      # -1: only the last prompt token (as SGLang)
     top_logprobs_num: int = 0
     stream: bool = False
+    token_ids_logprob: list[int] | None = None   # ids whose logprobs every position reports
 
 
 @dataclass
@@ -125,9 +126,11 @@ class ReqOutput:
     spec_verify_ct: int = 0          # speculative decoding: verify steps so far (a total)
     output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    output_token_ids_logprobs: list[TopLogprobs] = field(default_factory=list)
     # Sent once, with the first output of the request (prompt logprobs are complete by then).
     input_token_logprobs: list[TokenLogprob] | None = None
     input_top_logprobs: list[TopLogprobs | None] | None = None
+    input_token_ids_logprobs: list[TopLogprobs | None] | None = None
     detok: DetokSpec | None = None   # set by the scheduler on the request's first output
     text: str = ""                   # text delta, filled in by the detokenizer
 

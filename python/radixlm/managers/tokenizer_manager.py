@@ -63,6 +63,8 @@ class ReqState:
     input_top_logprobs: list = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    input_token_ids_logprobs: list = field(default_factory=list)
+    output_token_ids_logprobs: list = field(default_factory=list)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
     submitted: bool = False         # sent to the scheduler
     # Given up by its caller (an error, a disconnect) before the scheduler ended it: it keeps
@@ -211,6 +213,9 @@ class TokenizerManager:
             raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
                              f"({self.ready.vocab_size})")
         s.sampling_params.check_token_ids(self.ready.vocab_size)
+        if s.token_ids_logprob and max(s.token_ids_logprob) >= self.ready.vocab_size:
+            raise ValueError(f"token_ids_logprob has token id {max(s.token_ids_logprob)}, "
+                             f"outside the vocabulary ({self.ready.vocab_size} tokens)")
         # As SGLang: a budget beyond what the context leaves is clamped to it (the finish
         # reason then says "length" with the budget that applied).
         params = s.sampling_params
@@ -226,7 +231,8 @@ class TokenizerManager:
         self.send(TokenizedGenerateReq(
             rid=s.rid, input_ids=st.prompt_ids, sampling_params=s.sampling_params,
             return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
-            top_logprobs_num=s.top_logprobs_num, stream=stream))
+            top_logprobs_num=s.top_logprobs_num, stream=stream,
+            token_ids_logprob=s.token_ids_logprob))
         st.submitted = True
 
     async def _submit_after_warm_up(self, warm: list[tuple[list[ReqState], list[int]]],
@@ -311,8 +317,10 @@ class TokenizerManager:
         if out.input_token_logprobs is not None:
             st.input_token_logprobs = out.input_token_logprobs
             st.input_top_logprobs = out.input_top_logprobs or []
+            st.input_token_ids_logprobs = out.input_token_ids_logprobs or []
         st.output_token_logprobs.extend(out.output_token_logprobs)
         st.output_top_logprobs.extend(out.output_top_logprobs)
+        st.output_token_ids_logprobs.extend(out.output_token_ids_logprobs)
         if finished:
             st.finish_reason = out.finish_reason
             if st.abandoned and self.states.get(st.single.rid) is st:
@@ -379,6 +387,11 @@ class TokenizerManager:
                 meta["input_top_logprobs"] = [None if t is None else self._lp(st, t)
                                               for t in st.input_top_logprobs]
                 meta["output_top_logprobs"] = [self._lp(st, t) for t in st.output_top_logprobs]
+            if st.single.token_ids_logprob:
+                meta["input_token_ids_logprobs"] = [None if t is None else self._lp(st, t)
+                                                    for t in st.input_token_ids_logprobs]
+                meta["output_token_ids_logprobs"] = [self._lp(st, t)
+                                                     for t in st.output_token_ids_logprobs]
         out = {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
         return out if self.tokenizer is not None else without_text(out)
 

@@ -278,7 +278,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, input_logprob_targets: list[list[int]] | None = None,
-                input_top_k: list[int] | None = None) -> ForwardOutput:
+                input_top_k: list[int] | None = None,
+                input_token_ids: list[list[int] | None] | None = None) -> ForwardOutput:
+        """One forward pass; for prompt logprobs (fb.input_logprob_rows), per request its
+        target tokens, top-k and the token ids whose logprobs it reports (compute_input_logprobs).
+        """
         if self.attn_backend is None:
             raise RuntimeError("ModelRunner.forward before init_attention")
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
@@ -292,16 +296,18 @@ class ModelRunner:
         if fb.input_logprob_rows and any(fb.input_logprob_rows):
             input_logprobs = compute_input_logprobs(self.model, hidden, fb,
                                                     input_logprob_targets or [],
-                                                    input_top_k or [0] * fb.batch_size)
+                                                    input_top_k or [0] * fb.batch_size,
+                                                    input_token_ids)
         return ForwardOutput(next_token_logits=logits, input_logprobs=input_logprobs)
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, req_pool_indices: torch.Tensor,
                info: SamplingBatchInfo, top_logprobs_nums: list[int] | None = None,
-               alternatives: int = 0) -> SampleOutput:
+               alternatives: int = 0,
+               token_ids: list[list[int] | None] | None = None) -> SampleOutput:
         """Sample one token per row of `logits` and record it as the next input of the request
         slot in the same row of `req_pool_indices` (`alternatives`: see SampleOutput)."""
-        out = self.sampler(logits, info, top_logprobs_nums, alternatives)
+        out = self.sampler(logits, info, top_logprobs_nums, alternatives, token_ids)
         self.last_token_ids[req_pool_indices] = out.next_token_ids
         return out
 

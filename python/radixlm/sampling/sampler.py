@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.core.logprobs import TopLogprobs, logprobs_of_tokens
 from radixlm.layers.kernels import use_fused
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.noise import gumbel_argmax, token_keys
@@ -59,6 +60,9 @@ class SampleOutput:
     # a greedy grammar row drawn without its mask and rejected is redrawn from (only such rows
     # read it: grammar_sampling.py).
     alternatives: torch.Tensor | None = None
+    # Per row, [(logprob, id)] of the token ids it asked about (`token_ids_logprob`), raw
+    # logits' log_softmax; None when no row asked.
+    token_ids_logprobs: list[TopLogprobs] | None = None
 
 
 class Sampler:
@@ -79,7 +83,17 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo,
                  top_logprobs_nums: list[int] | None = None,
-                 alternatives: int = 0) -> SampleOutput:
+                 alternatives: int = 0,
+                 token_ids: list[list[int] | None] | None = None) -> SampleOutput:
+        """`token_ids`: per row, the token ids whose logprobs it reports (or None)."""
+        out = self._sample_batch(logits, info, top_logprobs_nums, alternatives)
+        if token_ids:
+            out.token_ids_logprobs = logprobs_of_tokens(logits, token_ids)
+        return out
+
+    def _sample_batch(self, logits: torch.Tensor, info: SamplingBatchInfo,
+                      top_logprobs_nums: list[int] | None,
+                      alternatives: int) -> SampleOutput:
         if logits.dim() != 2 or logits.shape[1] != info.vocab_size:
             raise ValueError(f"logits of shape {tuple(logits.shape)} do not match vocab size "
                              f"{info.vocab_size}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.core.logprobs import TopLogprobs
 from radixlm.sampling.sampler import SampleOutput
 from radixlm.model_executor.model_runner import ForwardOutput
 from radixlm.scheduler.schedule_batch import ScheduleBatch
@@ -28,6 +29,8 @@ class RowTokens:
     # Per token (logprobs, ids) where top logprobs were asked (verify rows; a plain sampled row
     # keeps them in SampleOutput.top_logprobs).
     top_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
+    # Per token, the logprobs of the ids its request asked about (verify rows, as above).
+    token_ids_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     @property
     def accept_length(self) -> int:
@@ -62,6 +65,7 @@ class LaunchedStep:
     _verify_host: torch.Tensor | None = None
     _verify_logprobs_host: torch.Tensor | None = None
     _verify_top: list[tuple[list[float], list[int]]] | None = None
+    _verify_ids: list[TopLogprobs] | None = None
     _verify_copied: torch.cuda.Event | None = None
     _ids_host: torch.Tensor | None = None
     _logprobs_host: torch.Tensor | None = None
@@ -85,6 +89,7 @@ class LaunchedStep:
         (self._verify_host, self._verify_logprobs_host), self._verify_copied = to_host_async(
             targets.next_token_ids, targets.next_token_logprobs)
         self._verify_top = targets.top_logprobs
+        self._verify_ids = targets.token_ids_logprobs
 
     def verified(self, row: int) -> RowTokens:
         """The target's token after each of request `row`'s verify rows, with logprobs."""
@@ -93,8 +98,9 @@ class LaunchedStep:
             self._verify_copied = None
         first, n = self.batch.verify_rows[row]
         tops = self._verify_top[first:first + n] if self._verify_top is not None else []
+        asked = self._verify_ids[first:first + n] if self._verify_ids is not None else []
         return RowTokens(self._verify_host[first:first + n].tolist(),
-                         self._verify_logprobs_host[first:first + n].tolist(), tops)
+                         self._verify_logprobs_host[first:first + n].tolist(), tops, asked)
 
     def alternatives(self, j: int) -> tuple[list[int], list[float], list[float]] | None:
         """Sampled row j's best tokens (ids, scores, logprobs; SampleOutput.alternatives), if

@@ -36,6 +36,7 @@ class Req:
     top_logprobs_num: int = 0
     stream: bool = False
     arrival: int = 0                       # order of arrival (fcfs tie-breaks)
+    token_ids_logprob: list[int] | None = None   # ids whose logprobs each position reports
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None
@@ -102,6 +103,8 @@ class Req:
     input_logprobs_sent: bool = False
     output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    input_token_ids_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    output_token_ids_logprobs: list[TopLogprobs] = field(default_factory=list)
     num_sent_outputs: int = 0              # output tokens already reported to the client
     detok_sent: bool = False               # the detokenizer got this request's DetokSpec
 
@@ -110,7 +113,8 @@ class Req:
         return cls(rid=msg.rid, origin_input_ids=list(msg.input_ids),
                    sampling_params=msg.sampling_params, seed=seed,
                    return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
-                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival)
+                   top_logprobs_num=msg.top_logprobs_num, stream=msg.stream, arrival=arrival,
+                   token_ids_logprob=msg.token_ids_logprob if msg.return_logprob else None)
 
     # ------------------------------------------------------------------ lengths
 

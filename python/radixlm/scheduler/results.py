@@ -119,6 +119,8 @@ class ResultProcessor:
                     if req.top_logprobs_num > 0 and sampled.top_logprobs is not None:
                         vals, toks = sampled.top_logprobs[j]  # (top logprobs: one per row)
                         req.output_top_logprobs.append(list(zip(vals, toks)))
+                    if req.token_ids_logprob and sampled.token_ids_logprobs is not None:
+                        req.output_token_ids_logprobs.append(sampled.token_ids_logprobs[j])
                 reason = self._check_finished(req, token)
                 if reason is None and req.grammar is not None:
                     reason = self._advance_grammar(req, token, accepted=checked)
@@ -166,6 +168,8 @@ class ResultProcessor:
                 req.output_token_logprobs.append((verified.logprobs[rows[k]], token))
                 if req.top_logprobs_num > 0:
                     req.output_top_logprobs.append(list(zip(*verified.top_logprobs[rows[k]])))
+                if req.token_ids_logprob:
+                    req.output_token_ids_logprobs.append(verified.token_ids_logprobs[rows[k]])
             reason = self._check_finished(req, token)
             if reason is None and req.grammar is not None:
                 reason = self._advance_grammar(req, token)
@@ -220,10 +224,13 @@ class ResultProcessor:
             req.input_token_logprobs.extend(got.token_logprobs)
             req.input_top_logprobs.extend(got.top_logprobs if req.top_logprobs_num else
                                           [None] * len(got.token_logprobs))
+            req.input_token_ids_logprobs.extend(got.token_ids_logprobs if req.token_ids_logprob
+                                                else [None] * len(got.token_logprobs))
         if kv_len >= req.prompt_len:
             if req.effective_logprob_start == 0:   # the first prompt token has no context
                 req.input_token_logprobs.insert(0, (None, req.origin_input_ids[0]))
                 req.input_top_logprobs.insert(0, None)
+                req.input_token_ids_logprobs.insert(0, None)
             req.input_logprobs_done = True
 
     def _check_finished(self, req: Req, token: int) -> FinishReason | None:
@@ -412,7 +419,9 @@ class ResultProcessor:
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens,
             spec_verify_ct=req.spec_verify_ct,
             output_token_logprobs=req.output_token_logprobs[start:] if req.return_logprob else [],
-            output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [])
+            output_top_logprobs=req.output_top_logprobs[start:] if req.return_logprob else [],
+            output_token_ids_logprobs=(req.output_token_ids_logprobs[start:]
+                                       if req.token_ids_logprob else []))
         if not req.detok_sent:
             p = req.sampling_params
             out.detok = DetokSpec(p.skip_special_tokens, p.spaces_between_special_tokens,
@@ -422,6 +431,7 @@ class ResultProcessor:
         if req.return_logprob and not req.input_logprobs_sent:
             out.input_token_logprobs = list(req.input_token_logprobs)
             out.input_top_logprobs = list(req.input_top_logprobs)
+            out.input_token_ids_logprobs = list(req.input_token_ids_logprobs)
             req.input_logprobs_sent = True
         return out
 

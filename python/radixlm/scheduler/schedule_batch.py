@@ -51,14 +51,17 @@ class ScheduleBatch:
         return [i for i, r in enumerate(self.reqs)
                 if r.kv_allocated_len >= r.seq_len and r.max_new_tokens > 0]
 
-    def input_logprob_targets(self, fb: ForwardBatch) -> tuple[list[list[int]], list[int]]:
-        """For prompt logprobs: each row's target tokens and top-k (empty when none asks)."""
+    def input_logprob_targets(self, fb: ForwardBatch
+                              ) -> tuple[list[list[int]], list[int], list[list[int] | None]]:
+        """For prompt logprobs: each row's target tokens, top-k and the token ids it reports
+        (`token_ids_logprob`); empty lists when none asks."""
         if not fb.input_logprob_rows:
-            return [], []
+            return [], [], []
         targets = [input_logprob_targets(r, fb.extend_prefix_lens_cpu[i],
                                          fb.input_logprob_rows[i])
                    for i, r in enumerate(self.reqs)]
-        return targets, [r.top_logprobs_num for r in self.reqs]
+        return (targets, [r.top_logprobs_num for r in self.reqs],
+                [r.token_ids_logprob for r in self.reqs])
 
     def prepare_extend(self, kv: KVCacheManager, device: torch.device) -> ForwardBatch:
         """Each request computes fill_ids[kv_allocated_len : kv_allocated_len + extend_input_len]

@@ -399,8 +399,7 @@ class Scheduler:
         epochs = [r.kv_epoch for r in batch.reqs]
         if batch.forward_mode.is_extend:
             fb = batch.prepare_extend(self.kv, runner.device)
-            targets, top_k = batch.input_logprob_targets(fb)
-            out = runner.forward(fb, targets, top_k)
+            out = runner.forward(fb, *batch.input_logprob_targets(fb))
             # The prompts' KV goes into the prefix cache now, at launch, not when the results
             # are read: the next prefill (queued behind this one on the device, so it reads
             # the KV once written) can share it and be built while this step runs.
@@ -473,9 +472,10 @@ class Scheduler:
             if keep:
                 save_unmasked_logits(step, logits, keep)
         tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+        asked = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
         alternatives = alternatives_wanted(reqs, step.unmasked) if step.unmasked else 0
         step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None,
-                                          alternatives))
+                                          alternatives, asked if any(asked) else None))
         for r, alive in zip(reqs, live):
             if alive:
                 r.num_pending += 1

@@ -366,15 +366,18 @@ def verify_targets(batch: ScheduleBatch, logits: torch.Tensor, sampler: Sampler,
                                              device=ids.device))
     rows = [_UNREAD_ROW] * logits.shape[0]
     tops = [0] * logits.shape[0]
+    asked: list[list[int] | None] = [None] * logits.shape[0]
     for i, (first, n) in batch.verify_rows.items():
         r = batch.reqs[i]
         tree = as_tree(r.spec_drafts, r.spec_parents)
         for j in range(n):
             rows[first + j] = sampling_after(r, tree.path_tokens(j), eos_token_ids)
             tops[first + j] = r.top_logprobs_num if r.return_logprob else 0
+            asked[first + j] = r.token_ids_logprob
     info = SamplingBatchInfo.build(rows, logits.shape[1], logits.device)
     info.vocab_mask = _grammar_masks(batch, logits.shape[0], grammar_backend, logits.device)
-    return sampler(logits, info, tops if any(tops) else None)
+    return sampler(logits, info, tops if any(tops) else None,
+                   token_ids=asked if any(asked) else None)
 
 
 def as_tree(drafts: list[int], parents: list[int] | None) -> DraftTree:
