@@ -337,7 +337,8 @@ def test_builtin_template_ends_the_answer_at_its_end_of_turn():
 def test_skip_tokenizer_init_serves_ids_without_tokenizer_files(tmp_path, smollm_dir, url):
     """--skip-tokenizer-init on a model directory with no tokenizer files at all: input_ids in,
     output_ids out (the same greedy ids as a server with its tokenizer), no `text`; what needs
-    the tokenizer is a 400 that names the flag, and the server keeps serving."""
+    the tokenizer is a 400 that names the flag, and the server keeps serving. The same server
+    runs with --stream-output: each streamed chunk carries only its new output_ids."""
     model = tmp_path / "no_tokenizer"
     model.mkdir()
     for name in ("config.json", "model.safetensors", "generation_config.json"):
@@ -348,7 +349,8 @@ def test_skip_tokenizer_init_serves_ids_without_tokenizer_files(tmp_path, smollm
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     want = _generate(url, {"input_ids": prompt, "sampling_params": params}).json()["output_ids"]
     assert ids["output_ids"]
-    proc, bare = start_server("--model-path", str(model), "--skip-tokenizer-init")
+    proc, bare = start_server("--model-path", str(model), "--skip-tokenizer-init",
+                              "--stream-output")
     try:
         out = _generate(bare, {"input_ids": prompt, "sampling_params": params}).json()
         assert out["output_ids"] == want and "text" not in out
@@ -372,7 +374,8 @@ def test_skip_tokenizer_init_serves_ids_without_tokenizer_files(tmp_path, smollm
             for line in resp.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     streamed.append(json.loads(line[6:])["output_ids"])
-        assert streamed[-1] == want
+        assert len(streamed) >= 2 and all(streamed)
+        assert sum(streamed, []) == want            # disjoint pieces, in order
     finally:
         stop_server(proc)
 

@@ -153,6 +153,9 @@ class ServerArgs:
     # A stream sends a chunk every this many tokens (the first token and the last at once);
     # a request's sampling_params.stream_interval overrides it
     stream_interval: int = 1
+    # Streamed /generate chunks carry only the output_ids new since the previous chunk (the
+    # text stays cumulative), as SGLang's --stream-output
+    stream_output: bool = False
     log_level: str = "info"
     log_requests: bool = False
     decode_log_interval: int = 40          # decode steps between two "decode batch" log lines

@@ -211,6 +211,7 @@ class Engine:
         self.tokenizer_manager = TokenizerManager(
             self.tokenizer, ready, self._children.send,
             allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval,
+            stream_output=args.stream_output,
             preferred_sampling_params=parse_preferred(args.preferred_sampling_params),
             weight_version=args.weight_version)
         self.loop = asyncio.new_event_loop()

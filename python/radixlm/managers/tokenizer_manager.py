@@ -81,7 +81,7 @@ class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
                  allow_auto_truncate: bool = False, stream_interval: int = 1,
                  preferred_sampling_params: dict[str, Any] | None = None,
-                 weight_version: str = "default"):
+                 weight_version: str = "default", stream_output: bool = False):
         self.tokenizer = tokenizer
         # --preferred-sampling-params: under every request's own sampling_params
         self.preferred_sampling_params = preferred_sampling_params or {}
@@ -90,6 +90,7 @@ class TokenizerManager:
         self.weight_version = weight_version
         self.allow_auto_truncate = allow_auto_truncate   # --allow-auto-truncate
         self.stream_interval = stream_interval           # --stream-interval
+        self.stream_output = stream_output               # --stream-output: new ids per chunk
         self.ready = ready
         self.send = send
         self.states: dict[str, ReqState] = {}
@@ -277,8 +278,11 @@ class TokenizerManager:
                 st.updated.clear()
                 _raise_if_rejected(st)
                 if self._stream_due(st, sent_len[id(st)]):
+                    sent = max(sent_len[id(st)], 0)
                     sent_len[id(st)] = len(st.output_ids)
                     out = self.response(st)
+                    if self.stream_output:
+                        out["output_ids"] = out["output_ids"][sent:]
                     if batch:
                         out["index"] = st.single.index
                     yield out
