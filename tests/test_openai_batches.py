@@ -143,6 +143,42 @@ def test_bad_batches_are_refused(client):
         assert batch.errors.data[0].line == line_no
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_missing")
+    # Every bad line is listed; a line the HTTP reader would refuse (a lone surrogate escape,
+    # nesting past the depth limit) fails the batch too instead of reaching the engine.
+    raw = b"\n".join([json.dumps(_line("a", {})).encode(), b'{"custom_id": "b", "url": "'
+                       + CHAT.encode() + b'", "body": {"model": "m\\ud800"}}',
+                       b"[" * 5000 + b"]" * 5000, b"not json"])
+    bad = client.files.create(file=("deep.jsonl", raw), purpose="batch")
+    batch = client.batches.create(input_file_id=bad.id, endpoint=CHAT, completion_window="24h")
+    assert batch.status == "failed" and [e.line for e in batch.errors.data] == [2, 3, 4]
+    notes = client.files.create(file=_jsonl([_line("a", {})]), purpose="user_data")
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.batches.create(input_file_id=notes.id, endpoint=CHAT, completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="metadata"):
+        client.batches.create(input_file_id=good.id, endpoint=CHAT, completion_window="24h",
+                              metadata={f"k{i}": "v" for i in range(17)})
+
+
+def test_lines_split_on_newlines_only(client):
+    """U+2028 inside a string and a byte order mark are text, not line breaks (JSONL)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "one\u2028two\u0085"}],
+            "max_tokens": 2}
+    data = b"\xef\xbb\xbf" + json.dumps(_line("u", body), ensure_ascii=False).encode() + b"\n"
+    upload = client.files.create(file=("u.jsonl", data), purpose="batch")
+    batch = _wait(client, client.batches.create(input_file_id=upload.id, endpoint=CHAT,
+                                                completion_window="24h").id)
+    assert batch.status == "completed" and batch.request_counts.completed == 1
+
+
+def test_file_listing_pages_newest_first(client):
+    ids = [client.files.create(file=_jsonl([_line(str(i), {})]), purpose="batch").id
+           for i in range(3)]
+    page = client.files.list(purpose="batch", limit=2)
+    assert [f.id for f in page.data] == ids[::-1][:2] and page.has_more
+    rest = client.files.list(purpose="batch", limit=2, after=page.data[-1].id)
+    assert rest.data[0].id == ids[0]
+    oldest = client.files.list(purpose="batch", order="asc", limit=1)
+    assert oldest.data[0].created_at <= page.data[0].created_at
 
 
 def test_cancel_stops_the_requests(client):
@@ -165,3 +201,22 @@ def test_cancel_stops_the_requests(client):
         {"role": "user", "content": "Hi"}])
     assert reply.choices[0].finish_reason in ("length", "stop")
     assert time.monotonic() - t0 < 30
+
+
+def test_a_full_queue_makes_a_line_wait_not_fail(monkeypatch):
+    """A line the engine refuses with 429 (--max-queued-requests) is sent again until taken."""
+    import asyncio
+
+    from radixlm.entrypoints.openai import batches
+
+    answers = iter([(429, {"error": "full"}), (429, {"error": "full"}), (200, {"id": "x"})])
+    calls = []
+
+    async def once(app, endpoint, line):
+        calls.append(line.custom_id)
+        return next(answers)
+
+    monkeypatch.setattr(batches, "_answer_once", once)
+    line = batches.BatchLine("c", {"model": "m"})
+    assert asyncio.run(batches._answer(None, CHAT, line)) == (200, {"id": "x"})
+    assert calls == ["c", "c", "c"]

@@ -42,25 +42,31 @@ async def read_json_body(request: Request, id_lists: Collection[str] = ()) -> An
     """The parsed JSON body of `request` (an empty body reads as {}); raises BodyError.
     `id_lists`: see `check_json_values`."""
     limit = max_body_bytes(request)
+    return parse_json(await read_body(request, limit, "(--max-request-body-mb)"), id_lists)
+
+
+async def read_body(request: Request, limit: int, why: str = "") -> bytes:
+    """The raw body, refused with a 413 BodyError as soon as it passes `limit` bytes (by its
+    declared length, or while a body without one streams in)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise _too_large(limit, why)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:  # a chunked body that did not declare its length
-            raise _too_large(limit)
+            raise _too_large(limit, why)
         chunks.append(chunk)
-    return parse_json(b"".join(chunks), id_lists)
+    return b"".join(chunks)
 
 
 def max_body_bytes(request: Request) -> int:
     return int(request.app.state.server_args.max_request_body_mb * 1024 * 1024)
 
 
-def _too_large(limit: int) -> BodyError:
-    return BodyError(f"the request body is larger than the server's limit of {limit} bytes "
-                     f"(--max-request-body-mb)", 413)
+def _too_large(limit: int, why: str) -> BodyError:
+    return BodyError(f"the request body is larger than the server's limit of {limit} bytes"
+                     + (f" {why}" if why else ""), 413)
 
 
 def parse_json(raw: bytes, id_lists: Collection[str] = ()) -> Any:

@@ -7,12 +7,15 @@ through the Files API (files.py), run by this server, with the answers written t
     GET  /v1/batches/{id}
     POST /v1/batches/{id}/cancel    running requests are aborted; finished answers are kept
 
-The input is checked line by line when the batch is created (JSON, a unique custom_id, method
-POST, the batch's endpoint, a body object); a bad file fails the batch with the reasons in
-`errors`, as OpenAI does. The requests then run concurrently through the same handlers as the HTTP
-endpoints, so the engine batches them; a request that fails (bad parameters, a prompt too long)
-becomes a line of the error file with its HTTP status and error body, and the others go on.
-Batches live in the server's memory.
+The input is checked line by line when the batch is created (JSON read by the server's own
+reader, as an HTTP body is; a unique custom_id, method POST, the batch's endpoint, a body object);
+a bad file fails the batch with every bad line in `errors`, as OpenAI does. Lines are separated by
+"\n" only (U+2028 and friends are text inside a JSON string). The requests then run concurrently
+through the same handlers as the HTTP endpoints, so the engine batches them; a request that fails
+(bad parameters, a prompt too long) becomes a line of the error file with its HTTP status and
+error body, and the others go on. A line refused because the engine's queue is full (429,
+--max-queued-requests) waits and is sent again: a batch paces itself. Batches live in the
+server's memory.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request as StarletteRequest
 
 from radixlm.entrypoints.errors import error_body, error_response
-from radixlm.entrypoints.openai.files import file_store
+from radixlm.entrypoints.openai.files import file_store, paginate
 from radixlm.entrypoints.openai.routes import ENDPOINTS, serve_body
-from radixlm.entrypoints.request_body import read_json_body
+from radixlm.entrypoints.request_body import parse_json, read_json_body
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -41,13 +44,21 @@ router = APIRouter()
 COMPLETION_WINDOWS = ("24h",)
 MAX_LINES = 50_000                 # OpenAI's limit per batch
 MAX_CONCURRENT_REQUESTS = 256      # in the engine at once, per batch
+MAX_REPORTED_ERRORS = 100          # bad input lines listed in a failed batch's `errors`
 TERMINAL = ("completed", "failed", "cancelled", "expired")
+# OpenAI's limits on metadata
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 class BatchInputError(ValueError):
     def __init__(self, message: str, line: int | None = None, param: str | None = None):
         super().__init__(message)
         self.line, self.param = line, param
+
+    def record(self) -> dict[str, Any]:
+        """One entry of a failed batch's `errors`."""
+        return {"code": "invalid_input", "message": str(self), "param": self.param,
+                "line": self.line}
 
 
 @dataclass
@@ -104,44 +115,51 @@ def _jobs(request: Request) -> dict[str, BatchJob]:
     return state.batches
 
 
-def parse_input(data: bytes, endpoint: str) -> list[BatchLine]:
-    """The input file's requests; BatchInputError names the first bad line (1-based)."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BatchInputError("the input file is not UTF-8 text") from None
+def parse_input(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[BatchInputError]]:
+    """The input file's requests, and what is wrong with it: each bad line (1-based), or the
+    file as a whole. The batch runs only when the second list is empty."""
+    if data.startswith(b"\xef\xbb\xbf"):   # a UTF-8 byte order mark
+        data = data[3:]
     lines: list[BatchLine] = []
+    errors: list[BatchInputError] = []
     seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise BatchInputError(f"line {number} is not valid JSON: {e}", number) from None
-        if not isinstance(obj, dict):
-            raise BatchInputError(f"line {number} is not a JSON object", number)
-        custom_id, url, body = obj.get("custom_id"), obj.get("url"), obj.get("body")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise BatchInputError(f"line {number} has no custom_id (a string)", number,
-                                  "custom_id")
-        if custom_id in seen:
-            raise BatchInputError(f"line {number} repeats the custom_id {custom_id!r}", number,
-                                  "custom_id")
-        if str(obj.get("method", "POST")).upper() != "POST":
-            raise BatchInputError(f"line {number}: method must be POST", number, "method")
-        if url != endpoint:
-            raise BatchInputError(f"line {number}: url {url!r} is not the batch's endpoint "
-                                  f"{endpoint!r}", number, "url")
-        if not isinstance(body, dict):
-            raise BatchInputError(f"line {number}: body must be a JSON object", number, "body")
-        seen.add(custom_id)
-        lines.append(BatchLine(custom_id, body))
-    if not lines:
-        raise BatchInputError("the input file has no requests")
+            lines.append(_parse_line(raw, number, endpoint, seen))
+        except BatchInputError as e:
+            errors.append(e)
+    if not lines and not errors:
+        errors.append(BatchInputError("the input file has no requests"))
     if len(lines) > MAX_LINES:
-        raise BatchInputError(f"the input file has {len(lines)} requests; at most {MAX_LINES}")
-    return lines
+        errors.append(BatchInputError(f"the input file has {len(lines)} requests; at most "
+                                      f"{MAX_LINES}"))
+    return lines, errors
+
+
+def _parse_line(raw: bytes, number: int, endpoint: str, seen: set[str]) -> BatchLine:
+    try:
+        obj = parse_json(raw.strip())      # (depth, finite numbers, encodable strings)
+    except ValueError as e:
+        raise BatchInputError(f"line {number} is not a valid request: {e}", number) from None
+    if not isinstance(obj, dict):
+        raise BatchInputError(f"line {number} is not a JSON object", number)
+    custom_id, url, body = obj.get("custom_id"), obj.get("url"), obj.get("body")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BatchInputError(f"line {number} has no custom_id (a string)", number, "custom_id")
+    if custom_id in seen:
+        raise BatchInputError(f"line {number} repeats the custom_id {custom_id!r}", number,
+                              "custom_id")
+    seen.add(custom_id)
+    if str(obj.get("method", "POST")).upper() != "POST":
+        raise BatchInputError(f"line {number}: method must be POST", number, "method")
+    if url != endpoint:
+        raise BatchInputError(f"line {number}: url {url!r} is not the batch's endpoint "
+                              f"{endpoint!r}", number, "url")
+    if not isinstance(body, dict):
+        raise BatchInputError(f"line {number}: body must be a JSON object", number, "body")
+    return BatchLine(custom_id, body)
 
 
 def _internal_request(app: Any, path: str) -> StarletteRequest:
@@ -159,9 +177,20 @@ def _internal_request(app: Any, path: str) -> StarletteRequest:
 
 
 async def _answer(app: Any, endpoint: str, line: BatchLine) -> tuple[int, Any]:
-    """One line's (HTTP status, JSON body), as the endpoint would have answered it."""
+    """One line's (HTTP status, JSON body), as the endpoint would have answered it; a line
+    the engine's full queue refused (429) is sent again after a pause, until it is taken."""
     if line.body.get("stream"):
         return 400, error_body("stream is not supported in a batch", 400, param="stream")
+    pause = 0.05
+    while True:
+        status, body = await _answer_once(app, endpoint, line)
+        if status != 429:
+            return status, body
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 2.0)
+
+
+async def _answer_once(app: Any, endpoint: str, line: BatchLine) -> tuple[int, Any]:
     try:
         response = await serve_body(_internal_request(app, endpoint), endpoint, line.body)
     except asyncio.CancelledError:
@@ -177,6 +206,17 @@ async def _answer(app: Any, endpoint: str, line: BatchLine) -> tuple[int, Any]:
 
 
 async def run_batch(app: Any, job: BatchJob) -> None:
+    """Run the batch; whatever goes wrong, it ends in a terminal status."""
+    try:
+        await _run_lines(app, job)
+    except Exception as e:     # (a bug's net: never a batch that stays in progress)
+        logger.exception("batch %s failed", job.id)
+        job.errors = [{"code": "internal_error", "message": f"{type(e).__name__}: {e}",
+                       "param": None, "line": None}]
+        job.enter("failed")
+
+
+async def _run_lines(app: Any, job: BatchJob) -> None:
     """Run every line (at most MAX_CONCURRENT_REQUESTS at once) and write the output and error
     files. Cancelling this task aborts the lines still running; those already answered are
     written all the same."""
@@ -213,7 +253,8 @@ async def run_batch(app: Any, job: BatchJob) -> None:
                                "request_id": request_id or f"req_{uuid.uuid4().hex}",
                                "body": body},
                   "error": None}
-        (out if status == 200 else err).append(json.dumps(record, ensure_ascii=False))
+        # (ASCII: valid JSON whatever the strings hold, and no U+2028 inside a line)
+        (out if status == 200 else err).append(json.dumps(record))
     files = file_store(app)
     if out:
         job.output_file_id = files.add(f"{job.id}_output.jsonl", "batch_output",
@@ -240,28 +281,45 @@ async def create_batch(request: Request):
     if window not in COMPLETION_WINDOWS:
         return error_response(f"completion_window must be 24h, got {window!r}", 400,
                               param="completion_window")
-    if metadata is not None and not (isinstance(metadata, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-        return error_response("metadata must be an object of strings", 400, param="metadata")
+    bad_metadata = _metadata_problem(metadata)
+    if bad_metadata:
+        return error_response(bad_metadata, 400, param="metadata")
     if not isinstance(file_id, str):
         return error_response("input_file_id is required (a file id)", 400,
                               param="input_file_id")
     stored = file_store(request.app).get(file_id)
     if stored is None:
         return error_response(f"no file with id {file_id!r}", 404, param="input_file_id")
+    if stored.purpose != "batch":
+        return error_response(f"the input file must be uploaded with purpose batch, not "
+                              f"{stored.purpose!r}", 400, param="input_file_id")
     job = BatchJob(id=f"batch_{uuid.uuid4().hex}", endpoint=endpoint, input_file_id=file_id,
                    completion_window=window, metadata=metadata, lines=[])
     job.enter("validating")
+    job.lines, errors = parse_input(stored.data, endpoint)
     _jobs(request)[job.id] = job
-    try:
-        job.lines = parse_input(stored.data, endpoint)
-    except BatchInputError as e:
-        job.errors = [{"code": "invalid_input", "message": str(e), "param": e.param,
-                       "line": e.line}]
+    if errors:
+        job.errors = [e.record() for e in errors[:MAX_REPORTED_ERRORS]]
         job.enter("failed")
         return JSONResponse(job.card())
     job.task = asyncio.ensure_future(run_batch(request.app, job))
     return JSONResponse(job.card())
+
+
+def _metadata_problem(metadata: Any) -> str | None:
+    """What is wrong with a batch's metadata by OpenAI's rules, or None."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        return "metadata must be an object of strings"
+    if len(metadata) > MAX_METADATA_PAIRS:
+        return f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS}"
+    for k, v in metadata.items():
+        if len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
+            return (f"metadata keys may have {MAX_METADATA_KEY} characters and values "
+                    f"{MAX_METADATA_VALUE}")
+    return None
 
 
 @router.get("/v1/batches")
@@ -269,17 +327,13 @@ async def list_batches(request: Request, limit: int = 20, after: str | None = No
     if not 1 <= limit <= 100:
         return error_response(f"limit must be between 1 and 100, got {limit}", 400,
                               param="limit")
-    jobs = list(reversed(_jobs(request).values()))
-    if after is not None:
-        ids = [j.id for j in jobs]
-        if after not in ids:
-            return error_response(f"no batch with id {after!r}", 404, param="after")
-        jobs = jobs[ids.index(after) + 1:]
-    page = [j.card() for j in jobs[:limit]]
-    return JSONResponse({"object": "list", "data": page,
-                         "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None,
-                         "has_more": len(jobs) > limit})
+    page, more = paginate(list(reversed(_jobs(request).values())), limit, after)
+    if page is None:
+        return error_response(f"no batch with id {after!r}", 404, param="after")
+    cards = [j.card() for j in page]
+    return JSONResponse({"object": "list", "data": cards,
+                         "first_id": cards[0]["id"] if cards else None,
+                         "last_id": cards[-1]["id"] if cards else None, "has_more": more})
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.request_body import BodyError, read_body
 
 router = APIRouter()
 
@@ -94,11 +95,9 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | Non
 
 @router.post("/v1/files")
 async def upload_file(request: Request):
-    body = await request.body()
-    if len(body) > MAX_FILE_BYTES + 64 * 1024:
-        return error_response(f"the file is larger than {MAX_FILE_BYTES} bytes", 413,
-                              param="file")
     try:
+        # (the file's limit, and room for the form's other parts and boundaries)
+        body = await read_body(request, MAX_FILE_BYTES + 64 * 1024, "for an uploaded file")
         fields = parse_multipart(request.headers.get("content-type", ""), body)
         if "file" not in fields:
             raise UploadError("the upload has no `file` field", param="file")
@@ -111,17 +110,45 @@ async def upload_file(request: Request):
         filename, data = fields["file"]
     except UploadError as e:
         return error_response(str(e), e.status, param=e.param)
+    except BodyError as e:
+        return error_response(str(e), e.status, param="file")
     stored = file_store(request.app).add(filename or "upload", purpose, data)
     return JSONResponse(stored.card())
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None):
-    files = [f.card() for f in file_store(request.app).files.values()
+async def list_files(request: Request, purpose: str | None = None, limit: int = 10000,
+                     order: str = "desc", after: str | None = None):
+    """OpenAI's listing: newest first by default (`order`), `limit` (1-10,000) per page,
+    continuing `after` a file id."""
+    if not 1 <= limit <= 10000:
+        return error_response(f"limit must be between 1 and 10000, got {limit}", 400,
+                              param="limit")
+    if order not in ("asc", "desc"):
+        return error_response(f"order must be asc or desc, got {order!r}", 400, param="order")
+    files = [f for f in file_store(request.app).files.values()
              if purpose is None or f.purpose == purpose]
-    return JSONResponse({"object": "list", "data": files, "has_more": False,
-                         "first_id": files[0]["id"] if files else None,
-                         "last_id": files[-1]["id"] if files else None})
+    if order == "desc":
+        files.reverse()
+    page, more = paginate(files, limit, after)
+    if page is None:
+        return error_response(f"no file with id {after!r}", 404, param="after")
+    cards = [f.card() for f in page]
+    return JSONResponse({"object": "list", "data": cards, "has_more": more,
+                         "first_id": cards[0]["id"] if cards else None,
+                         "last_id": cards[-1]["id"] if cards else None})
+
+
+def paginate(items: list, limit: int, after: str | None) -> tuple[list | None, bool]:
+    """OpenAI's cursor pages over `items` (objects with an `id`, in listing order): up to
+    `limit` of those after the one with id `after`, and whether more follow; None for an
+    `after` that names none of them."""
+    if after is not None:
+        ids = [x.id for x in items]
+        if after not in ids:
+            return None, False
+        items = items[ids.index(after) + 1:]
+    return items[:limit], len(items) > limit
 
 
 def _missing(file_id: str) -> JSONResponse:
