@@ -120,6 +120,32 @@ def test_every_endpoint_through_the_router(router, workers):
     assert httpx.get(router + "/generate").status_code == 405
 
 
+def test_files_and_batches_through_the_router_stay_on_one_worker(router, workers):
+    """OpenAI's files and batches live in one worker: the router sends them all to the same
+    one, so a file uploaded through it is found by the batch and its output read back."""
+    import io
+    import time
+
+    client = openai_client(router)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "m", "prompt": "1, 2, 3,", "max_tokens": 3, "temperature": 0}}
+    data = io.BytesIO((json.dumps(line) + "\n").encode())
+    data.name = "in.jsonl"
+    upload = client.files.create(file=data, purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions",
+                                  completion_window="24h")
+    deadline = time.monotonic() + 60
+    while batch.status not in ("completed", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 1
+    out = json.loads(client.files.content(batch.output_file_id).text)
+    direct = openai_client(workers[0]).completions.create(**line["body"])
+    assert out["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
+    assert [f.id for f in client.files.list(limit=100).data].count(upload.id) == 1
+
+
 def test_abort_all_through_the_router_aborts_and_keeps_the_workers(router, workers):
     client = openai_client(router)
     model = client.models.list().data[0].id

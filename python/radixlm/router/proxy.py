@@ -62,21 +62,25 @@ class Forwarder:
         return headers
 
     async def forward(self, request: web.Request, body: bytes | None, key: str | None,
-                      routed: bool = True) -> web.StreamResponse:
+                      routed: bool = True, pinned: bool = False) -> web.StreamResponse:
         """`routed`: the policy picks the worker; otherwise (model info, tokenize, ...) any
-        healthy worker will do, and the least loaded one answers."""
+        healthy worker will do, and the least loaded one answers. `pinned`: always the same
+        worker (the first healthy one by URL), no retry elsewhere: state that lives in one
+        worker (OpenAI's files and batches)."""
         start = time.perf_counter()
         try:
-            return await self._forward(request, body, key, routed)
+            return await self._forward(request, body, key, routed, pinned)
         finally:
             self.metrics.observe_latency(request.path, time.perf_counter() - start)
 
     async def _forward(self, request: web.Request, body: bytes | None, key: str | None,
-                       routed: bool) -> web.StreamResponse:
+                       routed: bool, pinned: bool = False) -> web.StreamResponse:
         tried: set[Worker] = set()
         last_error = "no healthy worker"
-        for attempt in range(1 + self.pool.args.max_retries):
+        for attempt in range(1 if pinned else 1 + self.pool.args.max_retries):
             candidates = self.pool.healthy(exclude=tried)
+            if pinned:
+                candidates = sorted(candidates, key=lambda w: w.url)[:1]
             if not candidates:
                 break
             if attempt:
@@ -85,7 +89,7 @@ class Forwarder:
                       else Choice(least_loaded(candidates), "any"))
             worker = choice.worker
             tried.add(worker)
-            last_try = (attempt == self.pool.args.max_retries
+            last_try = (pinned or attempt == self.pool.args.max_retries
                         or not self.pool.healthy(exclude=tried))
             self.metrics.count_routed(worker.url, choice.decision)
             worker.requests_total += 1

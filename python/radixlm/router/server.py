@@ -78,6 +78,9 @@ class Router:
         r.add_post("/abort_request", self.abort_request)
         for path in ("/start_profile", "/stop_profile"):
             r.add_route("*", path, self.profile)
+        # OpenAI's files and batches live in the worker that received them: always the same
+        for path in ("/v1/files", "/v1/files/{rest:.+}", "/v1/batches", "/v1/batches/{rest:.+}"):
+            r.add_route("*", path, self.pinned_worker)
         r.add_get("/get_load", self.get_load)
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/server_info", self.server_info)
@@ -136,6 +139,10 @@ class Router:
     async def any_worker(self, request: web.Request) -> web.StreamResponse:
         body = await request.read() if request.can_read_body else None
         return await self.forwarder.forward(request, body, None, routed=False)
+
+    async def pinned_worker(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read() if request.can_read_body else None
+        return await self.forwarder.forward(request, body, None, routed=False, pinned=True)
 
     # ------------------------------------------------------------------ fanned out
 
