@@ -29,7 +29,7 @@ logger = logging.getLogger("radixlm.server")
 
 def create_app(engine, args: ServerArgs) -> FastAPI:
     from radixlm.entrypoints import native_api, parse_api
-    from radixlm.entrypoints.openai import batches, files
+    from radixlm.entrypoints.openai import batches, files, responses
     from radixlm.entrypoints.openai import routes as openai_routes
 
     app = FastAPI(title="radixlm", version="0.1.0")
@@ -40,6 +40,7 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(responses.router)
     if args.enable_metrics:
         from radixlm.managers.metrics import MetricsCollector
         app.state.metrics = MetricsCollector(model_name(args))

@@ -1,0 +1,240 @@
+"""OpenAI's Responses API (POST /v1/responses, GET / DELETE /v1/responses/{id}), on top of chat
+completions: a request becomes a chat request (`instructions` the system message, `input` a
+string or a list of message / function_call / function_call_output items, a stored response's
+conversation first for `previous_response_id`, `text.format` the response_format, function
+tools the chat's tools), runs through the chat handler (routes.serve_body: the same checks and
+400s), and its answer is written back as a Response object: a reasoning item (with a reasoning
+parser), a message item with output_text, and function_call items. Streams: responses_stream.py.
+
+Stored responses (`store`, true by default) live in the server's memory. Fields that would need
+what this server does not have (background mode, built-in tools such as web search, prompt
+templates, conversations) are refused with a 400, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.openai.responses_items import (finish, new_id, output_items,
+                                                       remember, skeleton, store, usage)
+from radixlm.entrypoints.openai.responses_stream import stream_response
+from radixlm.entrypoints.openai.routes import serve_body
+from radixlm.entrypoints.request_body import read_json_body
+
+router = APIRouter()
+
+CHAT = "/v1/chat/completions"
+# Request fields passed to the chat request as they are (OpenAI's and SGLang's sampling extras)
+PASSED_THROUGH = ("model", "temperature", "top_p", "parallel_tool_calls", "top_k", "min_p",
+                  "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
+                  "ignore_eos", "min_tokens", "regex", "ebnf", "logit_bias", "separate_reasoning",
+                  "stop_token_ids", "skip_special_tokens")
+# Fields that ask for what this server does not do: a 400 when set
+REFUSED = ("background", "prompt", "conversation", "include")
+
+
+class ResponsesInputError(ValueError):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# ---------------------------------------------------------------------- request -> chat
+
+def chat_request(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat-completions body for a Responses request; `history`: the messages of the
+    response it continues (previous_response_id), if any."""
+    for name in REFUSED:
+        if body.get(name) not in (None, False, [], {}, ""):
+            raise ResponsesInputError(f"`{name}` is not supported by this server", name)
+    if body.get("truncation") not in (None, "disabled"):
+        raise ResponsesInputError("truncation must be disabled (the default)", "truncation")
+    messages = list(history)
+    if body.get("instructions") is not None:
+        if not isinstance(body["instructions"], str):
+            raise ResponsesInputError("instructions must be a string", "instructions")
+        messages = [{"role": "system", "content": body["instructions"]}] + [
+            m for m in messages if m["role"] != "system"]
+    messages += input_messages(body.get("input"))
+    chat: dict[str, Any] = {k: body[k] for k in PASSED_THROUGH if body.get(k) is not None}
+    chat["model"] = chat.get("model", "default")
+    chat["messages"] = messages
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ResponsesInputError(f"max_output_tokens must be a positive integer, got "
+                                      f"{limit!r}", "max_output_tokens")
+        chat["max_tokens"] = limit
+    tools = _tools(body.get("tools"))
+    if tools:
+        chat["tools"] = tools
+        chat["tool_choice"] = _tool_choice(body.get("tool_choice"))
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if fmt is not None:
+        chat["response_format"] = _response_format(fmt)
+    top = body.get("top_logprobs")
+    if top:
+        chat["logprobs"], chat["top_logprobs"] = True, top
+    return chat
+
+
+def input_messages(items: Any) -> list[dict[str, Any]]:
+    """`input` as chat messages: a string is one user message; a list holds messages
+    (role + content: a string or input_text parts), function_call items (an assistant turn's
+    calls) and function_call_output items (tool results)."""
+    if items is None:
+        raise ResponsesInputError("input is required", "input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise ResponsesInputError("input must be a string or a list of items", "input")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ResponsesInputError(f"input[{i}] must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise ResponsesInputError(f"input[{i}].role must be user, assistant, system or "
+                                          f"developer, got {role!r}", "input")
+            out.append({"role": role, "content": _text(item.get("content"), i)})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
+                    "function": {"name": item.get("name"),
+                                 "arguments": item.get("arguments", "{}")}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": output if isinstance(output, str) else json.dumps(output)})
+        elif kind == "reasoning":
+            continue    # (earlier thinking is not fed back, as chat templates drop it)
+        else:
+            raise ResponsesInputError(f"input[{i}] has type {kind!r}, which this server does "
+                                      f"not take (message, function_call, "
+                                      f"function_call_output)", "input")
+    return out
+
+
+def _text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in (
+                    "input_text", "output_text", "text"):
+                raise ResponsesInputError(f"input[{i}].content: only text parts are taken "
+                                          f"(input_text)", "input")
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise ResponsesInputError(f"input[{i}].content must be a string or a list of parts", "input")
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not tools:
+        return []
+    if not isinstance(tools, list):
+        raise ResponsesInputError("tools must be a list", "tools")
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            raise ResponsesInputError(f"only function tools are supported, got {kind!r}",
+                                      "tools")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict")
+              if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice or "auto"
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise ResponsesInputError(f"tool_choice {choice!r} is not supported", "tool_choice")
+
+
+def _response_format(fmt: Any) -> dict[str, Any]:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise ResponsesInputError(f"text.format type must be text, json_object or json_schema, "
+                              f"got {kind!r}", "text")
+
+
+# ---------------------------------------------------------------------- endpoints
+
+@router.post("/v1/responses")
+async def create_response(request: Request):
+    try:
+        body = await read_json_body(request)
+        if not isinstance(body, dict):
+            raise ResponsesInputError("the body must be a JSON object")
+        history: list[dict[str, Any]] = []
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            stored = store(request.app).get(previous)
+            if stored is None:
+                return error_response(f"no stored response with id {previous!r}", 404,
+                                      param="previous_response_id")
+            history = stored.messages
+        chat = chat_request(body, history)
+    except ResponsesInputError as e:
+        return error_response(str(e), 400, param=e.param)
+    except ValueError as e:
+        return error_response(str(e), getattr(e, "status", 400))
+    model = body.get("model") or "default"
+    if body.get("stream"):
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+        answer = await serve_body(request, CHAT, chat)
+        if not isinstance(answer, StreamingResponse):
+            return answer       # (an error, answered before any event)
+        return StreamingResponse(stream_response(request.app, body, chat, model, answer),
+                                 media_type="text/event-stream")
+    answer = await serve_body(request, CHAT, chat)
+    if isinstance(answer, Response):
+        if answer.status_code != 200:
+            return answer
+        completion = json.loads(answer.body)
+    else:
+        completion = jsonable_encoder(answer)
+    choice = completion["choices"][0]
+    response = skeleton(body, new_id("resp"), completion.get("model", model))
+    response["output"] = output_items(choice["message"], choice.get("logprobs"))
+    response["usage"] = usage(completion["usage"])
+    finish(response, choice.get("finish_reason"))
+    remember(request.app, response, chat, choice["message"])
+    return JSONResponse(response)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request):
+    stored = store(request.app).get(response_id)
+    if stored is None:
+        return error_response(f"no stored response with id {response_id!r}", 404,
+                              param="response_id")
+    return JSONResponse(stored.response)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    if store(request.app).pop(response_id, None) is None:
+        return error_response(f"no stored response with id {response_id!r}", 404,
+                              param="response_id")
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

@@ -1,0 +1,112 @@
+"""The Responses API's objects, built from a chat completion (responses.py, and the stream's
+events in responses_stream.py): the Response skeleton from the request, output items (reasoning,
+message with output_text, function_call), usage and status, and the store of responses."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StoredResponse:
+    response: dict[str, Any]             # the Response object
+    messages: list[dict[str, Any]]       # the conversation it continues, and its answer
+
+
+def store(app: Any) -> dict[str, StoredResponse]:
+    if getattr(app.state, "responses", None) is None:
+        app.state.responses = {}
+    return app.state.responses
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def skeleton(body: dict[str, Any], rid: str, model: str) -> dict[str, Any]:
+    """The Response object's fields that come from the request."""
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    return {
+        "id": rid, "object": "response", "created_at": int(time.time()),
+        "status": "in_progress", "error": None, "incomplete_details": None,
+        "instructions": body.get("instructions"), "max_output_tokens":
+            body.get("max_output_tokens"), "model": model, "output": [],
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": None, "summary": None}, "store": body.get("store", True),
+        "temperature": body.get("temperature"), "text": {"format": fmt or {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"), "truncation": "disabled", "usage": None,
+        "user": body.get("user"), "metadata": body.get("metadata") or {},
+    }
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    details = chat_usage.get("prompt_tokens_details") or {}
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
+            "output_tokens": chat_usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat_usage["total_tokens"]}
+
+
+def finish(response: dict[str, Any], finish_reason: str | None) -> None:
+    """Status from the chat's finish reason: cut by max_output_tokens -> incomplete."""
+    if finish_reason == "length":
+        response["status"] = "incomplete"
+        response["incomplete_details"] = {"reason": "max_output_tokens"}
+    else:
+        response["status"] = "completed"
+
+
+def output_items(message: dict[str, Any], logprobs: Any = None) -> list[dict[str, Any]]:
+    """A chat answer's message as Response output items."""
+    items: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(message["reasoning_content"]))
+    if message.get("content") or not message.get("tool_calls"):
+        items.append(message_item(message.get("content") or "", logprobs))
+    for call in message.get("tool_calls") or []:
+        items.append(function_call_item(call["id"], call["function"]["name"],
+                                        call["function"]["arguments"]))
+    return items
+
+
+def reasoning_item(text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+
+
+def message_item(text: str, logprobs: Any = None, item_id: str | None = None) -> dict[str, Any]:
+    return {"type": "message", "id": item_id or new_id("msg"), "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [],
+                         "logprobs": _logprobs(logprobs)}]}
+
+
+def function_call_item(call_id: str, name: str, arguments: str,
+                       item_id: str | None = None) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": "completed"}
+
+
+def _logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
+    content = (chat_logprobs or {}).get("content") or []
+    return [{"token": t["token"], "logprob": t["logprob"], "bytes": t.get("bytes"),
+             "top_logprobs": [{"token": a["token"], "logprob": a["logprob"],
+                               "bytes": a.get("bytes")} for a in t.get("top_logprobs") or []]}
+            for t in content]
+
+
+def remember(app: Any, response: dict[str, Any], chat: dict[str, Any],
+             message: dict[str, Any]) -> None:
+    """Keep a stored response and its conversation (for previous_response_id)."""
+    if not response.get("store", True):
+        return
+    answer: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        answer["tool_calls"] = message["tool_calls"]
+    store(app)[response["id"]] = StoredResponse(response, chat["messages"] + [answer])

@@ -1,0 +1,134 @@
+"""OpenAI's Responses API through the official client against a real server (the bundled model
+on the CPU): the answer equals the chat completion of the same conversation, streams give the
+same text through the documented events, previous_response_id continues a stored conversation,
+text.format constrains the output, and what the server cannot do is a 400."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import launch_server, openai_client, stop_server
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client():
+    proc, url = launch_server(["--device", "cpu", "--max-total-tokens", "8192",
+                               "--tool-call-parser", "qwen25", "--log-level", "warning"], 180)
+    try:
+        yield openai_client(url)
+    finally:
+        stop_server(proc)
+
+
+def _chat(client, messages, **kw):
+    return client.chat.completions.create(model="m", messages=messages, temperature=0, **kw)
+
+
+def test_response_equals_the_chat_completion(client):
+    resp = client.responses.create(model="m", input="Name three colors.",
+                                   instructions="Answer briefly.", max_output_tokens=12,
+                                   temperature=0)
+    chat = _chat(client, [{"role": "system", "content": "Answer briefly."},
+                          {"role": "user", "content": "Name three colors."}], max_tokens=12)
+    assert resp.object == "response" and resp.id.startswith("resp_")
+    assert resp.output_text == chat.choices[0].message.content
+    assert resp.output[0].type == "message" and resp.output[0].role == "assistant"
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert resp.usage.output_tokens == chat.usage.completion_tokens
+    want = "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    assert resp.status == want
+    if want == "incomplete":
+        assert resp.incomplete_details.reason == "max_output_tokens"
+    assert client.responses.retrieve(resp.id).output_text == resp.output_text
+
+
+def test_stream_events_give_the_same_text(client):
+    kw = dict(model="m", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Count to five."}]}], max_output_tokens=10, temperature=0)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    done = [e for e in events if e.type == "response.output_text.done"]
+    assert done and done[0].text == text
+    assert events[-1].response.output_text == text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(model="m", input="My name is Ada.", max_output_tokens=6,
+                                    temperature=0)
+    second = client.responses.create(model="m", input="What is my name?",
+                                     previous_response_id=first.id, max_output_tokens=6,
+                                     temperature=0)
+    chat = _chat(client, [{"role": "user", "content": "My name is Ada."},
+                          {"role": "assistant", "content": first.output_text},
+                          {"role": "user", "content": "What is my name?"}], max_tokens=6)
+    assert second.output_text == chat.choices[0].message.content
+    assert second.previous_response_id == first.id
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="m", input="Hi", previous_response_id=first.id)
+    unstored = client.responses.create(model="m", input="Hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_text_format_json_schema(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    resp = client.responses.create(
+        model="m", input="Give a city as JSON.", max_output_tokens=40, temperature=0,
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema,
+                         "strict": True}})
+    assert set(json.loads(resp.output_text)) == {"city"}
+    assert resp.text.format.type == "json_schema"
+
+
+def test_what_the_server_cannot_do_is_a_400(client):
+    for kw, param in ((dict(tools=[{"type": "web_search"}]), "tools"),
+                      (dict(background=True), "background"),
+                      (dict(include=["file_search_call.results"]), "include"),
+                      (dict(input=[{"type": "input_image", "image_url": "x"}]), "input")):
+        kw.setdefault("input", "Hi")
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="m", **kw)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="m", input="Hi", max_output_tokens=-1)
+    assert e.value.body["param"] == "max_output_tokens"
+    assert client.responses.create(model="m", input="Hi", max_output_tokens=2).status
+
+
+def test_function_tools_become_function_call_items(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                             "required": ["city"]}}]
+    resp = client.responses.create(model="m", input="Weather in Paris?", tools=tools,
+                                   tool_choice="required", max_output_tokens=40, temperature=0)
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments)
+    # The call's result goes back as a function_call_output item.
+    follow = client.responses.create(
+        model="m", previous_response_id=resp.id, max_output_tokens=8, temperature=0,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": "sunny"}])
+    assert follow.status in ("completed", "incomplete") and follow.output[0].type == "message"
+    events = list(client.responses.create(model="m", input="Weather in Paris?", tools=tools,
+                                          tool_choice="required", max_output_tokens=40,
+                                          temperature=0, stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert added[0].type == "function_call" and added[0].name == "get_weather"
+    args = "".join(e.delta for e in events
+                   if e.type == "response.function_call_arguments.delta")
+    assert args == calls[0].arguments
