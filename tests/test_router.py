@@ -120,9 +120,10 @@ def test_every_endpoint_through_the_router(router, workers):
     assert httpx.get(router + "/generate").status_code == 405
 
 
-def test_files_and_batches_through_the_router_stay_on_one_worker(router, workers):
-    """OpenAI's files and batches live in one worker: the router sends them all to the same
-    one, so a file uploaded through it is found by the batch and its output read back."""
+def test_files_batches_responses_through_the_router_stay_on_one_worker(router, workers):
+    """OpenAI's files, batches and stored responses live in one worker: the router sends them
+    all to the same one, so a file uploaded through it is found by the batch and its output
+    read back, and a response continued by previous_response_id finds its conversation."""
     import io
     import time
 
@@ -144,6 +145,12 @@ def test_files_and_batches_through_the_router_stay_on_one_worker(router, workers
     direct = openai_client(workers[0]).completions.create(**line["body"])
     assert out["response"]["body"]["choices"][0]["text"] == direct.choices[0].text
     assert [f.id for f in client.files.list(limit=100).data].count(upload.id) == 1
+    # Stored responses too: a continuation through the router finds its conversation.
+    first = client.responses.create(model="m", input="Hi", max_output_tokens=3)
+    again = client.responses.create(model="m", input="And?", max_output_tokens=3,
+                                    previous_response_id=first.id)
+    assert again.previous_response_id == first.id
+    assert client.responses.retrieve(again.id).output_text == again.output_text
 
 
 def test_abort_all_through_the_router_aborts_and_keeps_the_workers(router, workers):

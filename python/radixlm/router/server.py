@@ -78,9 +78,11 @@ class Router:
         r.add_post("/abort_request", self.abort_request)
         for path in ("/start_profile", "/stop_profile"):
             r.add_route("*", path, self.profile)
-        # OpenAI's files and batches live in the worker that received them: always the same
-        for path in ("/v1/files", "/v1/files/{rest:.+}", "/v1/batches", "/v1/batches/{rest:.+}"):
-            r.add_route("*", path, self.pinned_worker)
+        # OpenAI's files, batches and stored responses live in the worker that received them:
+        # always the same one (previous_response_id must find its conversation)
+        for base in ("/v1/files", "/v1/batches", "/v1/responses"):
+            r.add_route("*", base, self.pinned_worker)
+            r.add_route("*", base + "/{rest:.+}", self.pinned_worker)
         r.add_get("/get_load", self.get_load)
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/server_info", self.server_info)
