@@ -74,6 +74,15 @@ def test_previous_response_id_continues_the_conversation(client):
                           {"role": "user", "content": "What is my name?"}], max_tokens=6)
     assert second.output_text == chat.choices[0].message.content
     assert second.previous_response_id == first.id
+    # Instructions are not carried over to the next response (OpenAI's rule).
+    briefed = client.responses.create(model="m", input="Hi", instructions="Talk like a pirate.",
+                                      max_output_tokens=4, temperature=0)
+    after = client.responses.create(model="m", input="Ok", previous_response_id=briefed.id,
+                                    max_output_tokens=4, temperature=0)
+    plain = _chat(client, [{"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": briefed.output_text},
+                           {"role": "user", "content": "Ok"}], max_tokens=4)
+    assert after.usage.input_tokens == plain.usage.prompt_tokens
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
@@ -99,7 +108,11 @@ def test_what_the_server_cannot_do_is_a_400(client):
     for kw, param in ((dict(tools=[{"type": "web_search"}]), "tools"),
                       (dict(background=True), "background"),
                       (dict(include=["file_search_call.results"]), "include"),
-                      (dict(input=[{"type": "input_image", "image_url": "x"}]), "input")):
+                      (dict(input=[{"type": "input_image", "image_url": "x"}]), "input"),
+                      (dict(previous_response_id=["x"]), "previous_response_id"),
+                      (dict(metadata={"a": 1}), "metadata"), (dict(store="no"), "store"),
+                      (dict(reasoning={"effort": "high"}), "reasoning"),
+                      (dict(tool_choice="required"), "tool_choice")):
         kw.setdefault("input", "Hi")
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model="m", **kw)

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request as StarletteRequest
 
 from radixlm.entrypoints.errors import error_body, error_response
-from radixlm.entrypoints.openai.files import file_store, paginate
+from radixlm.entrypoints.openai.files import file_store, metadata_problem, paginate
 from radixlm.entrypoints.openai.routes import ENDPOINTS, serve_body
 from radixlm.entrypoints.request_body import parse_json, read_json_body
 
@@ -46,8 +46,6 @@ MAX_LINES = 50_000                 # OpenAI's limit per batch
 MAX_CONCURRENT_REQUESTS = 256      # in the engine at once, per batch
 MAX_REPORTED_ERRORS = 100          # bad input lines listed in a failed batch's `errors`
 TERMINAL = ("completed", "failed", "cancelled", "expired")
-# OpenAI's limits on metadata
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 
 class BatchInputError(ValueError):
@@ -281,7 +279,7 @@ async def create_batch(request: Request):
     if window not in COMPLETION_WINDOWS:
         return error_response(f"completion_window must be 24h, got {window!r}", 400,
                               param="completion_window")
-    bad_metadata = _metadata_problem(metadata)
+    bad_metadata = metadata_problem(metadata)
     if bad_metadata:
         return error_response(bad_metadata, 400, param="metadata")
     if not isinstance(file_id, str):
@@ -304,22 +302,6 @@ async def create_batch(request: Request):
         return JSONResponse(job.card())
     job.task = asyncio.ensure_future(run_batch(request.app, job))
     return JSONResponse(job.card())
-
-
-def _metadata_problem(metadata: Any) -> str | None:
-    """What is wrong with a batch's metadata by OpenAI's rules, or None."""
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        return "metadata must be an object of strings"
-    if len(metadata) > MAX_METADATA_PAIRS:
-        return f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS}"
-    for k, v in metadata.items():
-        if len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
-            return (f"metadata keys may have {MAX_METADATA_KEY} characters and values "
-                    f"{MAX_METADATA_VALUE}")
-    return None
 
 
 @router.get("/v1/batches")

@@ -176,3 +176,24 @@ async def delete_file(file_id: str, request: Request):
     if f is None:
         return _missing(file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+
+# OpenAI's limits on the metadata of batches and responses
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def metadata_problem(metadata: Any) -> str | None:
+    """What is wrong with an object's metadata by OpenAI's rules (batches, responses), or
+    None."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        return "metadata must be an object of strings"
+    if len(metadata) > MAX_METADATA_PAIRS:
+        return f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS}"
+    for k, v in metadata.items():
+        if len(k) > MAX_METADATA_KEY or len(v) > MAX_METADATA_VALUE:
+            return (f"metadata keys may have {MAX_METADATA_KEY} characters and values "
+                    f"{MAX_METADATA_VALUE}")
+    return None

@@ -21,6 +21,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.openai.files import metadata_problem
 from radixlm.entrypoints.openai.responses_items import (finish, new_id, output_items,
                                                        remember, skeleton, store, usage)
 from radixlm.entrypoints.openai.responses_stream import stream_response
@@ -47,24 +48,22 @@ class ResponsesInputError(ValueError):
 
 # ---------------------------------------------------------------------- request -> chat
 
-def chat_request(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat-completions body for a Responses request; `history`: the messages of the
-    response it continues (previous_response_id), if any."""
-    for name in REFUSED:
-        if body.get(name) not in (None, False, [], {}, ""):
-            raise ResponsesInputError(f"`{name}` is not supported by this server", name)
-    if body.get("truncation") not in (None, "disabled"):
-        raise ResponsesInputError("truncation must be disabled (the default)", "truncation")
-    messages = list(history)
+def chat_request(body: dict[str, Any], history: list[dict[str, Any]]
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The chat-completions body for a Responses request, and the conversation it continues
+    (to store with the answer); `history`: the conversation of the response it continues
+    (previous_response_id). Instructions are this request's only: a system message before the
+    conversation, never carried over (as OpenAI's)."""
+    check_fields(body)
+    conversation = list(history) + input_messages(body.get("input"))
+    messages = conversation
     if body.get("instructions") is not None:
-        if not isinstance(body["instructions"], str):
-            raise ResponsesInputError("instructions must be a string", "instructions")
-        messages = [{"role": "system", "content": body["instructions"]}] + [
-            m for m in messages if m["role"] != "system"]
-    messages += input_messages(body.get("input"))
+        messages = [{"role": "system", "content": body["instructions"]}] + conversation
     chat: dict[str, Any] = {k: body[k] for k in PASSED_THROUGH if body.get(k) is not None}
     chat["model"] = chat.get("model", "default")
     chat["messages"] = messages
+    # OpenAI's Responses default is parallel calls allowed (chat: one unless asked)
+    chat.setdefault("parallel_tool_calls", True)
     limit = body.get("max_output_tokens")
     if limit is not None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
@@ -81,7 +80,40 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]]) -> dict[st
     top = body.get("top_logprobs")
     if top:
         chat["logprobs"], chat["top_logprobs"] = True, top
-    return chat
+    return chat, conversation
+
+
+# field -> (types it may have, what to say)
+_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "instructions": ((str,), "a string"), "user": ((str,), "a string"),
+    "store": ((bool,), "true or false"), "stream": ((bool,), "true or false"),
+    "previous_response_id": ((str,), "a response id (a string)"),
+    "text": ((dict,), "an object"), "parallel_tool_calls": ((bool,), "true or false"),
+}
+
+
+def check_fields(body: dict[str, Any]) -> None:
+    """What chat_request cannot check by translating: refused fields, types of the fields the
+    Response echoes, metadata, reasoning."""
+    for name in REFUSED:
+        if body.get(name) not in (None, False, [], {}, ""):
+            raise ResponsesInputError(f"`{name}` is not supported by this server", name)
+    if body.get("truncation") not in (None, "disabled"):
+        raise ResponsesInputError("truncation must be disabled (the default)", "truncation")
+    for name, (types, what) in _TYPES.items():
+        if body.get(name) is not None and not isinstance(body[name], types):
+            raise ResponsesInputError(f"{name} must be {what}", name)
+    problem = metadata_problem(body.get("metadata"))
+    if problem:
+        raise ResponsesInputError(problem, "metadata")
+    reasoning = body.get("reasoning")
+    if reasoning is not None and (not isinstance(reasoning, dict) or any(
+            v is not None for v in reasoning.values())):
+        raise ResponsesInputError("reasoning options (effort, summary) are not supported by "
+                                  "this server", "reasoning")
+    if body.get("tool_choice") not in (None, "auto", "none") and not body.get("tools"):
+        raise ResponsesInputError("tool_choice asks for a tool call, but no tools are given",
+                                  "tool_choice")
 
 
 def input_messages(items: Any) -> list[dict[str, Any]]:
@@ -187,13 +219,16 @@ async def create_response(request: Request):
             raise ResponsesInputError("the body must be a JSON object")
         history: list[dict[str, Any]] = []
         previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise ResponsesInputError("previous_response_id must be a string",
+                                      "previous_response_id")
         if previous is not None:
             stored = store(request.app).get(previous)
             if stored is None:
                 return error_response(f"no stored response with id {previous!r}", 404,
                                       param="previous_response_id")
             history = stored.messages
-        chat = chat_request(body, history)
+        chat, conversation = chat_request(body, history)
     except ResponsesInputError as e:
         return error_response(str(e), 400, param=e.param)
     except ValueError as e:
@@ -205,7 +240,8 @@ async def create_response(request: Request):
         answer = await serve_body(request, CHAT, chat)
         if not isinstance(answer, StreamingResponse):
             return answer       # (an error, answered before any event)
-        return StreamingResponse(stream_response(request.app, body, chat, model, answer),
+        return StreamingResponse(stream_response(request.app, body, conversation, model,
+                                                 answer),
                                  media_type="text/event-stream")
     answer = await serve_body(request, CHAT, chat)
     if isinstance(answer, Response):
@@ -219,7 +255,7 @@ async def create_response(request: Request):
     response["output"] = output_items(choice["message"], choice.get("logprobs"))
     response["usage"] = usage(completion["usage"])
     finish(response, choice.get("finish_reason"))
-    remember(request.app, response, chat, choice["message"])
+    remember(request.app, response, conversation, choice["message"])
     return JSONResponse(response)
 
 

@@ -16,6 +16,10 @@ class StoredResponse:
     messages: list[dict[str, Any]]       # the conversation it continues, and its answer
 
 
+# Stored responses kept, oldest dropped first (each holds its whole conversation)
+MAX_STORED_RESPONSES = 10_000
+
+
 def store(app: Any) -> dict[str, StoredResponse]:
     if getattr(app.state, "responses", None) is None:
         app.state.responses = {}
@@ -47,7 +51,8 @@ def skeleton(body: dict[str, Any], rid: str, model: str) -> dict[str, Any]:
 def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
     details = chat_usage.get("prompt_tokens_details") or {}
     return {"input_tokens": chat_usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0)},
+            "input_tokens_details": {"cached_tokens": details.get("cached_tokens", 0),
+                                     "cache_write_tokens": 0},
             "output_tokens": chat_usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": chat_usage["total_tokens"]}
@@ -58,6 +63,9 @@ def finish(response: dict[str, Any], finish_reason: str | None) -> None:
     if finish_reason == "length":
         response["status"] = "incomplete"
         response["incomplete_details"] = {"reason": "max_output_tokens"}
+        for item in response["output"]:     # (the message that was cut)
+            if item["type"] == "message":
+                item["status"] = "incomplete"
     else:
         response["status"] = "completed"
 
@@ -101,12 +109,16 @@ def _logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
             for t in content]
 
 
-def remember(app: Any, response: dict[str, Any], chat: dict[str, Any],
+def remember(app: Any, response: dict[str, Any], conversation: list[dict[str, Any]],
              message: dict[str, Any]) -> None:
-    """Keep a stored response and its conversation (for previous_response_id)."""
+    """Keep a stored response and its conversation with the answer (for
+    previous_response_id; without the request's instructions, which are not carried over)."""
     if not response.get("store", True):
         return
     answer: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         answer["tool_calls"] = message["tool_calls"]
-    store(app)[response["id"]] = StoredResponse(response, chat["messages"] + [answer])
+    stored = store(app)
+    stored[response["id"]] = StoredResponse(response, conversation + [answer])
+    while len(stored) > MAX_STORED_RESPONSES:
+        del stored[next(iter(stored))]

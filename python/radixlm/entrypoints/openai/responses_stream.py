@@ -38,8 +38,8 @@ async def _chat_chunks(answer: StreamingResponse) -> AsyncIterator[dict[str, Any
                 yield json.loads(line[6:])
 
 
-async def stream_response(app: Any, body: dict[str, Any], chat: dict[str, Any], model: str,
-                          answer: StreamingResponse) -> AsyncIterator[str]:
+async def stream_response(app: Any, body: dict[str, Any], conversation: list[dict[str, Any]],
+                          model: str, answer: StreamingResponse) -> AsyncIterator[str]:
     emit = _EventWriter()
     response = r.skeleton(body, r.new_id("resp"), model)
     yield emit("response.created", response=response)
@@ -139,17 +139,20 @@ async def stream_response(app: Any, body: dict[str, Any], chat: dict[str, Any], 
                     yield emit("response.function_call_arguments.delta",
                                item_id=calls[k].item["id"], output_index=calls[k].index,
                                delta=piece)
+    if not items:      # (an empty answer is still one message, announced as any other)
+        open_item, events = start({"type": "message", "id": r.new_id("msg"),
+                                   "role": "assistant", "content": []})
+        for event in events:
+            yield event
     for event in close(open_item):
         yield event
     for k in sorted(calls):
         for event in close(calls[k]):
             yield event
-    if not items:      # (an empty answer is still one message)
-        items.append(r.message_item(""))
     response["output"] = items
     r.finish(response, finish_reason)
     if not message["tool_calls"]:
         del message["tool_calls"]
-    r.remember(app, response, chat, message)
+    r.remember(app, response, conversation, message)
     yield emit("response.incomplete" if response["status"] == "incomplete"
                else "response.completed", response=response)
