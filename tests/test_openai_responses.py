@@ -112,7 +112,10 @@ def test_what_the_server_cannot_do_is_a_400(client):
                       (dict(previous_response_id=["x"]), "previous_response_id"),
                       (dict(metadata={"a": 1}), "metadata"), (dict(store="no"), "store"),
                       (dict(reasoning={"effort": "high"}), "reasoning"),
-                      (dict(tool_choice="required"), "tool_choice")):
+                      (dict(tool_choice="required"), "tool_choice"),
+                      (dict(input=[{"type": "function_call", "name": "f"}]), "input"),
+                      (dict(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
+                       "input")):
         kw.setdefault("input", "Hi")
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model="m", **kw)

@@ -138,7 +138,8 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
                                           f"developer, got {role!r}", "input")
             out.append({"role": role, "content": _text(item.get("content"), i)})
         elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id"), "type": "function",
+            _require_strings(item, ("call_id", "name", "arguments"), i)
+            call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"),
                                  "arguments": item.get("arguments", "{}")}}
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
@@ -146,7 +147,11 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
+            _require_strings(item, ("call_id",), i)
             output = item.get("output")
+            if not isinstance(output, (str, list)):
+                raise ResponsesInputError(f"input[{i}].output must be a string or a list of "
+                                          f"parts", "input")
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "content": output if isinstance(output, str) else json.dumps(output)})
         elif kind == "reasoning":
@@ -156,6 +161,12 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
                                       f"not take (message, function_call, "
                                       f"function_call_output)", "input")
     return out
+
+
+def _require_strings(item: dict[str, Any], names: tuple[str, ...], i: int) -> None:
+    for name in names:
+        if not isinstance(item.get(name), str):
+            raise ResponsesInputError(f"input[{i}].{name} must be a string", "input")
 
 
 def _text(content: Any, i: int) -> str:
@@ -168,7 +179,10 @@ def _text(content: Any, i: int) -> str:
                     "input_text", "output_text", "text"):
                 raise ResponsesInputError(f"input[{i}].content: only text parts are taken "
                                           f"(input_text)", "input")
-            texts.append(str(part.get("text", "")))
+            if not isinstance(part.get("text"), str):
+                raise ResponsesInputError(f"input[{i}].content: a text part needs `text` (a "
+                                          f"string)", "input")
+            texts.append(part["text"])
         return "".join(texts)
     raise ResponsesInputError(f"input[{i}].content must be a string or a list of parts", "input")
 

@@ -121,9 +121,13 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
             for call in delta.get("tool_calls") or []:
                 k = call["index"]
                 if k not in calls:
+                    # (each item is finished before the next starts, as OpenAI streams them)
                     for event in close(open_item):
                         yield event
                     open_item = None
+                    if calls:
+                        for event in close(calls[max(calls)]):
+                            yield event
                     fn = call.get("function") or {}
                     calls[k], events = start(r.function_call_item(
                         call.get("id"), fn.get("name"), ""))
@@ -146,8 +150,8 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
             yield event
     for event in close(open_item):
         yield event
-    for k in sorted(calls):
-        for event in close(calls[k]):
+    if calls:
+        for event in close(calls[max(calls)]):
             yield event
     response["output"] = items
     r.finish(response, finish_reason)
