@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request as StarletteRequest
 
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.openai.files import file_store, metadata_problem, paginate
-from radixlm.entrypoints.openai.routes import ENDPOINTS, serve_body
+from radixlm.entrypoints.openai.routes import ENDPOINTS, answer_json, serve_body
 from radixlm.entrypoints.request_body import parse_json, read_json_body
 
 logger = logging.getLogger(__name__)
@@ -198,9 +197,7 @@ async def _answer_once(app: Any, endpoint: str, line: BatchLine) -> tuple[int, A
         return 500, error_body(f"internal error: {type(e).__name__}: {e}", 500)
     if isinstance(response, StreamingResponse):   # (not asked for; never expected)
         return 500, error_body("the handler streamed a batch request", 500)
-    if isinstance(response, Response):
-        return response.status_code, json.loads(response.body)
-    return 200, jsonable_encoder(response)
+    return answer_json(response)
 
 
 async def run_batch(app: Any, job: BatchJob) -> None:

@@ -17,15 +17,14 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlm.entrypoints.errors import error_response
 from radixlm.entrypoints.openai.files import metadata_problem
 from radixlm.entrypoints.openai.responses_items import (finish, new_id, output_items,
                                                        remember, skeleton, store, usage)
 from radixlm.entrypoints.openai.responses_stream import stream_response
-from radixlm.entrypoints.openai.routes import serve_body
+from radixlm.entrypoints.openai.routes import answer_json, serve_body
 from radixlm.entrypoints.request_body import read_json_body
 
 router = APIRouter()
@@ -258,12 +257,9 @@ async def create_response(request: Request):
                                                  answer),
                                  media_type="text/event-stream")
     answer = await serve_body(request, CHAT, chat)
-    if isinstance(answer, Response):
-        if answer.status_code != 200:
-            return answer
-        completion = json.loads(answer.body)
-    else:
-        completion = jsonable_encoder(answer)
+    status, completion = answer_json(answer)
+    if status != 200:
+        return answer
     choice = completion["choices"][0]
     response = skeleton(body, new_id("resp"), completion.get("model", model))
     response["output"] = output_items(choice["message"], choice.get("logprobs"))

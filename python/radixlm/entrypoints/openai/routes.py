@@ -3,9 +3,11 @@ pydantic errors in a body become OpenAI-shaped 400s naming the fields."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ValidationError
 
 from radixlm.entrypoints.errors import bad_request, error_response, validation_error_response
@@ -64,6 +66,14 @@ async def serve_body(request: Request, endpoint: str, obj: Any) -> Response:
     except ValueError as e:
         return bad_request(e)
     return await serving(request, body).handle()
+
+
+def answer_json(answer: Any) -> tuple[int, Any]:
+    """A non-streamed handler's answer (a Response, or the pydantic model FastAPI would encode)
+    as (HTTP status, JSON body), for callers that use it as data (batches, responses)."""
+    if isinstance(answer, Response):
+        return answer.status_code, json.loads(answer.body)
+    return 200, jsonable_encoder(answer)
 
 
 async def _handle(request: Request, endpoint: str) -> Response:
