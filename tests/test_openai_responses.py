@@ -148,3 +148,68 @@ def test_function_tools_become_function_call_items(client):
     args = "".join(e.delta for e in events
                    if e.type == "response.function_call_arguments.delta")
     assert args == calls[0].arguments
+
+
+def test_logprobs_whole_and_streamed(client):
+    """include=["message.output_text.logprobs"] gives the output_text's token logprobs (with
+    top_logprobs alternatives), whole and in the stream's deltas, the same for both."""
+    kw = dict(model="m", input="Say hello.", max_output_tokens=8, temperature=0,
+              include=["message.output_text.logprobs"], top_logprobs=2)
+    whole = client.responses.create(**kw)
+    logprobs = whole.output[0].content[0].logprobs
+    assert len(logprobs) == whole.usage.output_tokens
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in logprobs)
+    assert "".join(lp.token for lp in logprobs).startswith(whole.output_text)
+    events = list(client.responses.create(stream=True, **kw))
+    streamed = [lp for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    done = [e for e in events if e.type == "response.output_text.done"][0]
+    assert [lp.token for lp in done.logprobs] == [lp.token for lp in logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in done.logprobs][:len(streamed)]
+    assert [round(lp.logprob, 3) for lp in done.logprobs] == [round(lp.logprob, 3)
+                                                             for lp in logprobs]
+    plain = client.responses.create(model="m", input="Say hello.", max_output_tokens=4)
+    assert plain.output[0].content[0].logprobs == []
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="m", input="Hi", top_logprobs=21)
+    assert e.value.body["param"] == "top_logprobs"
+
+
+def test_input_items_list_in_pages(client):
+    items = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Hi!"}]},
+             {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Name a fruit."}]
+    resp = client.responses.create(model="m", input=items, max_output_tokens=3)
+    listed = client.responses.input_items.list(resp.id)
+    assert [i.type for i in listed.data] == ["message"] * 4
+    assert [i.role for i in listed.data] == ["user", "assistant", "user", "system"]  # newest 1st
+    assert listed.data[0].content[0].type == "input_text"
+    assert listed.data[0].content[0].text == "Name a fruit."
+    assert listed.data[1].content[0].type == "output_text"
+    assert not listed.has_more and listed.first_id == listed.data[0].id
+    first = client.responses.input_items.list(resp.id, order="asc", limit=3)
+    assert [i.role for i in first.data] == ["system", "user", "assistant"] and first.has_more
+    rest = client.responses.input_items.list(resp.id, order="asc", after=first.last_id)
+    assert [i.id for i in first.data + rest.data] == [i.id for i in reversed(listed.data)]
+    assert not rest.has_more
+    follow = client.responses.create(model="m", input="And a color?", max_output_tokens=3,
+                                     previous_response_id=resp.id)
+    assert [i.content[0].text for i in client.responses.input_items.list(follow.id).data] \
+        == ["And a color?"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.input_items.list(resp.id, limit=0)
+    assert e.value.body["param"] == "limit"
+
+
+def test_chat_errors_name_the_responses_fields(client):
+    """An error the chat handler finds names the field the Responses request used."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="m", input="Hi", text={"format": {"type": "json_object"}},
+                                extra_body={"regex": "a+"})
+    assert e.value.body["param"] == "text.format"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="m", input="word " * 9000)
+    assert e.value.body["param"] == "input"

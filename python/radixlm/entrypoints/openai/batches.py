@@ -33,7 +33,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request as StarletteRequest
 
 from radixlm.entrypoints.errors import error_body, error_response
-from radixlm.entrypoints.openai.files import file_store, metadata_problem, paginate
+from radixlm.entrypoints.openai.files import (file_store, list_page, metadata_problem,
+                                             paginate)
 from radixlm.entrypoints.openai.routes import ENDPOINTS, answer_json, serve_body
 from radixlm.entrypoints.request_body import parse_json, read_json_body
 
@@ -309,10 +310,7 @@ async def list_batches(request: Request, limit: int = 20, after: str | None = No
     page, more = paginate(list(reversed(_jobs(request).values())), limit, after)
     if page is None:
         return error_response(f"no batch with id {after!r}", 404, param="after")
-    cards = [j.card() for j in page]
-    return JSONResponse({"object": "list", "data": cards,
-                         "first_id": cards[0]["id"] if cards else None,
-                         "last_id": cards[-1]["id"] if cards else None, "has_more": more})
+    return list_page([j.card() for j in page], more)
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -133,22 +133,26 @@ async def list_files(request: Request, purpose: str | None = None, limit: int = 
     page, more = paginate(files, limit, after)
     if page is None:
         return error_response(f"no file with id {after!r}", 404, param="after")
-    cards = [f.card() for f in page]
-    return JSONResponse({"object": "list", "data": cards, "has_more": more,
-                         "first_id": cards[0]["id"] if cards else None,
-                         "last_id": cards[-1]["id"] if cards else None})
+    return list_page([f.card() for f in page], more)
 
 
 def paginate(items: list, limit: int, after: str | None) -> tuple[list | None, bool]:
-    """OpenAI's cursor pages over `items` (objects with an `id`, in listing order): up to
-    `limit` of those after the one with id `after`, and whether more follow; None for an
+    """OpenAI's cursor pages over `items` (objects or dicts with an `id`, in listing order):
+    up to `limit` of those after the one with id `after`, and whether more follow; None for an
     `after` that names none of them."""
     if after is not None:
-        ids = [x.id for x in items]
+        ids = [x["id"] if isinstance(x, dict) else x.id for x in items]
         if after not in ids:
             return None, False
         items = items[ids.index(after) + 1:]
     return items[:limit], len(items) > limit
+
+
+def list_page(cards: list[dict[str, Any]], more: bool) -> JSONResponse:
+    """One page of an OpenAI list: its objects, the first and last ids, whether more follow."""
+    return JSONResponse({"object": "list", "data": cards,
+                         "first_id": cards[0]["id"] if cards else None,
+                         "last_id": cards[-1]["id"] if cards else None, "has_more": more})
 
 
 def _missing(file_id: str) -> JSONResponse:

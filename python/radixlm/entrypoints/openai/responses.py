@@ -1,10 +1,13 @@
-"""OpenAI's Responses API (POST /v1/responses, GET / DELETE /v1/responses/{id}), on top of chat
-completions: a request becomes a chat request (`instructions` the system message, `input` a
-string or a list of message / function_call / function_call_output items, a stored response's
-conversation first for `previous_response_id`, `text.format` the response_format, function
-tools the chat's tools), runs through the chat handler (routes.serve_body: the same checks and
-400s), and its answer is written back as a Response object: a reasoning item (with a reasoning
-parser), a message item with output_text, and function_call items. Streams: responses_stream.py.
+"""OpenAI's Responses API (POST /v1/responses, GET / DELETE /v1/responses/{id}, GET
+/v1/responses/{id}/input_items), on top of chat completions: a request becomes a chat request
+(`instructions` the system message, `input` a string or a list of message / function_call /
+function_call_output items, a stored response's conversation first for `previous_response_id`,
+`text.format` the response_format, function tools the chat's tools), runs through the chat
+handler (routes.serve_body: the same checks and 400s), and its answer is written back as a
+Response object: a reasoning item (with a reasoning parser), a message item with output_text
+(its token logprobs with include=["message.output_text.logprobs"] or top_logprobs), and
+function_call items; errors name the Responses field (input, text.format), not the chat one.
+Streams: responses_stream.py.
 
 Stored responses (`store`, true by default) live in the server's memory. Fields that would need
 what this server does not have (background mode, built-in tools such as web search, prompt
@@ -20,9 +23,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlm.entrypoints.errors import error_response
-from radixlm.entrypoints.openai.files import metadata_problem
-from radixlm.entrypoints.openai.responses_items import (finish, new_id, output_items,
-                                                       remember, skeleton, store, usage)
+from radixlm.entrypoints.openai.files import list_page, metadata_problem, paginate
+from radixlm.entrypoints.openai.responses_items import (finish, input_items, new_id,
+                                                       output_items, remember, responses_param,
+                                                       skeleton, store, usage)
 from radixlm.entrypoints.openai.responses_stream import stream_response
 from radixlm.entrypoints.openai.routes import answer_json, serve_body
 from radixlm.entrypoints.request_body import read_json_body
@@ -36,7 +40,9 @@ PASSED_THROUGH = ("model", "temperature", "top_p", "parallel_tool_calls", "top_k
                   "ignore_eos", "min_tokens", "regex", "ebnf", "logit_bias", "separate_reasoning",
                   "stop_token_ids", "skip_special_tokens")
 # Fields that ask for what this server does not do: a 400 when set
-REFUSED = ("background", "prompt", "conversation", "include")
+REFUSED = ("background", "prompt", "conversation")
+# `include` values this server answers (the others name outputs of tools it does not have)
+INCLUDABLE = ("message.output_text.logprobs",)
 
 
 class ResponsesInputError(ValueError):
@@ -77,8 +83,12 @@ def chat_request(body: dict[str, Any], history: list[dict[str, Any]]
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
     top = body.get("top_logprobs")
-    if top:
-        chat["logprobs"], chat["top_logprobs"] = True, top
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool)
+                            or not 0 <= top <= 20):
+        raise ResponsesInputError(f"top_logprobs must be an integer from 0 to 20, got {top!r}",
+                                  "top_logprobs")
+    if top or "message.output_text.logprobs" in (body.get("include") or []):
+        chat["logprobs"], chat["top_logprobs"] = True, top or 0
     return chat, conversation
 
 
@@ -97,6 +107,14 @@ def check_fields(body: dict[str, Any]) -> None:
     for name in REFUSED:
         if body.get(name) not in (None, False, [], {}, ""):
             raise ResponsesInputError(f"`{name}` is not supported by this server", name)
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+            raise ResponsesInputError("include must be a list of strings", "include")
+        for value in include:
+            if value not in INCLUDABLE:
+                raise ResponsesInputError(f"include {value!r} is not supported by this server "
+                                          f"(only {', '.join(INCLUDABLE)})", "include")
     if body.get("truncation") not in (None, "disabled"):
         raise ResponsesInputError("truncation must be disabled (the default)", "truncation")
     for name, (types, what) in _TYPES.items():
@@ -252,21 +270,32 @@ async def create_response(request: Request):
         chat["stream_options"] = {"include_usage": True}
         answer = await serve_body(request, CHAT, chat)
         if not isinstance(answer, StreamingResponse):
-            return answer       # (an error, answered before any event)
+            return _in_responses_terms(answer)      # (an error, answered before any event)
         return StreamingResponse(stream_response(request.app, body, conversation, model,
                                                  answer),
                                  media_type="text/event-stream")
     answer = await serve_body(request, CHAT, chat)
     status, completion = answer_json(answer)
     if status != 200:
-        return answer
+        return _in_responses_terms(answer)
     choice = completion["choices"][0]
     response = skeleton(body, new_id("resp"), completion.get("model", model))
     response["output"] = output_items(choice["message"], choice.get("logprobs"))
     response["usage"] = usage(completion["usage"])
     finish(response, choice.get("finish_reason"))
-    remember(request.app, response, conversation, choice["message"])
+    remember(request.app, response, conversation, choice["message"], input_items(body["input"]))
     return JSONResponse(response)
+
+
+def _in_responses_terms(answer: Any) -> Any:
+    """The chat handler's error with `param` naming the Responses field the user wrote
+    (input, not messages)."""
+    status, body = answer_json(answer)
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or responses_param(error.get("param")) == error.get("param"):
+        return answer
+    error["param"] = responses_param(error["param"])
+    return JSONResponse(body, status_code=status)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -276,6 +305,27 @@ async def retrieve_response(response_id: str, request: Request):
         return error_response(f"no stored response with id {response_id!r}", 404,
                               param="response_id")
     return JSONResponse(stored.response)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request, limit: int = 20,
+                           order: str = "desc", after: str | None = None):
+    """The input items of a stored response (this request's `input`, not the conversation
+    of its previous_response_id), newest first by default, in OpenAI's list pages."""
+    stored = store(request.app).get(response_id)
+    if stored is None:
+        return error_response(f"no stored response with id {response_id!r}", 404,
+                              param="response_id")
+    if not 1 <= limit <= 100:
+        return error_response(f"limit must be between 1 and 100, got {limit}", 400,
+                              param="limit")
+    if order not in ("asc", "desc"):
+        return error_response(f"order must be asc or desc, got {order!r}", 400, param="order")
+    items = stored.inputs if order == "asc" else stored.inputs[::-1]
+    page, more = paginate(items, limit, after)
+    if page is None:
+        return error_response(f"no input item with id {after!r}", 404, param="after")
+    return list_page(page, more)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -14,10 +14,24 @@ from typing import Any
 class StoredResponse:
     response: dict[str, Any]             # the Response object
     messages: list[dict[str, Any]]       # the conversation it continues, and its answer
+    inputs: list[dict[str, Any]]         # this request's input, as items with ids
 
 
 # Stored responses kept, oldest dropped first (each holds its whole conversation)
 MAX_STORED_RESPONSES = 10_000
+
+
+# A chat field named in an error -> the Responses field the user wrote
+_CHAT_TO_RESPONSES = {"messages": "input", "response_format": "text.format",
+                      "max_tokens": "max_output_tokens",
+                      "max_completion_tokens": "max_output_tokens"}
+
+
+def responses_param(param: Any) -> Any:
+    """An error's `param` from the chat handler, in the Responses request's terms."""
+    if not isinstance(param, str):
+        return param
+    return _CHAT_TO_RESPONSES.get(param.split(".")[0].split("[")[0], param)
 
 
 def store(app: Any) -> dict[str, StoredResponse]:
@@ -92,7 +106,7 @@ def message_item(text: str, logprobs: Any = None, item_id: str | None = None) ->
     return {"type": "message", "id": item_id or new_id("msg"), "status": "completed",
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [],
-                         "logprobs": _logprobs(logprobs)}]}
+                         "logprobs": output_logprobs(logprobs)}]}
 
 
 def function_call_item(call_id: str, name: str, arguments: str,
@@ -101,7 +115,8 @@ def function_call_item(call_id: str, name: str, arguments: str,
             "name": name, "arguments": arguments, "status": "completed"}
 
 
-def _logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
+def output_logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
+    """A chat choice's logprobs as output_text logprobs."""
     content = (chat_logprobs or {}).get("content") or []
     return [{"token": t["token"], "logprob": t["logprob"], "bytes": t.get("bytes"),
              "top_logprobs": [{"token": a["token"], "logprob": a["logprob"],
@@ -109,8 +124,29 @@ def _logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
             for t in content]
 
 
+def input_items(raw: Any) -> list[dict[str, Any]]:
+    """A request's `input` (already checked by responses.input_messages) as the items that
+    GET /v1/responses/{id}/input_items lists: each with an id, messages with typed text parts."""
+    items = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) \
+        else raw
+    out = []
+    for item in items:
+        item = dict(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            if isinstance(item.get("content"), str):
+                item["content"] = [{"type": part, "text": item["content"]}]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                  "reasoning": "rs"}.get(kind, "item")
+        item.setdefault("id", new_id(prefix))
+        item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
 def remember(app: Any, response: dict[str, Any], conversation: list[dict[str, Any]],
-             message: dict[str, Any]) -> None:
+             message: dict[str, Any], inputs: list[dict[str, Any]]) -> None:
     """Keep a stored response and its conversation with the answer (for
     previous_response_id; without the request's instructions, which are not carried over)."""
     if not response.get("store", True):
@@ -119,6 +155,6 @@ def remember(app: Any, response: dict[str, Any], conversation: list[dict[str, An
     if message.get("tool_calls"):
         answer["tool_calls"] = message["tool_calls"]
     stored = store(app)
-    stored[response["id"]] = StoredResponse(response, conversation + [answer])
+    stored[response["id"]] = StoredResponse(response, conversation + [answer], inputs)
     while len(stored) > MAX_STORED_RESPONSES:
         del stored[next(iter(stored))]

@@ -28,6 +28,7 @@ class _OpenItem:
 
     def __init__(self, index: int, item: dict[str, Any]) -> None:
         self.index, self.item, self.text = index, item, ""
+        self.logprobs: list[dict[str, Any]] = []      # (a message's output_text logprobs)
 
 
 async def _chat_chunks(answer: StreamingResponse) -> AsyncIterator[dict[str, Any]]:
@@ -48,6 +49,7 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
     open_item: _OpenItem | None = None
     calls: dict[int, _OpenItem] = {}
     finish_reason, message = None, {"content": "", "tool_calls": []}
+    pending_logprobs: list[dict[str, Any]] = []     # (of tokens whose text is not out yet)
 
     def close(item: _OpenItem | None) -> list[str]:
         if item is None:
@@ -55,10 +57,13 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
         it, out = item.item, []
         it["status"] = "completed"
         if it["type"] == "message":
-            part = {"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}
+            item.logprobs += pending_logprobs
+            pending_logprobs.clear()
+            part = {"type": "output_text", "text": item.text, "annotations": [],
+                    "logprobs": item.logprobs}
             it["content"] = [part]
             out += [emit("response.output_text.done", item_id=it["id"], output_index=item.index,
-                         content_index=0, text=item.text, logprobs=[]),
+                         content_index=0, text=item.text, logprobs=item.logprobs),
                     emit("response.content_part.done", item_id=it["id"],
                          output_index=item.index, content_index=0, part=part)]
         elif it["type"] == "reasoning":
@@ -81,7 +86,7 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
         if "error" in chunk:
             error = chunk["error"]
             yield emit("error", code=str(error.get("code")), message=error.get("message"),
-                       param=error.get("param"))
+                       param=r.responses_param(error.get("param")))
             return
         if chunk.get("usage") and not chunk.get("choices"):
             response["usage"] = r.usage(chunk["usage"])
@@ -89,6 +94,7 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             finish_reason = choice.get("finish_reason") or finish_reason
+            pending_logprobs += r.output_logprobs(choice.get("logprobs"))
             if delta.get("reasoning_content"):
                 if open_item is None or open_item.item["type"] != "reasoning":
                     for event in close(open_item):
@@ -115,9 +121,11 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
                         yield event
                 open_item.text += delta["content"]
                 message["content"] += delta["content"]
+                sent, pending_logprobs = pending_logprobs, []
+                open_item.logprobs += sent
                 yield emit("response.output_text.delta", item_id=open_item.item["id"],
                            output_index=open_item.index, content_index=0,
-                           delta=delta["content"], logprobs=[])
+                           delta=delta["content"], logprobs=sent)
             for call in delta.get("tool_calls") or []:
                 k = call["index"]
                 if k not in calls:
@@ -157,6 +165,6 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
     r.finish(response, finish_reason)
     if not message["tool_calls"]:
         del message["tool_calls"]
-    r.remember(app, response, conversation, message)
+    r.remember(app, response, conversation, message, r.input_items(body["input"]))
     yield emit("response.incomplete" if response["status"] == "incomplete"
                else "response.completed", response=response)
