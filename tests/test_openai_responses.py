@@ -202,6 +202,9 @@ def test_input_items_list_in_pages(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.input_items.list(resp.id, limit=0)
     assert e.value.body["param"] == "limit"
+    with pytest.raises(openai.BadRequestError) as e:     # (no background mode to replay)
+        client.responses.retrieve(resp.id, stream=True)
+    assert e.value.body["param"] == "stream"
 
 
 def test_chat_errors_name_the_responses_fields(client):

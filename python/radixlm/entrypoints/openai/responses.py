@@ -299,7 +299,10 @@ def _in_responses_terms(answer: Any) -> Any:
 
 
 @router.get("/v1/responses/{response_id}")
-async def retrieve_response(response_id: str, request: Request):
+async def retrieve_response(response_id: str, request: Request, stream: bool = False):
+    if stream:      # (OpenAI replays the events of a background response; there are none here)
+        return error_response("stream=true replays a background response's events; this "
+                              "server has no background mode", 400, param="stream")
     stored = store(request.app).get(response_id)
     if stored is None:
         return error_response(f"no stored response with id {response_id!r}", 404,
