@@ -11,9 +11,24 @@ import torch
 # Every engine started by the tests checks KV accounting after every scheduler step.
 os.environ.setdefault("RADIXLM_CHECK_INVARIANTS", "1")
 
+# Under pytest-xdist (scripts/test.sh runs one worker per core, up to 4) the workers share the
+# cores: each takes its share of torch threads, and so do the servers and ranks it starts
+# (two workers on two cores each running two threads would oversubscribe them).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    from cores import usable_cores
+    _share = max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    torch.set_num_threads(_share)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        # One xdist worker runs every GPU test (with --dist loadgroup), so that engines of
+        # different workers never compete for the GPU's memory.
+        group = pytest.mark.xdist_group("gpu")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(group)
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
