@@ -33,6 +33,11 @@ SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 ATTENTION_BACKENDS = ("triton", "torch_native")   # layers/attention/base.py's registry
 TOKENIZER_MODES = ("auto", "slow")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Flags that take one of a fixed set of values (argparse lists them in its error)
+CHOICES = {"schedule_policy": SCHEDULE_POLICIES, "load_format": LOAD_FORMATS,
+           "quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES,
+           "attention_backend": ATTENTION_BACKENDS, "tokenizer_mode": TOKENIZER_MODES,
+           "sampling_defaults": SAMPLING_DEFAULTS}
 # SGLang's other spellings of some flags (argparse's prefix matching would make --tp work only
 # until another --tp... flag appeared).
 CLI_ALIASES = {"model_path": ("--model",), "tp_size": ("--tp", "--tensor-parallel-size"),
@@ -431,20 +436,8 @@ class ServerArgs:
             kwargs: dict[str, Any] = {"type": base, "default": f.default}
             if getattr(base, "__origin__", None) is list:     # --cuda-graph-bs 1 2 4 8
                 kwargs = {"type": base.__args__[0], "nargs": "+", "default": f.default}
-            if f.name == "schedule_policy":
-                kwargs["choices"] = SCHEDULE_POLICIES
-            elif f.name == "load_format":
-                kwargs["choices"] = LOAD_FORMATS
-            elif f.name == "quantization":
-                kwargs["choices"] = QUANTIZATIONS
-            elif f.name == "kv_cache_dtype":
-                kwargs["choices"] = KV_CACHE_DTYPES
-            elif f.name == "attention_backend":
-                kwargs["choices"] = ATTENTION_BACKENDS
-            elif f.name == "tokenizer_mode":
-                kwargs["choices"] = TOKENIZER_MODES
-            elif f.name == "sampling_defaults":
-                kwargs["choices"] = SAMPLING_DEFAULTS
+            if f.name in CHOICES:
+                kwargs["choices"] = CHOICES[f.name]
             parser.add_argument(*flags, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:
