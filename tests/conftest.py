@@ -21,6 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(_share)
 
 
+@pytest.hookimpl(tryfirst=True)   # (before xdist reads the groups of the items)
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         # One xdist worker runs every GPU test (with --dist loadgroup), so that engines of
