@@ -115,7 +115,10 @@ def test_what_the_server_cannot_do_is_a_400(client):
                       (dict(tool_choice="required"), "tool_choice"),
                       (dict(input=[{"type": "function_call", "name": "f"}]), "input"),
                       (dict(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
-                       "input")):
+                       "input"),
+                      (dict(extra_body={"max_tokens": 5}), "max_tokens"),   # (a chat field)
+                      (dict(extra_body={"context_management": [{"type": "compaction"}]}),
+                       "context_management")):
         kw.setdefault("input", "Hi")
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model="m", **kw)
@@ -124,6 +127,12 @@ def test_what_the_server_cannot_do_is_a_400(client):
         client.responses.create(model="m", input="Hi", max_output_tokens=-1)
     assert e.value.body["param"] == "max_output_tokens"
     assert client.responses.create(model="m", input="Hi", max_output_tokens=2).status
+    # Hints with nothing to do here are taken (prompt caching is automatic, no built-in tools)
+    hinted = client.responses.create(model="m", input="Hi", max_output_tokens=2,
+                                     prompt_cache_key="k", safety_identifier="u1",
+                                     service_tier="auto", max_tool_calls=1,
+                                     extra_body={"top_k": 5, "chat_template_kwargs": {}})
+    assert hinted.prompt_cache_key == "k" and hinted.max_tool_calls == 1
 
 
 def test_function_tools_become_function_call_items(client):

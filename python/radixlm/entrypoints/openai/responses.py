@@ -38,9 +38,19 @@ CHAT = "/v1/chat/completions"
 PASSED_THROUGH = ("model", "temperature", "top_p", "parallel_tool_calls", "top_k", "min_p",
                   "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
                   "ignore_eos", "min_tokens", "regex", "ebnf", "logit_bias", "separate_reasoning",
-                  "stop_token_ids", "skip_special_tokens")
+                  "stop_token_ids", "skip_special_tokens", "no_stop_trim", "rid",
+                  "chat_template_kwargs")
 # Fields that ask for what this server does not do: a 400 when set
-REFUSED = ("background", "prompt", "conversation")
+REFUSED = ("background", "background_options", "prompt", "conversation", "context_management",
+           "image", "moderation", "access_programs")
+# OpenAI's other request fields: handled here, or hints with nothing to do on this server
+# (prompt caching is automatic; no built-in tools for max_tool_calls to limit; no obfuscation
+# for stream_options to turn off). Any field in none of these lists is a 400, as OpenAI's.
+HANDLED = ("input", "instructions", "max_output_tokens", "metadata", "parallel_tool_calls",
+           "previous_response_id", "reasoning", "store", "stream", "stream_options", "text",
+           "tool_choice", "tools", "top_logprobs", "truncation", "user", "include",
+           "max_tool_calls", "prompt_cache_key", "prompt_cache_options",
+           "prompt_cache_retention", "safety_identifier", "service_tier")
 # `include` values this server answers (the others name outputs of tools it does not have)
 INCLUDABLE = ("message.output_text.logprobs",)
 
@@ -104,6 +114,9 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 def check_fields(body: dict[str, Any]) -> None:
     """What chat_request cannot check by translating: refused fields, types of the fields the
     Response echoes, metadata, reasoning."""
+    unknown = sorted(set(body) - set(PASSED_THROUGH) - set(REFUSED) - set(HANDLED))
+    if unknown:
+        raise ResponsesInputError(f"Unknown parameter: {unknown[0]!r}", unknown[0])
     for name in REFUSED:
         if body.get(name) not in (None, False, [], {}, ""):
             raise ResponsesInputError(f"`{name}` is not supported by this server", name)

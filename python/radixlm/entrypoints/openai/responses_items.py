@@ -59,6 +59,10 @@ def skeleton(body: dict[str, Any], rid: str, model: str) -> dict[str, Any]:
         "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
         "top_p": body.get("top_p"), "truncation": "disabled", "usage": None,
         "user": body.get("user"), "metadata": body.get("metadata") or {},
+        "top_logprobs": body.get("top_logprobs") or 0, "max_tool_calls":
+            body.get("max_tool_calls"), "service_tier": "default",
+        "prompt_cache_key": body.get("prompt_cache_key"),
+        "safety_identifier": body.get("safety_identifier"),
     }
 
 
