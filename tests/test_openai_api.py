@@ -133,6 +133,30 @@ def test_structural_tag_response_format(client, model):
             "type": "structural_tag", "triggers": ["<n>"]})
 
 
+def test_response_formats_that_would_be_ignored_are_a_400(client, model):
+    """A schema keyword the grammar cannot enforce, a json_schema without its name, or a
+    field of another response_format type: each a 400 naming the field, not a 200 whose
+    output breaks what was asked."""
+    unique = {"type": "object", "properties": {"l": {"type": "array", "items": {
+        "type": "integer"}, "uniqueItems": True}}, "required": ["l"]}
+    bad = [({"type": "json_schema", "json_schema": {"name": "u", "schema": unique}},
+            "uniqueItems"),
+           ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}, "name"),
+           ({"type": "text", "json_schema": {"name": "u", "schema": {"type": "object"}}},
+            "for type json_schema"),
+           ({"type": "json_object", "triggers": ["<a>"]}, "for type structural_tag")]
+    for fmt, words in bad:
+        with pytest.raises(openai.BadRequestError, match=words) as e:
+            client.chat.completions.create(model=model, messages=CHAT, max_tokens=4,
+                                           response_format=fmt)
+        assert e.value.body["param"].split(".")[0] in ("response_format", "json_schema")
+    ok = client.chat.completions.create(model=model, messages=CHAT, max_tokens=16,
+                                        temperature=0, response_format={
+                                            "type": "json_schema", "json_schema": {
+                                                "name": "u", "schema": {"type": "object"}}})
+    assert ok.choices[0].message.content.startswith("{")
+
+
 def test_completion_length_counts(client, model):
     resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0,
                                      extra_body={"ignore_eos": True})

@@ -204,6 +204,10 @@ def test_tool_history_renders(client):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "no-such-type"}}}}}],
       "tool_choice": "required"}, "tools"),
+    # (a keyword the grammar would drop: the call could break its schema)
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer", "not": {"const": 0}}}}}}],
+      "tool_choice": "required"}, "tools"),
 ])
 def test_bad_tool_requests_then_ok(server_url, client, body, param):
     r = httpx.post(f"{server_url}/v1/chat/completions",

@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import xgrammar as xgr
@@ -16,6 +17,7 @@ import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
+from radixlm.constrained.schema_check import unenforced_keyword
 from radixlm.utils.grammar_errors import compiler_reason
 
 
@@ -141,9 +143,10 @@ class XGrammarBackend(GrammarBackend):
         try:
             if key.kind == "json_schema":
                 try:
-                    json.loads(key.spec)
+                    schema = json.loads(key.spec)
                 except json.JSONDecodeError as e:
                     raise InvalidConstraintError(f"json_schema is not valid JSON: {e}") from None
+                _check_enforced(schema, "json_schema")
                 # Compact JSON (no free whitespace between tokens): small models otherwise
                 # wander into runs of spaces, and fixed separators are what make keys and
                 # punctuation forced, i.e. what jump-forward can skip.
@@ -183,6 +186,8 @@ class XGrammarBackend(GrammarBackend):
                 raise InvalidConstraintError("invalid structural_tag: each structure needs "
                                              "`begin`, `schema` and `end`")
             schema = s.get("schema")
+            _check_enforced(json.loads(schema) if isinstance(schema, str) else schema,
+                            "structural_tag")
             items.append(xgr.StructuralTagItem(
                 begin=s["begin"], end=s["end"],
                 schema=schema if isinstance(schema, str) else json.dumps(schema)))
@@ -209,3 +214,10 @@ class XGrammarBackend(GrammarBackend):
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_enforced(schema: Any, kind: str) -> None:
+    problem = unenforced_keyword(schema)
+    if problem:
+        raise InvalidConstraintError(f"invalid {kind}: it uses {problem}, which the grammar "
+                                     f"cannot enforce (the output could break the schema)")

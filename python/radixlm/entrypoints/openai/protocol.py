@@ -62,7 +62,7 @@ def _refuse_when_set(v: Any, info: ValidationInfo, why: str = "is not supported 
 
 
 class JsonSchemaSpec(_Request):
-    name: Optional[str] = None
+    name: str       # (required, as in OpenAI's and SGLang's)
     description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
     strict: Optional[Bool] = None
@@ -76,6 +76,16 @@ class ResponseFormat(_Request):
     structures: Optional[list[dict[str, Any]]] = None
     triggers: Optional[list[str]] = None
     format: Optional[dict[str, Any]] = None
+
+    @field_validator("json_schema", "structures", "triggers", "format")
+    @classmethod
+    def _belongs_to_type(cls, v: Any, info: ValidationInfo) -> Any:
+        # A field of another type would be ignored: refuse it rather than answer unconstrained
+        owner = "json_schema" if info.field_name == "json_schema" else "structural_tag"
+        if v is not None and info.data.get("type") != owner:
+            raise invalid(f"response_format.{info.field_name} is for type {owner}, not "
+                          f"{info.data.get('type')}")
+        return v
 
 
 class SamplingExtras(_Request):

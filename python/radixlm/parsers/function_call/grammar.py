@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from radixlm.constrained.schema_check import unenforced_keyword
 from radixlm.utils.grammar_errors import compiler_reason
 from radixlm.parsers.function_call.base import ForcedFormat
 
@@ -48,6 +49,11 @@ def forced_call_ebnf(fmt: ForcedFormat, functions: list[dict[str, Any]],
     schema the grammar backend understands."""
     import xgrammar as xgr
 
+    for fn in functions:
+        problem = unenforced_keyword(fn.get("parameters"))
+        if problem:
+            raise ValueError(f"the parameters of tool {fn.get('name')!r} use {problem}, which "
+                             f"the grammar cannot enforce (the call could break the schema)")
     schema = json.dumps(call_schema(functions, fmt.args_key))
     try:
         # Compact separators, as the backend's json_schema constraints: no free whitespace for
