@@ -214,3 +214,39 @@ def test_constraint_errors_name_their_field_on_v1():
     assert engine_error(ValueError("json_schema is not valid JSON: x")).param == "json_schema"
     assert engine_error(ValueError("invalid ebnf: rule x undefined")).param == "ebnf"
     assert engine_error(ValueError("the prompt is empty")).param is None
+
+
+def test_health_generate_busy_is_healthy_and_stuck_is_a_503(monkeypatch):
+    """/health_generate answers 200 for an engine busy enough that its probe waits in (or is
+    refused by) a full queue, because outputs keep coming; and 503 within
+    RADIXLM_HEALTH_CHECK_TIMEOUT for a scheduler that produces nothing (stopped), 200 again
+    once it runs."""
+    monkeypatch.setenv("RADIXLM_HEALTH_CHECK_TIMEOUT", "8")
+    proc, url = start_server("--max-total-tokens", "4096", "--max-running-requests", "1",
+                             "--max-queued-requests", "1")
+    try:
+        busy = [_in_background(lambda: httpx.post(url + "/generate", json={
+            "text": "Hi", "sampling_params": {**LONG, "max_new_tokens": 400}}, timeout=300))
+            for _ in range(2)]
+        while _running(url) < 1:
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
+        assert time.monotonic() - t0 < 8
+        httpx.post(url + "/abort_request", json={"abort_all": True})
+        for t, _ in busy:
+            t.join(timeout=120)
+        scheduler = [p for p in child_pids(proc.pid)
+                     if b"scheduler" in open(f"/proc/{p}/cmdline", "rb").read()][0]
+        os.kill(scheduler, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            r = httpx.get(url + "/health_generate", timeout=60)
+            assert r.status_code == 503 and "nothing" in r.json()["message"], r.text
+            assert 7 < time.monotonic() - t0 < 30
+            assert httpx.get(url + "/health", timeout=10).status_code == 200
+        finally:
+            os.kill(scheduler, signal.SIGCONT)
+        assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
+    finally:
+        stop_server(proc)

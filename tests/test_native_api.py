@@ -419,6 +419,9 @@ def test_api_key_and_no_orphans_after_kill():
         assert r.status_code == 200
         children = child_pids(proc.pid)
         assert len(children) == 2
+        for pid in children:    # (a child's argv is readable by every local user: no key)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert b"sekret" not in f.read()
     finally:
         stop_server(proc, signal.SIGKILL)
     deadline = time.time() + 10

@@ -106,6 +106,12 @@ def grammar_fill_threads() -> int | None:
     return value if value > 0 else None
 
 
+def health_check_timeout_s() -> float:
+    """RADIXLM_HEALTH_CHECK_TIMEOUT (seconds, default 20, SGLang's): how long /health_generate
+    waits for the engine to produce anything before it answers 503."""
+    return float(os.environ.get("RADIXLM_HEALTH_CHECK_TIMEOUT", "20") or 20)
+
+
 def api_key() -> str | None:
     """RADIXLM_API_KEY: `radixlm serve`'s --api-key when the flag is not given (the engines of
     `serve --dp-size N` get the key this way, where `ps` does not show it)."""

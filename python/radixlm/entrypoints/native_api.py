@@ -3,16 +3,19 @@ tokenize / detokenize, the profiler, and Prometheus metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
 import os
+import time
 import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+import radixlm.envs as envs
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 from radixlm.entrypoints.errors import bad_request, error_body, error_response
 from radixlm.entrypoints.openai.serving_base import served_model_name
@@ -83,13 +86,33 @@ async def health(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
+    """200 once the engine shows it generates: the probe's one token, or any output the
+    scheduler sends after the probe started (a busy engine, whose queue the probe may wait in
+    or be refused by, is a working one, as in SGLang); 503 when the engine died or nothing came
+    within RADIXLM_HEALTH_CHECK_TIMEOUT seconds (a stuck scheduler)."""
+    engine = request.app.state.engine
+    manager = engine.tokenizer_manager
+    if manager.dead_reason is not None:
+        return error_response(f"the engine is not running: {manager.dead_reason}", 503)
+    started, timeout_s = time.monotonic(), envs.health_check_timeout_s()
+    probe = asyncio.ensure_future(engine.async_generate(
+        input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
+        rid=f"{INTERNAL_RID_PREFIX}health-{uuid.uuid4().hex}"))
     try:
-        await request.app.state.engine.async_generate(
-            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
-            rid=f"{INTERNAL_RID_PREFIX}health-{uuid.uuid4().hex}")
-    except Exception as e:  # any failure means "not healthy"
-        return error_response(f"generation failed: {e}", 503)
-    return Response(status_code=200)
+        while True:
+            await asyncio.wait({probe}, timeout=0.05)
+            outputs_since = manager.last_output_time > started
+            if probe.done():
+                failure = probe.exception()
+                if failure is None or (outputs_since and manager.dead_reason is None):
+                    return Response(status_code=200)
+                return error_response(f"generation failed: {failure}", 503)
+            if outputs_since:
+                return Response(status_code=200)
+            if time.monotonic() - started > timeout_s:
+                return error_response(f"the engine produced nothing in {timeout_s:g} s", 503)
+    finally:
+        probe.cancel()      # (a probe still waiting is aborted by its generator's cleanup)
 
 
 @router.get("/get_load")

@@ -38,7 +38,9 @@ def start_ranks(args: ServerArgs, endpoints: ipc.IpcEndpoints
         raise ValueError(f"--tp-size {args.tp_size} over --nnodes {args.nnodes} puts {per_node} "
                          f"ranks on this node from --base-gpu-id {args.base_gpu_id}: "
                          f"{args.base_gpu_id + per_node} GPUs needed, {gpus} visible")
-    args_json = json.dumps(dataclasses.asdict(args))
+    # (without the API key: only the HTTP process checks it, and a child's argv is readable by
+    # every local user through ps)
+    args_json = json.dumps(dataclasses.asdict(dataclasses.replace(args, api_key=None)))
     ep = json.dumps(dataclasses.asdict(endpoints))
     procs = []
     for local in range(per_node):

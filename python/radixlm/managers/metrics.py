@@ -8,10 +8,13 @@ from the scheduler when /metrics is scraped.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixlm.managers.messages import SchedulerStats
+
+PROMPT_WINDOW_S = 10.0
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0)
@@ -30,11 +33,13 @@ class MetricsCollector:
                                  labels, registry=r)
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "Prefix cache hit rate (tokens)",
                                     labels, registry=r)
+        # (both the same for every reader: a scrape resets nothing)
         self.gen_throughput = Gauge("sglang:gen_throughput",
-                                    "Generation throughput (tokens/s) since the last scrape",
-                                    labels, registry=r)
+                                    "Generation throughput (tokens/s): the scheduler's "
+                                    "last_gen_throughput", labels, registry=r)
         self.prompt_throughput = Gauge("sglang:prompt_throughput",
-                                       "Prompt throughput (tokens/s) since the last scrape",
+                                       f"Prompt throughput (tokens/s) of the requests that "
+                                       f"finished in the last {PROMPT_WINDOW_S:g} s",
                                        labels, registry=r)
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens processed", labels,
                                      registry=r)
@@ -64,8 +69,8 @@ class MetricsCollector:
         # (e2e - time to first token) / (tokens - 1), per request of two tokens or more
         self.tpot = Histogram("sglang:time_per_output_token_seconds", "Time per output token",
                               labels, buckets=_ITL_BUCKETS, registry=r)
-        self._last_scrape = time.perf_counter()
-        self._tokens_at_scrape = (0.0, 0.0)
+        # (finish time, prompt tokens) of the requests of the last PROMPT_WINDOW_S seconds
+        self._recent_prompts: deque[tuple[float, int]] = deque()
 
     # ------------------------------------------------------------------ request events
 
@@ -91,6 +96,13 @@ class MetricsCollector:
         self.prompt_tokens.labels(m).inc(prompt_tokens)
         self.generation_tokens.labels(m).inc(completion_tokens)
         self.cached_tokens.labels(m).inc(cached_tokens)
+        self._recent_prompts.append((time.monotonic(), prompt_tokens))
+        self._forget_old_prompts()
+
+    def _forget_old_prompts(self) -> None:
+        horizon = time.monotonic() - PROMPT_WINDOW_S
+        while self._recent_prompts and self._recent_prompts[0][0] < horizon:
+            self._recent_prompts.popleft()
 
     # ------------------------------------------------------------------ scrape
 
@@ -103,11 +115,8 @@ class MetricsCollector:
         self.cache_hit_rate.labels(m).set(stats.cache_hit_rate)
         self.spec_accept_length.labels(m).set(stats.spec_accept_length)
         self.spec_accept_rate.labels(m).set(stats.spec_accept_rate)
-        now = time.perf_counter()
-        gen = self.generation_tokens.labels(m)._value.get()
-        prompt = self.prompt_tokens.labels(m)._value.get()
-        dt = max(now - self._last_scrape, 1e-6)
-        self.gen_throughput.labels(m).set((gen - self._tokens_at_scrape[0]) / dt)
-        self.prompt_throughput.labels(m).set((prompt - self._tokens_at_scrape[1]) / dt)
-        self._last_scrape, self._tokens_at_scrape = now, (gen, prompt)
+        self.gen_throughput.labels(m).set(stats.last_gen_throughput)
+        self._forget_old_prompts()
+        self.prompt_throughput.labels(m).set(
+            sum(n for _, n in self._recent_prompts) / PROMPT_WINDOW_S)
         return generate_latest(self.registry)

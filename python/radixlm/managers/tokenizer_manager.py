@@ -99,6 +99,8 @@ class TokenizerManager:
                                                            SchedulerStats: [],
                                                            ProfileResult: []}
         self.dead_reason: str | None = None
+        # When the scheduler last sent request outputs (time.monotonic())
+        self.last_output_time = 0.0
         self.metrics = None  # a MetricsCollector when --enable-metrics
 
     @property
@@ -302,6 +304,7 @@ class TokenizerManager:
 
     def handle_output(self, msg: Any) -> None:
         if isinstance(msg, BatchReqOutput):
+            self.last_output_time = time.monotonic()     # (/health_generate: it generates)
             for out in msg.outputs:
                 st = self.states.get(out.rid)
                 if st is not None:
