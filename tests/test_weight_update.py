@@ -116,6 +116,22 @@ def test_update_weights_endpoint(checkpoints):
         assert "hidden_size" in resp.json()["message"]
         resp = httpx.post(url + "/update_weights_from_disk", json={"path": "x"}, timeout=30)
         assert resp.status_code == 400 and "model_path" in resp.text
+        resp = httpx.post(url + "/update_weights_from_disk", timeout=30, json={
+            "model_path": checkpoints["same"], "is_async": True})
+        assert resp.status_code == 400 and "is_async" in resp.text
+        # abort_all_requests (SGLang's): a running request ends aborted, then the update
+        done = {}
+        t = threading.Thread(target=lambda: done.update(r=httpx.post(url + "/generate", json={
+            "text": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 250,
+                                                "ignore_eos": True}}, timeout=300).json()))
+        t.start()
+        while httpx.get(url + "/get_server_info", timeout=30).json()["num_running_reqs"] < 1:
+            time.sleep(0.1)
+        resp = httpx.post(url + "/update_weights_from_disk", timeout=120, json={
+            "model_path": checkpoints["same"], "abort_all_requests": True})
+        assert resp.status_code == 200 and resp.json()["success"] is True
+        t.join(timeout=120)
+        assert done["r"]["meta_info"]["finish_reason"]["type"] == "abort"
         out = httpx.post(url + "/generate", json={"text": PROMPT, "sampling_params": GREEDY},
                          timeout=60).json()
         assert out["meta_info"]["completion_tokens"] == 8

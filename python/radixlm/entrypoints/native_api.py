@@ -185,14 +185,38 @@ async def flush_cache(request: Request) -> Response:
     return PlainTextResponse("Cache flushed.\n")
 
 
+# /update_weights_from_disk's fields (SGLang's names)
+_UPDATE_FIELDS = {"model_path", "load_format", "flush_cache", "weight_version",
+                  "abort_all_requests"}
+# Fields of SGLang's request that ask for nothing different at these values (the update is
+# synchronous, nothing is paused, the graphs read the weights in place): others are refused.
+_UPDATE_NO_OP = {"is_async": (False, None), "keep_pause": (False, None),
+                 "recapture_cuda_graph": (False, None), "torch_empty_cache": (False, None),
+                 "token_step": (0, None)}
+
+
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request) -> Response:
-    """SGLang's: {"model_path", "load_format"?, "flush_cache"?, "weight_version"?} ->
-    {"success", "message", "num_paused_requests"}, 200 or 400 (the served weights unchanged)."""
+    """SGLang's: {"model_path", "load_format"?, "flush_cache"?, "weight_version"?,
+    "abort_all_requests"?} -> {"success", "message", "num_paused_requests"}, 200 or 400 (the
+    served weights unchanged). Running requests finish first, unless abort_all_requests."""
     engine = request.app.state.engine
     try:
         body = await read_json_body(request)
-        path = body.get("model_path") if isinstance(body, dict) else None
+        if not isinstance(body, dict):
+            raise ValueError("the request body must be a JSON object")
+        unknown = sorted(set(body) - _UPDATE_FIELDS - set(_UPDATE_NO_OP))
+        if unknown:
+            raise ValueError(f"unsupported /update_weights_from_disk fields: {unknown}; "
+                             f"supported: {sorted(_UPDATE_FIELDS)}")
+        for name, neutral in _UPDATE_NO_OP.items():
+            if name in body and body[name] not in neutral:
+                raise ValueError(f"`{name}` is not supported by this server (only "
+                                 f"{' or '.join(json.dumps(v) for v in neutral)})")
+        abort_all = body.get("abort_all_requests", False)
+        if not isinstance(abort_all, bool):
+            raise ValueError("`abort_all_requests` must be true or false")
+        path = body.get("model_path")
         fmt, flush = body.get("load_format"), body.get("flush_cache", True)
         version = body.get("weight_version")
         if not isinstance(path, str) or not path:
@@ -203,6 +227,8 @@ async def update_weights_from_disk(request: Request) -> Response:
             raise ValueError("`weight_version` must be a string")
     except ValueError as e:
         return bad_request(e)
+    if abort_all:
+        engine.abort_all()
     try:
         result = await engine.tokenizer_manager.update_weights_from_disk(
             UpdateWeightsReq(path, fmt, flush), version)
