@@ -78,6 +78,36 @@ def test_generate_single_and_shape(url):
     assert "Paris" in out["text"]
 
 
+def test_tokenize_detokenize_batches_flags_and_a_big_text(url):
+    """Detokenize takes a batch (SGLang's list of lists); flags must be booleans; a text of
+    megabytes is tokenized off the event loop, so /health answers meanwhile."""
+    ids = [post(url, "/tokenize", {"prompt": p}).json()["tokens"] for p in ("Hi", "Bye now")]
+    assert post(url, "/detokenize", {"tokens": ids}).json()["text"] == ["Hi", "Bye now"]
+    for path, body in (("/detokenize", {"tokens": ids[0], "skip_special_tokens": "false"}),
+                       ("/tokenize", {"prompt": "Hi", "add_special_tokens": "no"})):
+        r = post(url, path, body)
+        assert r.status_code == 400 and "true or false" in r.json()["message"], r.text
+    timing = {}
+
+    def big() -> None:
+        t0 = time.monotonic()
+        r = httpx.post(url + "/tokenize", json={"prompt": "hello world " * 250_000},
+                       timeout=300)
+        timing["tokenize"] = time.monotonic() - t0
+        timing["count"] = r.json()["count"]
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert httpx.get(url + "/health", timeout=300).status_code == 200
+    health = time.monotonic() - t0
+    t.join()
+    assert timing["count"] >= 250_000
+    if timing["tokenize"] > 1.0:     # (long enough to tell: /health did not wait for it)
+        assert health < 0.5 * timing["tokenize"], (health, timing)
+
+
 def test_generate_batch_and_input_ids(url):
     tok = post(url, "/tokenize", {"prompt": "Hello there"}).json()
     assert tok["count"] == len(tok["tokens"]) > 0

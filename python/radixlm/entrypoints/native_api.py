@@ -332,16 +332,28 @@ async def tokenize(request: Request):
         if not isinstance(text, (str, list)) or (
                 isinstance(text, list) and not all(isinstance(t, str) for t in text)):
             raise ValueError("`prompt` must be a string or a list of strings")
-        add_special = bool(body.get("add_special_tokens", True))
+        add_special = _flag(body, "add_special_tokens", True)
     except ValueError as e:
         return bad_request(e)
 
     def encode(t: str) -> list[int]:
         return engine.tokenizer(t, add_special_tokens=add_special).input_ids
 
-    tokens: Any = [encode(t) for t in text] if isinstance(text, list) else encode(text)
+    def encode_all() -> Any:
+        return [encode(t) for t in text] if isinstance(text, list) else encode(text)
+
+    # On a thread (the tokenizer lets go of the GIL): megabytes of text take seconds, during
+    # which the server must go on answering everything else, health checks included.
+    tokens = await asyncio.to_thread(encode_all)
     count = [len(t) for t in tokens] if isinstance(text, list) else len(tokens)
     return {"tokens": tokens, "count": count, "max_model_len": engine.ready.context_len}
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be true or false, got {value!r}")
+    return value
 
 
 @router.post("/detokenize")
@@ -353,14 +365,22 @@ async def detokenize(request: Request):
             raise no_tokenizer_error(request.url.path)
         body = await read_json_body(request)
         tokens = body.get("tokens") if isinstance(body, dict) else None
+        batch = isinstance(tokens, list) and bool(tokens) and all(
+            isinstance(t, list) for t in tokens)
+        vocab = engine.ready.vocab_size
         if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and 0 <= t < engine.ready.vocab_size for t in tokens):
-            raise ValueError("`tokens` must be a list of token ids in the vocabulary")
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                for seq in (tokens if batch else [tokens]) for t in seq):
+            raise ValueError("`tokens` must be a list of token ids in the vocabulary, or a "
+                             "list of such lists")
+        skip = _flag(body, "skip_special_tokens", False)
     except ValueError as e:
         return bad_request(e)
-    return {"text": engine.tokenizer.decode(tokens,
-                                            skip_special_tokens=bool(body.get(
-                                                "skip_special_tokens", False)))}
+
+    def decode(ids: list[int]) -> str:
+        return engine.tokenizer.decode(ids, skip_special_tokens=skip)
+
+    return {"text": [decode(seq) for seq in tokens] if batch else decode(tokens)}
 
 
 @router.get("/metrics")
