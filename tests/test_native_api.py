@@ -443,6 +443,9 @@ def test_api_key_and_no_orphans_after_kill():
         assert httpx.get(url + "/metrics").status_code != 401   # so does /metrics (SGLang)
         r = httpx.get(url + "/get_model_info")
         assert r.status_code == 401 and "API key" in r.json()["message"]
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = httpx.get(url + "/generate", headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 405 and "POST" in r.headers["allow"]
         r = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
         r = httpx.get(url + "/get_model_info", headers={"Authorization": "Bearer sekret"})

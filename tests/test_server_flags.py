@@ -398,7 +398,10 @@ def test_max_queued_requests_refuses_with_429():
             for f in [pool.submit(lambda: httpx.post(url + "/v1/completions", timeout=120, json={
                     "model": "m", "prompt": "Count:", "max_tokens": 24, "ignore_eos": True}))
                       for _ in range(6)]:
-                statuses.append(f.result().status_code)
+                r = f.result()
+                statuses.append(r.status_code)
+                if r.status_code == 429:       # (when to come back, as HTTP asks)
+                    assert r.headers["retry-after"] == "1"
         assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}, statuses
         assert _generate(url, body).status_code == 200
     finally:

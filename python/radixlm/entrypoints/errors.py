@@ -18,9 +18,16 @@ def error_body(message: str, status: int = 400, err_type: str | None = None,
             "error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
+# Headers HTTP asks of some statuses (RFC 9110): how to authenticate, when to come back
+STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}
+
+
 def error_response(message: str, status: int = HTTPStatus.BAD_REQUEST,
-                   err_type: str | None = None, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, int(status), err_type, param), status_code=int(status))
+                   err_type: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    status = int(status)
+    return JSONResponse(error_body(message, status, err_type, param), status_code=status,
+                        headers={**STATUS_HEADERS.get(status, {}), **(headers or {})})
 
 
 def bad_request(e: ValueError) -> JSONResponse:

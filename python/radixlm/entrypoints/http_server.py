@@ -55,7 +55,8 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):
-        return error_response(str(exc.detail), exc.status_code)
+        # (with the exception's headers: a 405's Allow)
+        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(json.JSONDecodeError)
     async def on_json_error(request: Request, exc: json.JSONDecodeError):
