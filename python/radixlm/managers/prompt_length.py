@@ -19,8 +19,13 @@ def max_chars_per_token(tokenizer: Any) -> int:
 
 def check_text_fits(text: str, tokenizer: Any, context_len: int) -> None:
     """Raise ValueError when `text` has more characters than `context_len` tokens can hold."""
-    if len(text) > context_len * max_chars_per_token(tokenizer):
-        raise ValueError(f"the prompt has {len(text)} characters, more than the context "
+    check_chars_fit(len(text), tokenizer, context_len)
+
+
+def check_chars_fit(num_chars: int, tokenizer: Any, context_len: int) -> None:
+    """Raise ValueError when `num_chars` characters are more than `context_len` tokens hold."""
+    if num_chars > context_len * max_chars_per_token(tokenizer):
+        raise ValueError(f"the prompt has {num_chars} characters, more than the context "
                          f"length of {context_len} tokens can hold")
 
 

@@ -22,6 +22,7 @@ from radixlm.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk
 from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
 from radixlm.entrypoints.openai.tool_calls import ToolPlan, plan_tools
+from radixlm.managers.prompt_length import check_chars_fit
 from radixlm.parsers.reasoning import get_reasoning_parser
 from radixlm.utils.chat_templates import chat_template_stops
 
@@ -48,6 +49,7 @@ class ChatServing(OpenAIServing):
         try:
             self.check_limits(1)
             self.tools = plan_tools(self.body, self.engine.tokenizer, self.args.tool_call_parser)
+            self._check_messages_fit()
             prompt = render_chat(self.engine.tokenizer, self.body, self.tools)
             self.parsing = self._output_parsing(prompt)
             kwargs = self._engine_kwargs(self.tokenize(prompt, add_special_tokens=False))
@@ -58,6 +60,22 @@ class ChatServing(OpenAIServing):
             return self._response(await self.generate(**kwargs))
         except OpenAIError as e:
             return e.response()
+
+    def _check_messages_fit(self) -> None:
+        """Before rendering (seconds of template work for a body of megabytes): messages whose
+        text alone cannot fit the context, or more messages than it has tokens, are a 400."""
+        if self.allow_auto_truncate:
+            return
+        messages = self.body.messages
+        chars = sum(len(m.content) if isinstance(m.content, str)
+                    else sum(len(p.text) for p in m.content or []) for m in messages)
+        if len(messages) > self.context_len:
+            raise OpenAIError(f"{len(messages)} messages do not fit the context length of "
+                              f"{self.context_len} tokens", 400, param="messages")
+        try:
+            check_chars_fit(chars, self.engine.tokenizer, self.context_len)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, param="messages") from None
 
     # ------------------------------------------------------------------ request -> engine
 
