@@ -165,6 +165,31 @@ def test_stop_token_ids_and_min_new_tokens(engine):
     assert len(longer["output_ids"]) >= 4
 
 
+def test_a_stop_on_the_last_allowed_token_is_a_stop(engine):
+    """A stop string, stop token or EOS that the last token max_new_tokens allows completes
+    ends the request as a stop (trimmed, matched named), not as length."""
+    free = engine.generate("1, 2, 3, 4,", {"max_new_tokens": 8, **GREEDY})
+    text = free["text"][:free["text"].index(" 6") + 2]
+    k = next(i for i in range(1, 9)
+             if engine.tokenizer.decode(free["output_ids"][:i]).endswith(" 6"))
+    assert engine.tokenizer.decode(free["output_ids"][:k]) == text
+    out = engine.generate("1, 2, 3, 4,", {"max_new_tokens": k, "temperature": 0,
+                                           "stop": [" 6"]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 6"}
+    assert out["text"] == text[:-2]
+    last = free["output_ids"][k - 1]
+    out = engine.generate("1, 2, 3, 4,", {"max_new_tokens": k, "temperature": 0,
+                                           "stop_token_ids": [last]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": last}
+    chat = engine.apply_chat_template([{"role": "user", "content": "Say hi."}])
+    ended = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0})
+    assert ended["meta_info"]["finish_reason"]["type"] == "stop"
+    same = engine.generate(chat, {"max_new_tokens": len(ended["output_ids"]),
+                                  "temperature": 0})
+    assert same["meta_info"]["finish_reason"] == ended["meta_info"]["finish_reason"]
+    assert same["text"] == ended["text"]
+
+
 def test_eos_stops_unless_ignored(engine):
     chat = engine.apply_chat_template([{"role": "user", "content": "Say hi."}])
     out = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0})

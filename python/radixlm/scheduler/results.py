@@ -235,10 +235,9 @@ class ResultProcessor:
 
     def _check_finished(self, req: Req, token: int) -> FinishReason | None:
         params = req.sampling_params
-        if len(req.output_ids) >= params.max_new_tokens:
-            return FinishReason("length", length=params.max_new_tokens)
-        if req.seq_len >= self.context_len:
-            return FinishReason("length", length=len(req.output_ids))
+        # Stops come before the length limits: a stop token or string completed by the last
+        # token allowed is a stop (OpenAI's "hit a stop sequence", as vLLM reports it), and
+        # the output is trimmed of it as of any other stop.
         if len(req.output_ids) >= params.min_new_tokens:
             if token in params.stop_token_ids:
                 return FinishReason("stop", matched=token)
@@ -254,6 +253,10 @@ class ResultProcessor:
                 matched = req.stop_checker.check([token])
             if matched is not None:
                 return FinishReason("stop", matched=matched)
+        if len(req.output_ids) >= params.max_new_tokens:
+            return FinishReason("length", length=params.max_new_tokens)
+        if req.seq_len >= self.context_len:
+            return FinishReason("length", length=len(req.output_ids))
         return None
 
     # ------------------------------------------------------------------ structured outputs
