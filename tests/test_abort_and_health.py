@@ -214,6 +214,15 @@ def test_constraint_errors_name_their_field_on_v1():
     assert engine_error(ValueError("json_schema is not valid JSON: x")).param == "json_schema"
     assert engine_error(ValueError("invalid ebnf: rule x undefined")).param == "ebnf"
     assert engine_error(ValueError("the prompt is empty")).param is None
+    # The sampling checks' messages start with the field (named as the OpenAI request does)
+    from radixlm.sampling.params import SamplingParams
+    for fields, param in (({"top_k": 0}, "top_k"), ({"min_p": 1.5}, "min_p"),
+                          ({"repetition_penalty": 0}, "repetition_penalty"),
+                          ({"stop": [""]}, "stop"),
+                          ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_tokens")):
+        with pytest.raises(ValueError) as e:
+            SamplingParams.from_dict(fields).validate()
+        assert engine_error(e.value).param == param, (fields, str(e.value))
 
 
 def test_health_generate_busy_is_healthy_and_stuck_is_a_503(monkeypatch):

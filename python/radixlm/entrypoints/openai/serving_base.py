@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import dataclasses
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
@@ -20,7 +22,7 @@ from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limi
 from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
-from radixlm.sampling.params import CONSTRAINT_KINDS
+from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
@@ -65,12 +67,22 @@ def failed(meta: dict[str, Any]) -> bool:
     return bool(reason) and reason.get("type") == "abort" and bool(reason.get("status_code"))
 
 
+# sampling_params' names in the engine's messages -> the OpenAI request's field
+_OPENAI_FIELD = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
 def _constraint_param(message: str) -> Optional[str]:
-    """The request field a constraint's compile error is about (the engine says it in words:
-    "invalid regex: ...", "json_schema is not valid JSON: ...")."""
+    """The request field an engine error is about, from its words: a constraint's compile
+    error ("invalid regex: ...", "json_schema is not valid JSON: ...") or a sampling check,
+    which starts with the field's name ("top_k must be ...", "stop strings must ...")."""
     for kind in CONSTRAINT_KINDS:
         if message.startswith((f"invalid {kind}:", f"{kind} is not valid")):
             return kind
+    word = re.match(r"[a-z_]+", message)
+    name = word.group() if word else ""
+    if name == "stop" or name in _SAMPLING_FIELDS:
+        return _OPENAI_FIELD.get(name, name)
     return None
 
 
