@@ -21,15 +21,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(_share)
 
 
-@pytest.hookimpl(tryfirst=True)   # (before xdist reads the groups of the items)
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
-        # One xdist worker runs every GPU test (with --dist loadgroup), so that engines of
-        # different workers never compete for the GPU's memory.
-        group = pytest.mark.xdist_group("gpu")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(group)
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
