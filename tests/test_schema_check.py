@@ -1,4 +1,4 @@
-"""constrained/schema_check.py: JSON Schema keywords the grammar backend would drop are found
+"""utils/json_schema_check.py: JSON Schema keywords the grammar backend would drop are found
 wherever they sit, and each one listed is really dropped by xgrammar (so the list shrinks when
 xgrammar learns one)."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from radixlm.constrained.schema_check import unenforced_keyword
+from radixlm.utils.json_schema_check import unenforced_keyword
 
 OBJ = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 

@@ -17,7 +17,7 @@ import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
-from radixlm.constrained.schema_check import unenforced_keyword
+from radixlm.utils.json_schema_check import unenforced_keyword
 from radixlm.utils.grammar_errors import compiler_reason
 
 

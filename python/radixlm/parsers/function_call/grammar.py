@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from radixlm.constrained.schema_check import unenforced_keyword
+from radixlm.utils.json_schema_check import unenforced_keyword
 from radixlm.utils.grammar_errors import compiler_reason
 from radixlm.parsers.function_call.base import ForcedFormat
 
