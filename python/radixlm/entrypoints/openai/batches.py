@@ -33,8 +33,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request as StarletteRequest
 
 from radixlm.entrypoints.errors import error_body, error_response
-from radixlm.entrypoints.openai.files import (file_store, list_page, metadata_problem,
-                                             paginate)
+from radixlm.entrypoints.openai.files import (file_store, list_args_problem, list_page,
+                                             metadata_problem, paginate)
 from radixlm.entrypoints.openai.routes import ENDPOINTS, answer_json, serve_body
 from radixlm.entrypoints.request_body import parse_json, read_json_body
 
@@ -304,9 +304,9 @@ async def create_batch(request: Request):
 
 @router.get("/v1/batches")
 async def list_batches(request: Request, limit: int = 20, after: str | None = None):
-    if not 1 <= limit <= 100:
-        return error_response(f"limit must be between 1 and 100, got {limit}", 400,
-                              param="limit")
+    problem = list_args_problem(limit, 100)
+    if problem is not None:
+        return problem
     page, more = paginate(list(reversed(_jobs(request).values())), limit, after)
     if page is None:
         return error_response(f"no batch with id {after!r}", 404, param="after")

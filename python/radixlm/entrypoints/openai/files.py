@@ -121,11 +121,9 @@ async def list_files(request: Request, purpose: str | None = None, limit: int = 
                      order: str = "desc", after: str | None = None):
     """OpenAI's listing: newest first by default (`order`), `limit` (1-10,000) per page,
     continuing `after` a file id."""
-    if not 1 <= limit <= 10000:
-        return error_response(f"limit must be between 1 and 10000, got {limit}", 400,
-                              param="limit")
-    if order not in ("asc", "desc"):
-        return error_response(f"order must be asc or desc, got {order!r}", 400, param="order")
+    problem = list_args_problem(limit, 10000, order)
+    if problem is not None:
+        return problem
     files = [f for f in file_store(request.app).files.values()
              if purpose is None or f.purpose == purpose]
     if order == "desc":
@@ -146,6 +144,17 @@ def paginate(items: list, limit: int, after: str | None) -> tuple[list | None, b
             return None, False
         items = items[ids.index(after) + 1:]
     return items[:limit], len(items) > limit
+
+
+def list_args_problem(limit: int, max_limit: int, order: str = "desc") -> JSONResponse | None:
+    """The 400 for an OpenAI list's `limit` outside 1..max_limit or an `order` other than
+    asc / desc; None when both are fine."""
+    if not 1 <= limit <= max_limit:
+        return error_response(f"limit must be between 1 and {max_limit}, got {limit}", 400,
+                              param="limit")
+    if order not in ("asc", "desc"):
+        return error_response(f"order must be asc or desc, got {order!r}", 400, param="order")
+    return None
 
 
 def list_page(cards: list[dict[str, Any]], more: bool) -> JSONResponse:

@@ -23,7 +23,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlm.entrypoints.errors import error_response
-from radixlm.entrypoints.openai.files import list_page, metadata_problem, paginate
+from radixlm.entrypoints.openai.files import (list_args_problem, list_page,
+                                             metadata_problem, paginate)
 from radixlm.entrypoints.openai.responses_items import (finish, input_items, new_id,
                                                        output_items, remember, responses_param,
                                                        skeleton, store, usage)
@@ -269,8 +270,7 @@ async def create_response(request: Request):
         if previous is not None:
             stored = store(request.app).get(previous)
             if stored is None:
-                return error_response(f"no stored response with id {previous!r}", 404,
-                                      param="previous_response_id")
+                return _no_such_response(previous, "previous_response_id")
             history = stored.messages
         chat, conversation = chat_request(body, history)
     except ResponsesInputError as e:
@@ -300,6 +300,10 @@ async def create_response(request: Request):
     return JSONResponse(response)
 
 
+def _no_such_response(response_id: str, param: str) -> JSONResponse:
+    return error_response(f"no stored response with id {response_id!r}", 404, param=param)
+
+
 def _in_responses_terms(answer: Any) -> Any:
     """The chat handler's error with `param` naming the Responses field the user wrote
     (input, not messages)."""
@@ -318,8 +322,7 @@ async def retrieve_response(response_id: str, request: Request, stream: bool = F
                               "server has no background mode", 400, param="stream")
     stored = store(request.app).get(response_id)
     if stored is None:
-        return error_response(f"no stored response with id {response_id!r}", 404,
-                              param="response_id")
+        return _no_such_response(response_id, "response_id")
     return JSONResponse(stored.response)
 
 
@@ -330,13 +333,10 @@ async def list_input_items(response_id: str, request: Request, limit: int = 20,
     of its previous_response_id), newest first by default, in OpenAI's list pages."""
     stored = store(request.app).get(response_id)
     if stored is None:
-        return error_response(f"no stored response with id {response_id!r}", 404,
-                              param="response_id")
-    if not 1 <= limit <= 100:
-        return error_response(f"limit must be between 1 and 100, got {limit}", 400,
-                              param="limit")
-    if order not in ("asc", "desc"):
-        return error_response(f"order must be asc or desc, got {order!r}", 400, param="order")
+        return _no_such_response(response_id, "response_id")
+    problem = list_args_problem(limit, 100, order)
+    if problem is not None:
+        return problem
     items = stored.inputs if order == "asc" else stored.inputs[::-1]
     page, more = paginate(items, limit, after)
     if page is None:
@@ -347,6 +347,5 @@ async def list_input_items(response_id: str, request: Request, limit: int = 20,
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request):
     if store(request.app).pop(response_id, None) is None:
-        return error_response(f"no stored response with id {response_id!r}", 404,
-                              param="response_id")
+        return _no_such_response(response_id, "response_id")
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
