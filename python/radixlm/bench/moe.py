@@ -233,22 +233,9 @@ def mla_extend_part(device: torch.device, seqs: int = 4, length: int = 4096,
 def active_bytes_per_step(runner, batch_size: int, context: int) -> int:
     """Bytes one decode step of `batch_size` requests at `context` tokens must read: every
     weight outside the routed experts, the expected distinct experts per MoE layer
-    (E * (1 - (1 - k/E)^bs)), and the KV cache."""
-    from radixlm.layers.moe.layer import FusedMoE
-    mc = runner.model_config
-    expert_bytes, moe_layers = 0, 0
-    for m in runner.model.modules():
-        if isinstance(m, FusedMoE):
-            moe_layers += 1
-            expert_bytes = sum(p[0].numel() * p.element_size()
-                               for p in (m.w13_weight, m.w2_weight))
-    from radixlm.bench.one_batch import decode_weight_bytes
-    # The LM head is read once; the embedding table only at the looked-up rows.
-    dense = decode_weight_bytes(runner.model) - moe_layers * mc.num_experts * expert_bytes
-    e, k = mc.num_experts, mc.num_experts_per_tok
-    touched = e * (1 - (1 - k / e) ** batch_size) if e else 0
-    kv = batch_size * context * runner.kv_spec.bytes_per_token(runner.kv_dtype)
-    return int(dense + moe_layers * touched * expert_bytes + kv)
+    (E * (1 - (1 - k/E)^bs)), and the KV cache (`one_batch.decode_step_bytes`)."""
+    from radixlm.bench.one_batch import decode_step_bytes
+    return sum(decode_step_bytes(runner, batch_size, context))
 
 
 def model_part(args, device: torch.device, bandwidth: float) -> dict:

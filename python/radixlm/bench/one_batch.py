@@ -95,6 +95,27 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in tables)
 
 
+def decode_step_bytes(runner: ModelRunner, batch_size: int, context: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one decode step of `batch_size` requests at `context` tokens
+    must read: every weight once (`decode_weight_bytes`), except that of a mixture-of-experts
+    layer's routed experts only the expected distinct ones the batch routes to count
+    (E * (1 - (1 - k/E)^bs): k at batch 1), and the batch's KV cache as the pool stores it
+    (K and V, or the MLA latent; fp8 pools 1 byte a value)."""
+    from radixlm.layers.moe.layer import FusedMoE
+    mc = runner.model_config
+    weights = decode_weight_bytes(runner.model)
+    e, k = mc.num_experts, mc.num_experts_per_tok
+    if e:
+        touched = e * (1 - (1 - k / e) ** batch_size)
+        for m in runner.model.modules():
+            if isinstance(m, FusedMoE):
+                per_expert = sum(p[0].numel() * p.element_size()
+                                 for p in (m.w13_weight, m.w2_weight))
+                weights -= int((e - touched) * per_expert)
+    kv = batch_size * context * runner.kv_spec.bytes_per_token(runner.kv_dtype)
+    return weights, kv
+
+
 def profile_step(step, device: torch.device) -> dict | None:
     """One decode step under the torch profiler: device time per kernel and how much of the
     step's wall time the GPU was busy (the gap is host overhead)."""
@@ -162,9 +183,7 @@ def run(args: argparse.Namespace) -> dict:
     mc = runner.model_config
 
     # Roofline of one decode step at the final context length.
-    weight_bytes = decode_weight_bytes(runner.model)
-    kv_bytes = (bs * (n_in + n_out) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
-                * runner.kv_dtype.itemsize)     # the pool's storage dtype (fp8: 1 byte)
+    weight_bytes, kv_bytes = decode_step_bytes(runner, bs, n_in + n_out)
     bw = copy_bandwidth(dev) if dev.type == "cuda" else None
     roofline_s = (weight_bytes + kv_bytes) / bw if bw else None
     engine_first = [r.output_ids[0] for r in run_.reqs]

@@ -163,16 +163,14 @@ def trace_host_syncs(fn) -> list[str] | None:
 
 
 def decode_roofline(runner: ModelRunner, ns: argparse.Namespace) -> dict | None:
-    """Bytes a decode step must read (weights + the batch's KV at the mean context of the timed
-    steps) / measured copy bandwidth, and the fraction of it each mode reached."""
+    """Bytes a decode step must read (`decode_step_bytes`: the weights, of a mixture of experts
+    the experts the batch routes to, + the batch's KV at the mean context of the timed steps) /
+    measured copy bandwidth, and the fraction of it each mode reached."""
     if runner.device.type != "cuda":
         return None
-    from radixlm.bench.one_batch import copy_bandwidth, decode_weight_bytes
-    mc = runner.model_config
-    weight_bytes = decode_weight_bytes(runner.model)
-    context = ns.input_len + 4 + ns.steps // 2
-    kv_bytes = (ns.batch_size * context * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim
-                * runner.kv_dtype.itemsize)     # the pool's storage dtype (fp8: 1 byte)
+    from radixlm.bench.one_batch import copy_bandwidth, decode_step_bytes
+    weight_bytes, kv_bytes = decode_step_bytes(runner, ns.batch_size,
+                                               ns.input_len + 4 + ns.steps // 2)
     bw = copy_bandwidth(runner.device)
     return {"copy_bandwidth_gb_s": bw / 1e9, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
             "step_s": (weight_bytes + kv_bytes) / bw}
