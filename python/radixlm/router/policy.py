@@ -19,6 +19,7 @@ POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "shortest_qu
 class Worker:
     url: str
     healthy: bool = False
+    model_id: str = ""                 # the model_path its /get_model_info reported
     in_flight: int = 0                 # requests sent and not yet answered
     requests_total: int = 0
     failures_total: int = 0            # times taken out (failed requests, health checks)

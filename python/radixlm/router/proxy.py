@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -40,6 +41,14 @@ FORWARDED_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "Retry-After",
 
 def json_error(message: str, status: int) -> web.Response:
     return web.json_response(error_body(message, status), status=status)
+
+
+def json_or_none(data: bytes) -> Any:
+    """A worker's JSON answer, or None if it is not JSON."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 class _WorkerFailed(Exception):

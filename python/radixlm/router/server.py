@@ -5,8 +5,9 @@ Routed endpoints (one worker each, chosen by the policy): /generate, /v1/complet
 /get_model_info, /model_info, /health_generate, /tokenize, /detokenize (and their /v1/ names).
 Fanned out to every healthy worker: /flush_cache, /abort_request, /start_profile,
 /stop_profile, /get_load, /get_server_info (aggregated). The router's own: /health, /metrics
-(with the workers' `sglang:*` metrics merged in), /add_worker?url=, /remove_worker?url=,
-/list_workers. Unknown routes and methods answer in the workers' JSON error shape.
+(with the workers' `sglang:*` metrics merged in), and the control plane of admin.py (worker
+membership, /get_loads, /liveness, /readiness). Unknown routes and methods answer in the
+workers' JSON error shape.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from radixlm.router.admin import WorkerAdmin
 from radixlm.router.config import RouterArgs
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import create_policy
-from radixlm.router.proxy import Forwarder, json_error
+from radixlm.router.proxy import Forwarder, json_error, json_or_none
 from radixlm.router.routing_key import routing_key
 from radixlm.router.worker_metrics import merge_worker_metrics
 from radixlm.router.workers import WorkerPool
@@ -34,18 +36,11 @@ logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Answered without the API key, as by SGLang: load balancers' and Prometheus' probes
-OPEN_PATHS = ("/health", "/health_generate", "/metrics")
+OPEN_PATHS = ("/health", "/health_generate", "/metrics", "/liveness", "/readiness")
 # /get_server_info figures that add up over the workers (requests, KV tokens)
 SUMMED_INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "max_total_num_tokens",
                     "available_kv_tokens", "evictable_kv_tokens", "protected_kv_tokens",
                     "num_retractions", "generated_tokens_total", "max_running_requests")
-
-
-def _json_or_none(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
 
 
 class Router:
@@ -59,6 +54,7 @@ class Router:
         self.policy = create_policy(args.policy, args.cache_threshold,
                                     args.balance_abs_threshold, args.balance_rel_threshold)
         self.forwarder = Forwarder(self.pool, self.policy, self.metrics)
+        self.admin = WorkerAdmin(self.pool, args.api_key, self._each_healthy)
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ app
@@ -88,9 +84,7 @@ class Router:
         r.add_get("/server_info", self.server_info)
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics_text)
-        r.add_route("*", "/add_worker", self.add_worker)
-        r.add_route("*", "/remove_worker", self.remove_worker)
-        r.add_get("/list_workers", self.list_workers)
+        self.admin.add_routes(r)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -207,7 +201,7 @@ class Router:
     async def get_load(self, request: web.Request) -> web.StreamResponse:
         loads: list[Any] = []
         for url, status, data in await self._each_healthy("GET", "/get_load"):
-            got = _json_or_none(data) if status == 200 else None
+            got = json_or_none(data) if status == 200 else None
             if isinstance(got, list):
                 loads.extend(got)
             elif isinstance(got, dict):
@@ -222,7 +216,7 @@ class Router:
         own answer under `workers`."""
         infos = []
         for url, status, data in await self._each_healthy("GET", "/get_server_info"):
-            info = _json_or_none(data) if status == 200 else None
+            info = json_or_none(data) if status == 200 else None
             if isinstance(info, dict):
                 infos.append({"url": url, **info})
         if not infos:
@@ -252,38 +246,6 @@ class Router:
                  if status == 200]
         return web.Response(body=own + merge_worker_metrics(texts),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    def _url_param(self, request: web.Request) -> str:
-        url = request.query.get("url")
-        if not url:
-            raise ValueError("the worker's URL is required: ?url=http://HOST:PORT")
-        return url
-
-    async def add_worker(self, request: web.Request) -> web.StreamResponse:
-        try:
-            worker = await self.pool.add(self._url_param(request))
-        except ValueError as e:
-            return json_error(str(e), 400)
-        return web.json_response({"status": "ok", "url": worker.url,
-                                  "message": f"worker {worker.url} added"})
-
-    async def remove_worker(self, request: web.Request) -> web.StreamResponse:
-        try:
-            url = self._url_param(request)
-            self.pool.remove(url)
-        except ValueError as e:
-            return json_error(str(e), 400)
-        return web.json_response({"status": "ok", "url": url.rstrip("/"),
-                                  "message": f"worker {url} removed"})
-
-    async def list_workers(self, request: web.Request) -> web.StreamResponse:
-        workers = list(self.pool.workers.values())
-        return web.json_response({
-            "urls": [w.url for w in workers],
-            "workers": [{"url": w.url, "healthy": w.healthy, "in_flight": w.in_flight,
-                         "requests_total": w.requests_total, "failures_total": w.failures_total,
-                         "tree_size": w.tree.size}
-                        for w in workers]})
 
 
 def run_router(args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> int:

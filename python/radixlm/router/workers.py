@@ -70,6 +70,7 @@ class WorkerPool:
         if not isinstance(info, dict) or "model_path" not in info:
             raise ValueError(f"{worker.url} is not a radixlm or SGLang server "
                              f"(GET /get_model_info: HTTP {status}, no model_path)")
+        worker.model_id = str(info["model_path"])
 
     async def probe(self, worker: Worker) -> None:
         try:

@@ -1,0 +1,94 @@
+"""The router's control plane in sglang-router's names (router/admin.py): workers added,
+listed, looked up and removed by REST, /get_loads, /liveness and /readiness, against trivial
+workers (bench/trivial_worker.py)."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from helpers import stop_server
+from test_router import start_router
+from test_router_faults import trivial_workers  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def _wait(cond, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_workers_rest_loads_and_probes(trivial_workers):  # noqa: F811
+    w1, w2, w3 = trivial_workers(), trivial_workers(), trivial_workers()
+    proc, url = start_router("--worker-urls", w1, "--policy", "round_robin")
+    try:
+        _wait(lambda: httpx.get(url + "/readiness").status_code == 200, "readiness")
+        live = httpx.get(url + "/liveness")
+        assert live.status_code == 200 and live.text == "OK"
+        assert httpx.get(url + "/readiness").json() == {
+            "status": "ready", "healthy_workers": 1, "total_workers": 1}
+
+        r = httpx.post(url + "/workers", json={"url": w2})
+        assert r.status_code == 200, r.text
+        assert r.json()["success"] is True and r.json()["worker"]["url"] == w2
+        listed = httpx.get(url + "/workers").json()
+        assert listed["total"] == 2 and listed["stats"]["regular_count"] == 2
+        assert {w["url"]: (w["model_id"], w["is_healthy"], w["worker_type"])
+                for w in listed["workers"]} == {w1: ("trivial", True, "regular"),
+                                                w2: ("trivial", True, "regular")}
+        # The worker's URL in the path, percent-encoded or not
+        for path in (quote(w2, safe=""), w2):
+            one = httpx.get(f"{url}/workers/{path}")
+            assert one.status_code == 200 and one.json()["url"] == w2, path
+
+        # Fields this router cannot act on are refused, naming the field; nothing is added
+        for body, field in (({"url": w3, "priority": 5}, "priority"),
+                            ({"url": w3, "worker_type": "prefill"}, "worker_type"),
+                            ({"url": w3, "api_key": "other"}, "api_key"),
+                            ({"url": 5}, "url"), ({"nope": 1}, "nope"), ([w3], "JSON object")):
+            r = httpx.post(url + "/workers", json=body)
+            assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
+        assert httpx.post(url + "/workers", content=b"{not json").status_code == 400
+        r = httpx.post(url + "/workers", json={"url": w2})
+        assert r.status_code == 400 and "already registered" in r.json()["error"]["message"]
+        assert httpx.get(url + "/workers").json()["total"] == 2
+
+        assert httpx.get(url + "/get_loads").json() == {
+            "workers": [{"worker": w1, "load": 0}, {"worker": w2, "load": 0}]}
+        trivial_workers.kill(w2)      # an unhealthy worker's load is unknown: -1
+        _wait(lambda: {x["worker"]: x["load"] for x in
+                       httpx.get(url + "/get_loads").json()["workers"]}.get(w2) == -1,
+              "the killed worker's load to read -1")
+
+        r = httpx.delete(f"{url}/workers/{quote(w2, safe='')}")
+        assert r.status_code == 200 and r.json()["success"] is True
+        assert httpx.get(f"{url}/workers/{quote(w2, safe='')}").status_code == 404
+        assert httpx.delete(f"{url}/workers/{quote(w2, safe='')}").status_code == 404
+        assert [w["url"] for w in httpx.get(url + "/workers").json()["workers"]] == [w1]
+
+        trivial_workers.kill(w1)      # no healthy worker left: not ready, still alive
+        _wait(lambda: httpx.get(url + "/readiness").status_code == 503, "not ready")
+        assert httpx.get(url + "/readiness").json()["status"] == "not ready"
+        assert httpx.get(url + "/liveness").status_code == 200
+    finally:
+        stop_server(proc)
+
+
+def test_probes_are_open_and_the_control_plane_takes_the_key(trivial_workers):  # noqa: F811
+    w1 = trivial_workers()
+    proc, url = start_router("--worker-urls", w1, "--api-key", "k")
+    try:
+        for path in ("/liveness", "/readiness"):
+            _wait(lambda: httpx.get(url + path).status_code == 200, path)
+        for path in ("/workers", "/get_loads", f"/workers/{quote(w1, safe='')}"):
+            assert httpx.get(url + path).status_code == 401, path
+            assert httpx.get(url + path, headers={"Authorization": "Bearer k"}).status_code \
+                == 200, path
+    finally:
+        stop_server(proc)
