@@ -75,6 +75,27 @@ def test_memory_pressure_retracts_and_still_matches(make_engine, hf_model, token
     assert stats.available_kv_tokens == stats.max_total_num_tokens
 
 
+def test_a_budget_past_the_pool_is_clamped_to_it(make_engine, hf_model, tokenizer):
+    """A request whose prompt fits the pool but whose max_new_tokens does not ends with
+    "length" at what the pool holds, its output kept (as SGLang clamps it), not an error after
+    generating into a full pool."""
+    engine = make_engine(max_total_tokens=128)
+    capacity = engine.get_stats().max_total_num_tokens - 1     # (page size 1)
+    prompt = "Count: one, two, three,"
+    out = engine.generate(prompt, {"max_new_tokens": 400, "ignore_eos": True, **GREEDY})
+    meta = out["meta_info"]
+    assert meta["finish_reason"]["type"] == "length", meta["finish_reason"]
+    assert meta["completion_tokens"] == capacity - meta["prompt_tokens"]
+    assert out["output_ids"][:16] == hf_greedy(hf_model, tokenizer(prompt).input_ids, 16)
+    assert_pool_empty(engine)
+    # A prompt the pool cannot hold fails the whole batch before anything streams
+    with pytest.raises(ValueError, match="KV cache holds"):
+        next(iter(engine.generate(["Hi", "word " * 200], {"max_new_tokens": 2}, stream=True)))
+    assert_pool_empty(engine)
+    assert engine.generate("Hi", {"max_new_tokens": 2, **GREEDY})["meta_info"][
+        "completion_tokens"] == 2
+
+
 # ---------------------------------------------------------------------- abort
 
 def test_abort_waiting_prefilling_and_decoding_requests(make_engine):

@@ -404,5 +404,15 @@ def test_max_queued_requests_refuses_with_429():
                     assert r.headers["retry-after"] == "1"
         assert statuses.count(429) >= 1 and set(statuses) <= {200, 429}, statuses
         assert _generate(url, body).status_code == 200
+        # On an idle server, n sequences fit while n <= running + queued places (here 2); more
+        # can never be admitted: a 400, not a 429 that a client would retry forever
+        two = {**body, "sampling_params": {**body["sampling_params"], "n": 2}}
+        r = _generate(url, two)
+        assert r.status_code == 200 and len(r.json()) == 2, r.text
+        r = _generate(url, {**two, "text": ["a", "b", "c"]})
+        assert r.status_code == 400 and "more sequences" in r.json()["message"], r.text
+        r = httpx.post(url + "/v1/completions", timeout=120, json={
+            "model": "m", "prompt": "Count:", "max_tokens": 2, "n": 3})
+        assert r.status_code == 400 and "more sequences" in r.json()["error"]["message"]
     finally:
         stop_server(proc)

@@ -107,6 +107,8 @@ class SchedulerReady:
     startup_phases: dict[str, float] = field(default_factory=dict)
     # Tensor parallelism: the all-reduce paths the ranks agreed on (TPGroup.all_reduce_paths).
     all_reduce_paths: list[str] = field(default_factory=list)
+    # The longest prompt the KV pool holds with room for one new token (0: not said)
+    max_prompt_tokens: int = 0
 
 
 @dataclass

@@ -81,7 +81,8 @@ class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
                  allow_auto_truncate: bool = False, stream_interval: int = 1,
                  preferred_sampling_params: dict[str, Any] | None = None,
-                 weight_version: str = "default", stream_output: bool = False):
+                 weight_version: str = "default", stream_output: bool = False,
+                 max_queued_requests: int | None = None):
         self.tokenizer = tokenizer
         # --preferred-sampling-params: under every request's own sampling_params
         self.preferred_sampling_params = preferred_sampling_params or {}
@@ -91,6 +92,10 @@ class TokenizerManager:
         self.allow_auto_truncate = allow_auto_truncate   # --allow-auto-truncate
         self.stream_interval = stream_interval           # --stream-interval
         self.stream_output = stream_output               # --stream-output: new ids per chunk
+        # --max-queued-requests: with it, a request of more sequences than the running batch
+        # and the queue hold together can never be admitted (a 400, not a retryable 429)
+        self.max_sequences = (None if max_queued_requests is None
+                              else ready.max_running_requests + max_queued_requests)
         self.ready = ready
         self.send = send
         self.states: dict[str, ReqState] = {}
@@ -122,7 +127,12 @@ class TokenizerManager:
         if min(ids) < 0 or max(ids) >= vocab:   # (C loops; the message's list only then)
             bad = [t for t in ids if not 0 <= t < vocab]
             raise ValueError(f"input_ids contains token ids outside the vocabulary: {bad[:5]}")
-        return fit_to_context(ids, self.context_len, self.allow_auto_truncate)
+        ids = fit_to_context(ids, self.context_len, self.allow_auto_truncate)
+        if self.ready.max_prompt_tokens and len(ids) > self.ready.max_prompt_tokens:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the KV cache holds "
+                             f"with room for a new token ({self.ready.max_prompt_tokens}; "
+                             f"--max-total-tokens, --mem-fraction-static)")
+        return ids
 
     async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
         """Yields, for a single sequence, response dicts (each a snapshot; one when not
@@ -165,6 +175,11 @@ class TokenizerManager:
         warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
         for group in obj.groups(self.preferred_sampling_params):
+            if self.max_sequences is not None and len(states) + len(group) > self.max_sequences:
+                raise ValueError(
+                    f"the request has more sequences (prompts x n) than the server runs and "
+                    f"queues at once ({self.max_sequences}: --max-running-requests + "
+                    f"--max-queued-requests)")
             if self.tokenizer is None:
                 check_without_tokenizer(group[0], obj.return_text_in_logprobs)
             ids = self.tokenize(group[0])

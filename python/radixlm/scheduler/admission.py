@@ -43,6 +43,31 @@ class Admission:
         self.max_running_requests = max_running_requests
         self.num_retractions = 0
 
+    def on_arrival(self, req: Req, waiting: list[Req], running: list[Req], chunked: Req | None,
+                   context_len: int, capacity: int, max_queued: int | None
+                   ) -> FinishReason | None:
+        """Why a request that just arrived is refused, or None: it may join `waiting`, its
+        budget clamped, as SGLang's, to what the pool holds besides its prompt (so that a
+        request alone never outgrows the pool). `capacity`: tokens one request can hold.
+        --max-queued-requests counts the requests waiting beyond the running batch's free
+        places: those the next step admits are not queued behind anything (a request of n
+        sequences on an idle server fits while n <= running + queued places)."""
+        if req.prompt_len >= context_len:
+            return FinishReason("abort", message=f"prompt of {req.prompt_len} tokens does not "
+                                f"fit the context length {context_len}", status_code=400)
+        if req.prompt_len + 1 > capacity:
+            return FinishReason("abort", message=f"prompt of {req.prompt_len} tokens does not "
+                                f"fit the KV cache ({capacity} tokens)", status_code=400)
+        if max_queued is not None:
+            free = self.max_running_requests - len(running) - (chunked is not None)
+            if len(waiting) >= max_queued + max(0, free):
+                return FinishReason("abort", message=f"the request queue is full "
+                                    f"({len(waiting)} waiting, --max-queued-requests); retry "
+                                    f"later", status_code=429)
+        params = req.sampling_params
+        params.max_new_tokens = min(params.max_new_tokens, capacity - req.prompt_len)
+        return None
+
     def prefill_batch(self, waiting: list[Req], running: list[Req], chunked: Req | None
                       ) -> tuple[ScheduleBatch | None, Req | None]:
         """The next prefill batch, or None, and the request whose prompt is now chunked (the
@@ -85,10 +110,11 @@ class Admission:
             if need <= self.kv.available_size():
                 break
             if len(running) == 1:
-                # Nothing left to retract: this request alone has outgrown the pool.
-                finish(running.pop(), FinishReason(
-                    "abort", message="out of KV cache memory for this request",
-                    status_code=400))
+                # Nothing left to retract: this request alone has outgrown the pool (its budget
+                # was clamped to the pool at arrival, so only forced tokens past it, e.g. a
+                # jump-forward's, get here). It ends as at a length limit, its output kept.
+                alone = running.pop()
+                finish(alone, FinishReason("length", length=len(alone.output_ids)))
                 break
             victim = pick_retraction_victim(running)
             running.remove(victim)

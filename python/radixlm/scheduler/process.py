@@ -146,7 +146,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             device=str(runner.device), dtype=str(runner.dtype).removeprefix("torch."),
             model_path=runner.hf_dir, tokenizer_path=runner.tokenizer_path,
             speculative=scheduler.speculator is not None, startup_phases=startup.seconds,
-            all_reduce_paths=tp.all_reduce_paths()))
+            all_reduce_paths=tp.all_reduce_paths(),
+            max_prompt_tokens=scheduler.kv_capacity - 1))
     except Exception as e:
         logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
         send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))

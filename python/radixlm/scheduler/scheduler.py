@@ -288,25 +288,20 @@ class Scheduler:
         if refused is not None:
             self.results.finish(req, refused)
             return
-        capacity = self.runner.max_total_num_tokens - self.kv.page_size
-        if req.prompt_len >= self.runner.model_config.context_len:
-            self.results.finish(req, FinishReason(
-                "abort", message=f"prompt of {req.prompt_len} tokens does not fit the context "
-                                 f"length {self.runner.model_config.context_len}",
-                status_code=400))
-        elif req.prompt_len + 1 > capacity:
-            self.results.finish(req, FinishReason(
-                "abort", message=f"prompt of {req.prompt_len} tokens does not fit the KV cache "
-                                 f"({capacity} tokens)", status_code=400))
-        elif (self.config.max_queued_requests is not None
-              and len(self.waiting) >= self.config.max_queued_requests):
-            self.results.finish(req, FinishReason(
-                "abort", message=f"the request queue is full ({len(self.waiting)} waiting, "
-                                 f"--max-queued-requests); retry later", status_code=429))
+        refused = self.admission.on_arrival(req, self.waiting, self.running, self.chunked_req,
+                                            self.runner.model_config.context_len,
+                                            self.kv_capacity, self.config.max_queued_requests)
+        if refused is not None:
+            self.results.finish(req, refused)
         else:
             self.waiting.append(req)
             if self.prefix_cache.has_slow_tier:
                 self.prefix_cache.prefetch(req.fill_ids[:req.max_prefix_match()])
+
+    @property
+    def kv_capacity(self) -> int:
+        """Tokens one request can hold in the pool (a page is kept back for rounding)."""
+        return self.runner.max_total_num_tokens - self.kv.page_size
 
     def abort(self, rid: str, expanded: bool = False) -> None:
         """Abort request `rid`; `expanded`: also the sequences expanded from it (a batch's
