@@ -208,6 +208,40 @@ def test_completion_logprobs(client, model):
         assert top[token] == value == max(top.values())  # greedy picks the top-1
 
 
+def test_completion_logprobs_of_split_characters(client, model, tokenizer):
+    """A character in two tokens (the emoji): each piece is named by its bytes (as chat names
+    it), every top_logprobs keeps its distinct alternatives, and text_offset points into the
+    text: each token at the character it starts or continues, the pieces joined giving it."""
+    prompt = "Café 😀 is"
+    ids = tokenizer(prompt).input_ids
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids), "no split character"
+    for stream in (False, True):
+        kwargs = dict(model=model, prompt=prompt, max_tokens=2, temperature=0, echo=True,
+                      logprobs=5)
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kwargs))
+            text = "".join(c.choices[0].text for c in chunks)
+            lps = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+            tokens = sum((lp.tokens for lp in lps), [])
+            offsets = sum((lp.text_offset for lp in lps), [])
+            tops = sum((lp.top_logprobs for lp in lps), [])
+        else:
+            choice = client.completions.create(**kwargs).choices[0]
+            text, lp = choice.text, choice.logprobs
+            tokens, offsets, tops = lp.tokens, lp.text_offset, lp.top_logprobs
+        pieces = [t for t in tokens if t.startswith("bytes:")]
+        assert len(pieces) >= 2 and "\ufffd" not in "".join(tokens), tokens
+        for token, at in zip(tokens, offsets):
+            if not token.startswith("bytes:"):
+                assert text[at:at + len(token)] == token, (token, at, text)
+        assert offsets == sorted(offsets) and offsets[-1] < len(text)
+        # the emoji's pieces point at it (the first at the space it starts with, here)
+        emoji_at = text.index("😀")
+        piece_at = [at for t, at in zip(tokens, offsets) if t.startswith("bytes:")]
+        assert piece_at[-1] == emoji_at and emoji_at - 1 <= piece_at[0] <= emoji_at, piece_at
+        assert all(top is None or len(top) >= 5 for top in tops), tops
+
+
 def test_completion_echo(client, model):
     plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0)
     resp = client.completions.create(model=model, prompt=PROMPT, max_tokens=3, temperature=0,
@@ -240,6 +274,21 @@ def test_completion_stop(client, model):
     choice = resp.choices[0]
     assert choice.finish_reason == "stop" and stop not in choice.text
     assert base.startswith(choice.text)
+    # vLLM's include_stop_str_in_output (SGLang's no_stop_trim) keeps the stop in the text
+    for extra in ({"include_stop_str_in_output": True}, {"no_stop_trim": True}):
+        kept = client.completions.create(model=model, prompt=PROMPT, max_tokens=8,
+                                         temperature=0, stop=[stop], extra_body=extra)
+        assert kept.choices[0].text.endswith(stop) and base.startswith(kept.choices[0].text)
+    kept = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8,
+                                          temperature=0, stop=["e"],
+                                          extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].message.content.endswith("e"), kept.choices[0].message.content
+
+
+def test_an_empty_completion_prompt_is_named(client, model):
+    for prompt in ("", ["a", ""], [[]]):
+        with pytest.raises(openai.BadRequestError, match="prompt must not be empty"):
+            client.completions.create(model=model, prompt=prompt, max_tokens=1)
 
 
 # ---------------------------------------------------------------------------- chat
@@ -330,6 +379,15 @@ def test_chat_add_generation_prompt_false(client, model, tokenizer):
     assert chat.choices[0].message.content == plain.choices[0].text
     opened = client.chat.completions.create(model=model, messages=CHAT, max_tokens=1)
     assert opened.usage.prompt_tokens > chat.usage.prompt_tokens
+    # The same through chat_template_kwargs (as vLLM takes it); keys the server sets: a 400
+    via_kwargs = client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=1,
+        extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    assert via_kwargs.usage.prompt_tokens == chat.usage.prompt_tokens
+    for key in ("tools", "messages"):
+        with pytest.raises(openai.BadRequestError, match=f"'{key}' is set by the server"):
+            client.chat.completions.create(model=model, messages=CHAT, max_tokens=1,
+                                           extra_body={"chat_template_kwargs": {key: []}})
 
 
 def test_response_names_the_requested_model(client, model):

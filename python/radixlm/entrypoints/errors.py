@@ -11,7 +11,8 @@ def error_body(message: str, status: int = 400, err_type: str | None = None,
                param: str | None = None) -> dict:
     if err_type is None:
         err_type = {400: "invalid_request_error", 401: "authentication_error",
-                    404: "not_found_error", 422: "invalid_request_error"}.get(
+                    404: "not_found_error", 422: "invalid_request_error",
+                    429: "rate_limit_exceeded"}.get(
             status, "internal_server_error" if status >= 500 else "invalid_request_error")
     return {"object": "error", "message": message, "type": err_type, "param": param,
             "code": status,

@@ -17,9 +17,6 @@ from radixlm.entrypoints.openai.serving_base import OpenAIError
 from radixlm.entrypoints.openai.tool_calls import ToolPlan
 from radixlm.parsers.function_call import ToolCallParser
 
-# Keys of apply_chat_template that this handler controls; chat_template_kwargs may not set them.
-_RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "tokenize", "add_generation_prompt",
-                             "continue_final_message", "tools", "return_dict"}
 
 
 def template_message(m: ChatMessage) -> dict[str, Any]:
@@ -79,8 +76,9 @@ def template_messages(body: ChatCompletionRequest, plan: ToolPlan) -> list[dict[
 
 
 def render_chat(tokenizer, body: ChatCompletionRequest, plan: ToolPlan) -> str:
-    kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
-              if k not in _RESERVED_TEMPLATE_KWARGS}
+    # (the request's validation moved add_generation_prompt and continue_final_message out
+    # of chat_template_kwargs, and refused the keys set here)
+    kwargs = dict(body.chat_template_kwargs or {})
     if plan.template_tools:
         kwargs["tools"] = plan.template_tools
     # continue_final_message: the reply goes on from the last assistant message instead of

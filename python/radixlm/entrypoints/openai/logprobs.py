@@ -12,6 +12,7 @@ the top alternatives (best first), or None where there is none (the first prompt
 
 from __future__ import annotations
 
+import codecs
 import math
 import re
 from functools import lru_cache
@@ -41,27 +42,47 @@ def _text(entry: Entry) -> str:
 
 # ---------------------------------------------------------------------------- completions
 
+class TextOffsets:
+    """Where each token starts in a choice's text, in characters. The tokens' bytes go through
+    an incremental UTF-8 decoder: a token that is part of a character (an emoji in two tokens)
+    adds no character until the one that completes it, so the next token's offset stays right;
+    a token starting mid-character gets the offset of that character. Kept per choice across
+    the chunks of a stream."""
+
+    def __init__(self, start: int = 0):
+        self.offset = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def advance(self, raw: bytes) -> int:
+        """The offset of a token of bytes `raw`, which then counts as read."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(raw))
+        return at
+
+
 def extend_completion_logprobs(out: CompletionLogprobs, entries: Sequence[Entry],
                                tops: Optional[Sequence[Optional[Sequence[Entry]]]],
-                               offset: int) -> int:
-    """Append `entries` to `out`, starting at character `offset` of the choice text; returns
-    the offset after them. `tops` is None when no alternatives were asked for."""
+                               offsets: TextOffsets, tokenizer: Any) -> None:
+    """Append `entries` to `out`, their text_offset from `offsets` (the choice's). `tops` is
+    None when no alternatives were asked for. A token that is part of a UTF-8 character is
+    named `bytes:\\xNN...` (as OpenAI names them, and chat here), so alternatives that are
+    different byte pieces stay distinct keys of `top_logprobs`."""
     for i, entry in enumerate(entries):
-        lp, text = clean_logprob(entry[0]), _text(entry)
-        out.tokens.append(text)
+        lp = clean_logprob(entry[0])
+        token, raw = token_bytes(tokenizer, entry[1], _text(entry))
+        out.tokens.append(token)
         out.token_logprobs.append(lp)
-        out.text_offset.append(offset)
-        offset += len(text)
+        out.text_offset.append(offsets.advance(bytes(raw)))
         alternatives = tops[i] if tops is not None and i < len(tops) else None
         if lp is None:  # the first prompt token: nothing to rank
             out.top_logprobs.append(None)
             continue
         ranked: dict[str, float] = {}
         for alt in alternatives or ():
-            ranked.setdefault(_text(alt), clean_logprob(alt[0]))
-        ranked.setdefault(text, lp)  # the sampled token is always listed
+            ranked.setdefault(token_bytes(tokenizer, alt[1], _text(alt))[0],
+                              clean_logprob(alt[0]))
+        ranked.setdefault(token, lp)  # the sampled token is always listed
         out.top_logprobs.append(ranked)
-    return offset
 
 
 # ---------------------------------------------------------------------------- chat

@@ -16,7 +16,7 @@ import time
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_serializer,
-                      field_validator)
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 # Strict scalar types: JSON's 1 is accepted for a float (JSON has one number type), but not
@@ -113,6 +113,7 @@ class SamplingExtras(_Request):
     skip_special_tokens: Bool = True
     spaces_between_special_tokens: Bool = True
     no_stop_trim: Bool = False
+    include_stop_str_in_output: Bool = False    # vLLM's name for no_stop_trim
     stop_token_ids: Optional[list[NonNegInt]] = None
     stop_regex: Optional[Union[str, list[str]]] = None
     regex: Optional[str] = None
@@ -172,7 +173,8 @@ class CompletionRequest(SamplingExtras):
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, v: Prompt) -> Prompt:
-        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+        # (an empty prompt is no tokens here: this model has no start token to add)
+        if v == "" or isinstance(v, list) and (not v or any(p in ("", []) for p in v)):
             raise invalid("prompt must not be empty")
         return v
 
@@ -280,6 +282,10 @@ class NamedToolChoice(_Request):
 ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
 
 
+# Keys of apply_chat_template the chat handler sets itself: chat_template_kwargs may not
+SERVER_TEMPLATE_KWARGS = {"conversation", "messages", "tokenize", "tools", "return_dict"}
+
+
 class ChatCompletionRequest(SamplingExtras):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Optional[NonNegInt] = None
@@ -302,6 +308,26 @@ class ChatCompletionRequest(SamplingExtras):
     web_search_options: Optional[dict[str, Any]] = None
     chat_template: Optional[str] = None         # vLLM's per-request template
     echo: Bool = False                          # vLLM's echo of the last message
+
+    @model_validator(mode="before")
+    @classmethod
+    def _template_flags_from_kwargs(cls, data: Any) -> Any:
+        """As vLLM takes them: chat_template_kwargs may set add_generation_prompt and
+        continue_final_message (over the top-level fields); the other keys the server sets
+        itself (messages, tools, ...) are refused, not silently overridden."""
+        kw = data.get("chat_template_kwargs") if isinstance(data, dict) else None
+        if not isinstance(kw, dict):
+            return data
+        taken = sorted(SERVER_TEMPLATE_KWARGS & set(kw))
+        if taken:
+            raise invalid(f"chat_template_kwargs: {taken[0]!r} is set by the server (pass the "
+                          f"conversation as `messages`, tools as `tools`)")
+        moved = {k: kw[k] for k in ("add_generation_prompt", "continue_final_message")
+                 if k in kw}
+        if not moved:
+            return data
+        rest = {k: v for k, v in kw.items() if k not in moved}
+        return {**data, **moved, "chat_template_kwargs": rest}
 
     @field_validator("modalities")
     @classmethod

@@ -40,7 +40,7 @@ PASSED_THROUGH = ("model", "temperature", "top_p", "parallel_tool_calls", "top_k
                   "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
                   "ignore_eos", "min_tokens", "regex", "ebnf", "logit_bias", "separate_reasoning",
                   "stop_token_ids", "skip_special_tokens", "no_stop_trim", "rid",
-                  "chat_template_kwargs")
+                  "chat_template_kwargs", "include_stop_str_in_output")
 # Fields that ask for what this server does not do: a 400 when set
 REFUSED = ("background", "background_options", "prompt", "conversation", "context_management",
            "image", "moderation", "access_programs")

@@ -166,7 +166,7 @@ class ChoiceStream:
     """What has been sent so far for one choice of a streamed response."""
     text_len: int = 0          # characters of the engine's cumulative text already sent
     logprobs_sent: int = 0     # output logprob entries already sent
-    offset: int = 0            # completions: text_offset of the next token in the choice's text
+    offsets: Any = None        # completions: logprobs.TextOffsets of the choice's text
     started: bool = False      # completions: the echoed prompt has been sent
     finished: bool = False
     completion_tokens: int = 0
@@ -265,7 +265,8 @@ class OpenAIServing:
             "stop_regex": req.stop_regex,
             "ignore_eos": req.ignore_eos, "skip_special_tokens": req.skip_special_tokens,
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
-            "no_stop_trim": req.no_stop_trim, "sampling_seed": req.seed,
+            "no_stop_trim": req.no_stop_trim or req.include_stop_str_in_output,
+            "sampling_seed": req.seed,
             "logit_bias": req.logit_bias, **structured_output(req),
         }
         if req.min_tokens is not None and req.min_tokens > max_new_tokens:

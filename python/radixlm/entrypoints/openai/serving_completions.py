@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from radixlm.entrypoints.openai.logprobs import extend_completion_logprobs
+from radixlm.entrypoints.openai.logprobs import TextOffsets, extend_completion_logprobs
 from radixlm.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
                                                  CompletionRequest, CompletionResponse,
                                                  CompletionStreamResponse, Usage, now)
@@ -104,13 +104,14 @@ class CompletionServing(OpenAIServing):
             prefix = prompts.texts[i // n] if self.body.echo else ""
             logprobs = None
             if self.want_logprobs:
-                logprobs, offset = CompletionLogprobs(), 0
+                logprobs, tok = CompletionLogprobs(), self.engine.tokenizer
                 if self.body.echo:
                     extend_completion_logprobs(logprobs, meta.get("input_token_logprobs", []),
-                                               self._tops(meta, "input_top_logprobs"), 0)
-                    offset = len(prefix)
+                                               self._tops(meta, "input_top_logprobs"),
+                                               TextOffsets(0), tok)
                 extend_completion_logprobs(logprobs, meta.get("output_token_logprobs", []),
-                                           self._tops(meta, "output_top_logprobs"), offset)
+                                           self._tops(meta, "output_top_logprobs"),
+                                           TextOffsets(len(prefix)), tok)
             choices.append(CompletionChoice(index=i, text=prefix + out["text"], logprobs=logprobs,
                                             finish_reason=finish_type(meta),
                                             matched_stop=matched_stop(meta)))
@@ -152,16 +153,18 @@ class CompletionServing(OpenAIServing):
         logprobs = None
         if self.want_logprobs:
             logprobs = CompletionLogprobs()
+            tok = self.engine.tokenizer
             if self.body.echo and not st.started:
                 extend_completion_logprobs(logprobs, meta.get("input_token_logprobs", []),
-                                           self._tops(meta, "input_top_logprobs"), 0)
+                                           self._tops(meta, "input_top_logprobs"),
+                                           TextOffsets(0), tok)
             entries = meta.get("output_token_logprobs", [])[st.logprobs_sent:]
             tops = self._tops(meta, "output_top_logprobs")
             if not st.started:
-                st.offset = len(prompt_text) if self.body.echo else 0
-            st.offset = extend_completion_logprobs(
+                st.offsets = TextOffsets(len(prompt_text) if self.body.echo else 0)
+            extend_completion_logprobs(
                 logprobs, entries, tops[st.logprobs_sent:] if tops is not None else None,
-                st.offset)
+                st.offsets, tok)
             st.logprobs_sent += len(entries)
         if self.body.echo and not st.started:
             text = prompt_text + text
