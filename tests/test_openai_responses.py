@@ -83,9 +83,14 @@ def test_previous_response_id_continues_the_conversation(client):
                            {"role": "assistant", "content": briefed.output_text},
                            {"role": "user", "content": "Ok"}], max_tokens=4)
     assert after.usage.input_tokens == plain.usage.prompt_tokens
+    # Only background responses can be cancelled (OpenAI's rule; there are none here)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel(first.id)
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="m", input="Hi", previous_response_id=first.id)
     unstored = client.responses.create(model="m", input="Hi", max_output_tokens=2, store=False)

@@ -349,3 +349,15 @@ async def delete_response(response_id: str, request: Request):
     if store(request.app).pop(response_id, None) is None:
         return _no_such_response(response_id, "response_id")
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request):
+    """OpenAI cancels background responses only; every response here was answered in full
+    before its id was returned (no background mode), so a stored one is a 400, as OpenAI
+    answers for a response that was not created in the background."""
+    if store(request.app).get(response_id) is None:
+        return _no_such_response(response_id, "response_id")
+    return error_response("only background responses can be cancelled; this response was "
+                          "answered in full (this server has no background mode)", 400,
+                          param="response_id")
