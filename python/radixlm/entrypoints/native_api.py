@@ -393,3 +393,20 @@ async def metrics(request: Request) -> Response:
     except EngineDeadError as e:
         return error_response(str(e), 503)
     return Response(exporter.render(stats), media_type="text/plain; version=0.0.4")
+
+
+# What SGLang serves for embedding, reward and cross-encoder models (started with
+# --is-embedding): this server runs generation models only, so these name that, rather than
+# answering a bare 404 as for a mistyped path.
+POOLING_PATHS = ("/v1/embeddings", "/encode", "/v1/rerank", "/rerank", "/classify",
+                 "/v1/classify", "/v1/score")
+
+
+async def _pooling_endpoint(request: Request) -> Response:
+    return error_response(f"{request.url.path}: the served model is a generation model; this "
+                          f"server does not compute embeddings, rewards or scores", 400,
+                          param="model")
+
+
+for _path in POOLING_PATHS:
+    router.add_api_route(_path, _pooling_endpoint, methods=["POST"], include_in_schema=False)

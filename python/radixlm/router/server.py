@@ -1,8 +1,9 @@
 """`radixlm router`: the HTTP load balancer in front of radixlm (or SGLang) workers.
 
 Routed endpoints (one worker each, chosen by the policy): /generate, /v1/completions,
-/v1/chat/completions. Passed to any healthy worker: /v1/models (and /v1/models/{id}),
-/get_model_info, /model_info, /health_generate, /tokenize, /detokenize (and their /v1/ names).
+/v1/chat/completions, and SGLang's embedding / reward / score endpoints (ROUTED_PATHS).
+Passed to any healthy worker: /v1/models (and /v1/models/{id}), /get_model_info,
+/model_info, /health_generate, /tokenize, /detokenize (and their /v1/ names).
 Fanned out to every healthy worker: /flush_cache, /abort_request, /start_profile,
 /stop_profile, /get_load, /get_server_info (aggregated). The router's own: /health, /metrics
 (with the workers' `sglang:*` metrics merged in), and the control plane of admin.py (worker
@@ -35,6 +36,10 @@ from radixlm.router.workers import WorkerPool
 logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# POSTs sent to one worker chosen by the policy. The embedding / reward / score ones are
+# served by SGLang workers started with --is-embedding (radixlm workers answer them with a 400)
+ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                "/encode", "/v1/rerank", "/rerank", "/classify", "/v1/classify", "/v1/score")
 # Answered without the API key, as by SGLang: load balancers' and Prometheus' probes
 OPEN_PATHS = ("/health", "/health_generate", "/metrics", "/liveness", "/readiness")
 # /get_server_info figures that add up over the workers (requests, KV tokens)
@@ -62,7 +67,7 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth], client_max_size=self.args.max_payload_size)
         r = app.router
-        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        for path in ROUTED_PATHS:
             r.add_post(path, self.routed)
         r.add_put("/generate", self.routed)
         for path in ("/v1/models", "/v1/models/{model_id:.+}", "/get_model_info", "/model_info",
