@@ -143,20 +143,51 @@ def test_call_cut_by_max_tokens_is_the_same_streamed_or_not(name):
         "Checking the weather"
 
 
-def test_stream_sends_arguments_in_pieces():
+def test_stream_sends_each_call_whole_once_complete():
     parsing = OutputParsing(tools=get_tool_call_parser("qwen25"))
     text = OUTPUTS[0][1]
     deltas = ChoiceDeltas(parsing)
     pieces = [p for k in range(1, len(text) + 1)
               for p in deltas.delta(text[:k], k == len(text)).tool_calls or []]
-    assert pieces[0].function.name == "get_weather" and len(pieces) > 5
+    assert len(pieces) == 1 and pieces[0].function.name == "get_weather"
+    assert json.loads(pieces[0].function.arguments) == {"city": "Paris", "unit": "celsius"}
 
 
-def test_stream_holds_back_partial_markers():
+def test_stream_holds_back_partial_markers_and_unfinished_calls():
     deltas = ChoiceDeltas(OutputParsing(tools=get_tool_call_parser("qwen25")))
     assert deltas.delta("Sure <tool_", final=False).content == "Sure"
     d = deltas.delta("Sure <tool_call>\n{\"name\": \"f\"", final=False)
-    assert d.content is None and d.tool_calls[0].function.name == "f"
+    assert d.content is None and d.tool_calls is None
+    d = deltas.delta("Sure <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+                     final=False)
+    assert d.tool_calls[0].function.name == "f" and d.tool_calls[0].function.arguments == "{}"
+
+
+@pytest.mark.parametrize("cut", ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+                                 '<tool_call>\n{"name": "get_wea'])
+def test_a_call_the_model_leaves_unfinished_is_content_in_both_forms(cut):
+    """The model stops (EOS) inside a call: the stream never sent it as a call, and ends with
+    the same content as the whole message, with no tool_calls (finish_reason "stop")."""
+    parsing = OutputParsing(tools=get_tool_call_parser("qwen25"))
+    text = "Let me look. " + cut
+    deltas = ChoiceDeltas(parsing)
+    streamed = [deltas.delta(text[:k], k == len(text)) for k in range(1, len(text) + 1)]
+    assert not any(d.tool_calls for d in streamed) and not deltas.called
+    message = parsing.message(text)
+    assert message.tool_calls is None
+    assert "".join(d.content or "" for d in streamed) == message.content == text
+
+
+def test_text_on_both_sides_of_a_call_keeps_a_separator():
+    parser = get_tool_call_parser("qwen25")
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    assert parser.parse(f"Hi there {call} bye now").content == "Hi there bye now"
+    assert parser.parse(f"Hi there\n{call}\nbye").content == "Hi there\nbye"
+    assert parser.parse(f"{call}\n").content == ""
+    assert parser.parse(f"Checking. {call}").content == "Checking."
+    # a marker that opens no call stays as written
+    assert parser.parse("Use <tool_call> tags like <tool_call>oops").content == \
+        "Use <tool_call> tags like <tool_call>oops"
 
 
 # ---------------------------------------------------------------------------- reasoning
@@ -243,6 +274,34 @@ def test_forced_grammar_accepts_only_valid_calls(name):
     bare = xgr.Grammar.from_ebnf(forced_call_ebnf(f, [{"name": "get_date"}]))
     assert xgr_testing._is_grammar_accept_string(bare, call("get_date", {}))
     assert not xgr_testing._is_grammar_accept_string(bare, call("get_date", {"argument": 23}))
+
+
+def test_forced_grammar_resolves_each_tools_local_references():
+    """Parameters with $defs / $ref (as openai.pydantic_function_tool writes them) are usable
+    when a call is forced: each tool's references resolve against its own parameters, even
+    when two tools name a definition alike."""
+    xgr_testing = pytest.importorskip("xgrammar.testing")
+    import xgrammar as xgr
+
+    def tool(name, kind):
+        return {"name": name, "parameters": {
+            "$defs": {"V": {"type": "object", "properties": {"v": {"type": kind}},
+                            "required": ["v"], "additionalProperties": False}},
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/V"},
+                                             "y": {"$ref": "#/properties/x"}},
+            "required": ["x"], "additionalProperties": False}}
+
+    f = _parser("qwen25").forced
+    grammar = xgr.Grammar.from_ebnf(forced_call_ebnf(f, [tool("a", "integer"),
+                                                         tool("b", "string")]))
+
+    def accepts(name, args):
+        body = json.dumps({"name": name, f.args_key: args}, separators=(", ", ": "))
+        return xgr_testing._is_grammar_accept_string(grammar, f.prefix + body + f.suffix)
+
+    assert accepts("a", {"x": {"v": 1}}) and accepts("a", {"x": {"v": 1}, "y": {"v": 2}})
+    assert accepts("b", {"x": {"v": "s"}})
+    assert not accepts("a", {"x": {"v": "s"}}) and not accepts("b", {"x": {"v": 1}})
 
 
 @pytest.mark.parametrize("name", sorted(TOOL_CALL_PARSERS) + ["json"])
@@ -412,3 +471,20 @@ def test_server_args_validate_parser_names():
                      ("--reasoning-parser", {"reasoning_parser": "r1"})):
         with pytest.raises(ValueError, match=flag):
             ServerArgs(**kw)
+
+
+def test_calls_to_functions_not_offered_are_left_out():
+    """As SGLang's parsers (and /parse_function_call here) skip them: a call naming a function
+    that is not in `tools` is not returned, streamed or whole; the offered ones are."""
+    parsing = OutputParsing(tools=get_tool_call_parser("qwen25"),
+                            names=frozenset({"get_weather"}))
+    unknown = '<tool_call>\n{"name": "unknown_fn", "arguments": {"x": 1}}\n</tool_call>'
+    known = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = unknown + "\n" + known
+    message = parsing.message(text)
+    assert [c.function.name for c in message.tool_calls] == ["get_weather"]
+    deltas = ChoiceDeltas(parsing)
+    streamed = [p for k in range(1, len(text) + 1)
+                for p in deltas.delta(text[:k], k == len(text)).tool_calls or []]
+    assert [p.function.name for p in streamed] == ["get_weather"] and streamed[0].index == 0
+    assert parsing.message(unknown).tool_calls is None

@@ -123,8 +123,9 @@ def test_call_cut_by_max_tokens_streamed_and_not(client):
 
 
 def test_streamed_call_accumulates_to_the_same_call(client):
-    """The client's stream helper joins the name-then-arguments deltas into the call the
-    non-streamed request returns, and parses it into the tool's Pydantic model."""
+    """The client's stream helper reads the call (sent whole once complete: one delta with
+    its id, name and arguments) as the call the non-streamed request returns, and parses it
+    into the tool's Pydantic model."""
 
     class GetWeather(pydantic.BaseModel):
         city: str
@@ -138,7 +139,7 @@ def test_streamed_call_accumulates_to_the_same_call(client):
     with client.chat.completions.stream(**kwargs) as stream:
         argument_events = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
         final = stream.get_final_completion().choices[0]
-    assert final.finish_reason == "tool_calls" and len(argument_events) > 1
+    assert final.finish_reason == "tool_calls" and len(argument_events) == 1
     got, want = final.message.tool_calls[0].function, whole.message.tool_calls[0].function
     assert (got.name, got.arguments) == (want.name, want.arguments)
     assert isinstance(got.parsed_arguments, GetWeather)

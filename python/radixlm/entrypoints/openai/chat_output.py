@@ -3,8 +3,11 @@ content and tool_calls, whole (a message) or streamed (deltas).
 
 Both go through `OutputParsing.split`, a pure function of the text so far: a stream sends the
 differences between successive splits of the cumulative text, so the client accumulates exactly
-the non-streamed message. Calls stream in OpenAI's shape: the first delta of a call carries its
-index, id, type and name, the next ones pieces of its arguments.
+the non-streamed message. A call goes out whole, in one delta of OpenAI's shape (index, id,
+type, name and its arguments), once its text is complete: a call the model leaves unfinished
+(it stops in the middle) is then content with finish_reason "stop" in both forms, where a call
+streamed piece by piece could not be taken back. A call cut by max_tokens goes out as far as it
+got at the end, as the whole message reports it (finish_reason "length").
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class OutputParsing:
     inside_reasoning: bool = False      # the output starts inside a thinking block
     tools: Optional[ToolCallParser] = None
     max_calls: Optional[int] = None     # parallel_tool_calls false: the first call only
+    names: Optional[frozenset[str]] = None   # functions a call may name (others left out)
 
     @property
     def active(self) -> bool:
@@ -58,7 +62,10 @@ class OutputParsing:
         if self.tools is None:
             return Split(reasoning, rest, [])
         scan = self.tools.scan(rest, final)
-        return Split(reasoning, scan.content, scan.calls[:self.max_calls])
+        calls = scan.calls
+        if self.names is not None:   # (a call's name is known whole or not at all)
+            calls = [c for c in calls if c.name is None or c.name in self.names]
+        return Split(reasoning, scan.content, calls[:self.max_calls])
 
     def message(self, text: str, truncated: bool = False) -> ChatResponseMessage:
         """The finished choice's message. A finished scan holds only complete calls, but for
@@ -98,20 +105,14 @@ class ChoiceDeltas:
         self.reasoning += reasoning
         self.content += content
         pieces = []
-        for i, call in enumerate(s.calls):
-            if call.name is None:
-                break       # calls go out in order, each opened by its name
-            if i == len(self.calls):
-                sent = _SentCall(call_id(), call.arguments)
-                self.calls.append(sent)
-                pieces.append(DeltaToolCall(index=i, id=sent.id, type="function",
-                                            function=DeltaFunctionCall(name=call.name,
-                                                                       arguments=call.arguments)))
-                continue
-            more = _grow(self.calls[i].arguments, call.arguments)
-            if more:
-                self.calls[i].arguments += more
-                pieces.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=more)))
+        for i, call in enumerate(s.calls[len(self.calls):], start=len(self.calls)):
+            if call.name is None or not (call.complete or (final and truncated)):
+                break       # calls go out in order, each whole (module docstring)
+            sent = _SentCall(call_id(), call.arguments)
+            self.calls.append(sent)
+            pieces.append(DeltaToolCall(index=i, id=sent.id, type="function",
+                                        function=DeltaFunctionCall(name=call.name,
+                                                                   arguments=call.arguments)))
         return DeltaMessage(reasoning_content=reasoning or None, content=content or None,
                             tool_calls=pieces or None)
 

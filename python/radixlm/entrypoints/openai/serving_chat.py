@@ -88,7 +88,8 @@ class ChatServing(OpenAIServing):
         fmt = self.body.response_format
         forced = self.tools.forced or (fmt is not None and fmt.type != "text")
         inside = reasoning is not None and not forced and reasoning.starts_inside(prompt)
-        return OutputParsing(reasoning, inside, self.tools.parser, self.tools.max_calls)
+        return OutputParsing(reasoning, inside, self.tools.parser, self.tools.max_calls,
+                             self.tools.names)
 
     def _add_template_stops(self, params: dict[str, Any]) -> None:
         """A built-in --chat-template's end of turn stops the answer: as a stop string, and as

@@ -74,6 +74,9 @@ class ToolPlan:
     history_format: Optional[ToolCallParser] = None  # writes past calls as text, likewise
     constraint: dict[str, str] = field(default_factory=dict)  # sampling_params of a forced call
     max_calls: Optional[int] = None              # calls returned at most (None: any number)
+    # The functions a returned call may name (the offered ones): calls to others are left out,
+    # as SGLang's parsers skip them (and /parse_function_call here)
+    names: Optional[frozenset[str]] = None
     keep_special_tokens: bool = False            # the call marker is a special token
 
     @property
@@ -104,7 +107,8 @@ def plan_tools(body: ChatCompletionRequest, tokenizer, parser_name: Optional[str
     if isinstance(choice, NamedToolChoice):
         offered = [t for t in tools if t["function"]["name"] == choice.function.name]
     plan = ToolPlan(template_tools=offered if native else None, history_format=history_format,
-                    max_calls=1 if body.parallel_tool_calls is False else None)
+                    max_calls=1 if body.parallel_tool_calls is False else None,
+                    names=frozenset(t["function"]["name"] for t in offered))
     if choice == "auto":
         plan.parser = configured
     else:

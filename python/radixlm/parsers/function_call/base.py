@@ -99,16 +99,28 @@ def partial_marker_len(text: str, marker: str) -> int:
 
 def join_content(pieces: list[str], final: bool) -> str:
     """Join the text pieces around call regions. Whitespace that only separates content from a
-    call (or calls from each other) is dropped; the last piece keeps trailing whitespace back
-    until the end, because a call may still follow it. Both rules are monotone."""
-    out = []
+    call (or calls from each other) is dropped, but content on both sides of a call keeps one
+    separator, the whitespace written before the call (else after it): "Hi there <call> bye"
+    gives "Hi there bye". The last piece keeps trailing whitespace back until the end, because
+    a call may still follow it. Both rules are monotone: what is held back is only ever added,
+    never taken back."""
+    out: list[str] = []
+    gap = ""        # whitespace between the content so far and the call region after it
     last = len(pieces) - 1
     for i, piece in enumerate(pieces):
-        if i > 0:
-            piece = piece.lstrip()      # after a call region
-        if i < last or not final:
-            piece = piece.rstrip()      # before a call region, or maybe before one
-        out.append(piece)
+        lead = ""
+        if i > 0:                       # after a call region
+            body = piece.lstrip()
+            lead, piece = piece[:len(piece) - len(body)], body
+        trail = ""
+        if i < last or not final:       # before a call region, or maybe before one
+            body = piece.rstrip()
+            trail, piece = piece[len(body):], body
+        if piece:
+            if out:
+                out.append(gap or lead)
+            out.append(piece)
+            gap = trail
     return "".join(out)
 
 

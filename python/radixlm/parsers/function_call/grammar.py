@@ -23,18 +23,42 @@ _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": Fal
 _CALL_RULE = "radixlm_forced_call"
 
 
+def _with_refs_under(node: Any, base: str) -> Any:
+    """`node` with each local `$ref` ("#...") moved under the JSON pointer `base`."""
+    if isinstance(node, dict):
+        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                    else _with_refs_under(v, base)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_with_refs_under(v, base) for v in node]
+    return node
+
+
+def _has_ref(node: Any) -> bool:
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(v) for v in node.values())
+    return isinstance(node, list) and any(_has_ref(v) for v in node)
+
+
 def call_schema(functions: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
-    """JSON schema of one call to any of `functions` (OpenAI function definitions)."""
-    options = []
-    for fn in functions:
+    """JSON schema of one call to any of `functions` (OpenAI function definitions). The
+    parameters sit inside the call's object, so a schema with local references ("#/$defs/X",
+    as pydantic writes them) goes whole under the root's $defs and its references are moved
+    with it: they resolve against the parameters, not the wrapper."""
+    options, defs = [], {}
+    for i, fn in enumerate(functions):
+        params = fn.get("parameters") or _NO_ARGUMENTS
+        if _has_ref(params):
+            key = f"radixlm_arguments_of_{'abcdefghijklmnopqrstuvwxyz'[i % 26]}{i // 26 or ''}"
+            defs[key] = _with_refs_under(params, f"#/$defs/{key}")
+            params = {"$ref": f"#/$defs/{key}"}
         options.append({
             "type": "object",
-            "properties": {"name": {"const": fn["name"]},
-                           args_key: fn.get("parameters") or _NO_ARGUMENTS},
+            "properties": {"name": {"const": fn["name"]}, args_key: params},
             "required": ["name", args_key],
             "additionalProperties": False,
         })
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def _literal(text: str) -> str:
