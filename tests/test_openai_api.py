@@ -114,6 +114,7 @@ def test_continuous_usage_stats(client, model):
         assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 0
                    for c in with_output)
         assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 6
+        assert all(c.usage is not None for c in chunks)    # the role chunk's too (vLLM's)
 
 
 def test_structural_tag_response_format(client, model):

@@ -158,6 +158,10 @@ class ChatServing(OpenAIServing):
             choice = self._stream_choice(i, out, st)
             return None if choice is None else self._chunk(created, [choice])
 
+        if self.body.continuous_usage:   # (vLLM's: on every chunk, the role's too)
+            meta = first["meta_info"]
+            self.usage_so_far = make_usage([meta["prompt_tokens"]], [0] * n,
+                                           [meta.get("cached_tokens", 0)])
         # As OpenAI does: each choice opens with a delta that only names the role.
         preamble = [self._chunk(created, [ChatStreamChoice(
             index=i, delta=DeltaMessage(role="assistant", content=""))]) for i in range(n)]
