@@ -367,8 +367,49 @@ def test_dp_size_2_serves_and_leaves_no_orphans(stop_signal):
         assert "sglang:time_to_first_token_seconds_count" in metrics
         family = _descendants(proc.pid)
         assert len(family) >= 6   # 2 engines, each with a scheduler and a detokenizer
-        os.kill(proc.pid, stop_signal)
+        if stop_signal == signal.SIGKILL:
+            os.kill(proc.pid, stop_signal)
+            proc.wait(timeout=60)
+            wait_for(lambda: not any(is_alive(p) for p in family), 30, "every engine to exit")
+            return
+        # A stream in flight at SIGTERM ends as one server's does: an abort, then [DONE]
+        lines: list[str] = []
+        with httpx.stream("POST", url + "/generate", timeout=60, json={
+                "text": "Count to a thousand:", "stream": True,
+                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}) as r:
+            for line in filter(None, r.iter_lines()):
+                lines.append(line)
+                if len(lines) == 6:
+                    t0 = time.monotonic()
+                    os.kill(proc.pid, stop_signal)
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        last = json.loads(lines[-2].removeprefix("data: "))
+        assert last["meta_info"]["finish_reason"]["type"] == "abort", last
         proc.wait(timeout=60)
+        assert time.monotonic() - t0 < 8
+        wait_for(lambda: not any(is_alive(p) for p in family), 30, "every engine to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_dp_server_exits_when_an_engine_dies():
+    """As one server exits when a process of its engine dies (for a supervisor to restart
+    it): an engine of --dp-size killed, the server exits with code 1, the other engine too."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--dp-size", "2",
+                             "--device", "cpu", "--log-level", "warning", "--port", str(port),
+                             "--max-total-tokens", "2048"], start_new_session=True)
+    try:
+        wait_healthy(proc, url, 300)
+        family = _descendants(proc.pid)
+        engines = [p for p in family if b"serve" in open(f"/proc/{p}/cmdline", "rb").read()
+                   and int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+                   == proc.pid]
+        assert len(engines) == 2, engines
+        os.kill(engines[0], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
         wait_for(lambda: not any(is_alive(p) for p in family), 30, "every engine to exit")
     finally:
         if proc.poll() is None:

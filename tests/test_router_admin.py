@@ -4,6 +4,7 @@ workers (bench/trivial_worker.py)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from urllib.parse import quote
 
@@ -26,7 +27,8 @@ def _wait(cond, what: str, timeout: float = 20.0) -> None:
 
 def test_workers_rest_loads_and_probes(trivial_workers):  # noqa: F811
     w1, w2, w3 = trivial_workers(), trivial_workers(), trivial_workers()
-    proc, url = start_router("--worker-urls", w1, "--policy", "round_robin")
+    proc, url = start_router("--worker-urls", w1, "--policy", "round_robin",
+                             "--health-check-timeout-secs", "1")
     try:
         _wait(lambda: httpx.get(url + "/readiness").status_code == 200, "readiness")
         live = httpx.get(url + "/liveness")
@@ -55,6 +57,12 @@ def test_workers_rest_loads_and_probes(trivial_workers):  # noqa: F811
             r = httpx.post(url + "/workers", json=body)
             assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
         assert httpx.post(url + "/workers", content=b"{not json").status_code == 400
+        with socket.socket() as silent:     # takes the connection, never answers
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+            r = httpx.post(url + "/workers", timeout=30,
+                           json={"url": f"http://127.0.0.1:{silent.getsockname()[1]}"})
+        assert r.status_code == 400 and "no answer within 1 s" in r.json()["error"]["message"]
         r = httpx.post(url + "/workers", json={"url": w2})
         assert r.status_code == 400 and "already registered" in r.json()["error"]["message"]
         assert httpx.get(url + "/workers").json()["total"] == 2

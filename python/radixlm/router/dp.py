@@ -2,16 +2,18 @@
 per GPU from `--base-gpu-id` on a GPU machine; all on the CPU otherwise), and the cache-aware
 router in this process on `--port`.
 
-Process hygiene as for one server: SIGTERM / Ctrl-C stops the router, then every engine (each
-stops its own scheduler and detokenizer); the engines run with RADIXLM_DIE_WITH_PARENT=<this
-pid> and so exit if this process dies, even by SIGKILL. The API key reaches them through the
-environment (RADIXLM_API_KEY), not their command lines.
+Process hygiene as for one server: SIGTERM / Ctrl-C stops every engine (each stops its own
+scheduler and detokenizer, its requests ending through the router), then the router; an engine
+that dies stops the server with exit code 1 (router/server.run_router). The engines run with
+RADIXLM_DIE_WITH_PARENT=<this pid> and so exit if this process dies, even by SIGKILL. The API
+key reaches them through the environment (RADIXLM_API_KEY), not their command lines.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +58,16 @@ def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subpr
     return engines
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raises ValueError naming --port when it cannot be bound on `host`."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (as the server binds it)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--port {port} on {host}: {e.strerror or e}") from None
+
+
 def serve_dp(args: ServerArgs) -> int:
     from radixlm.router.server import run_router
 
@@ -63,6 +75,7 @@ def serve_dp(args: ServerArgs) -> int:
         raise ValueError("--dp-size: with --nnodes > 1 start the engines on each machine and "
                          "put `radixlm router` in front of them")
     gpus = engine_gpus(args)
+    check_port_free(args.host, args.port)    # before minutes of engine start-up
     router_args = RouterArgs(host=args.host, port=args.port, api_key=args.api_key,
                              log_level=args.log_level)   # validated before any engine starts
 
@@ -81,11 +94,11 @@ def serve_dp(args: ServerArgs) -> int:
               f"({', '.join(url for _, url in engines)})", file=sys.stderr, flush=True)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        run_router(RouterArgs(**{**router_args.__dict__,
-                                 "worker_urls": [url for _, url in engines]}),
-                   info_overrides={"dp_size": args.dp_size, "host": args.host,
-                                   "port": args.port})
-        return 0
+        return run_router(RouterArgs(**{**router_args.__dict__,
+                                        "worker_urls": [url for _, url in engines]}),
+                          info_overrides={"dp_size": args.dp_size, "host": args.host,
+                                          "port": args.port},
+                          engines=[proc for proc, _ in engines])
     except KeyboardInterrupt:
         return 130
     except RuntimeError as e:

@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
+import signal
+import subprocess
 import sys
-from typing import Any, Awaitable, Callable
+import time
+from typing import Any, Awaitable, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +40,8 @@ from radixlm.router.workers import WorkerPool
 logger = logging.getLogger("radixlm.router")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# serve --dp-size: how long stopped engines get to end their requests before the router goes
+ENGINE_STOP_TIMEOUT_S = 10.0
 # POSTs sent to one worker chosen by the policy. The embedding / reward / score ones are
 # served by SGLang workers started with --is-embedding (radixlm workers answer them with a 400)
 ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
@@ -204,16 +210,17 @@ class Router:
         return web.Response(status=200)
 
     async def get_load(self, request: web.Request) -> web.StreamResponse:
+        """Every healthy worker's entries, each worker's `dp_rank` its place in the worker list
+        (each calls itself rank 0), so a rank keeps its number while another is down."""
+        rank_of = {url: rank for rank, url in enumerate(self.pool.workers)}
         loads: list[Any] = []
         for url, status, data in await self._each_healthy("GET", "/get_load"):
             got = json_or_none(data) if status == 200 else None
-            if isinstance(got, list):
-                loads.extend(got)
-            elif isinstance(got, dict):
-                loads.append(got)
-        for rank, load in enumerate(loads):   # (each worker calls itself rank 0)
-            if isinstance(load, dict) and "dp_rank" in load:
-                load["dp_rank"] = rank
+            entries = got if isinstance(got, list) else [got] if isinstance(got, dict) else []
+            for load in entries:
+                if isinstance(load, dict) and "dp_rank" in load:
+                    load["dp_rank"] = rank_of.get(url, load["dp_rank"])
+                loads.append(load)
         return web.json_response(loads)
 
     async def server_info(self, request: web.Request) -> web.StreamResponse:
@@ -253,15 +260,67 @@ class Router:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def run_router(args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> int:
-    """Serve until SIGTERM / Ctrl-C."""
+def run_router(args: RouterArgs, info_overrides: dict[str, Any] | None = None,
+               engines: Sequence[subprocess.Popen] = ()) -> int:
+    """Serve until SIGTERM / Ctrl-C; a second signal stops at once. The router alone drains:
+    requests in flight get up to 5 s. With `engines` (`serve --dp-size`, which started them):
+    a signal stops the engines first, so that their requests in flight end as one server's
+    do (finish_reason abort, streams closed with [DONE], 503s) through the router, and then the
+    router; an engine that exits by itself stops the whole server with exit code 1, as one
+    server exits when a process of its engine dies (a supervisor restarts it)."""
     level = "WARNING" if args.log_level == "warn" else args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     router = Router(args, info_overrides)
     print(f"radixlm router on http://{args.host}:{args.port}, policy {args.policy}, "
           f"{len(router.pool.workers)} workers", file=sys.stderr, flush=True)
-    # (uvloop measured no faster here: aiohttp's own request handling dominates.)
-    web.run_app(router.app(), host=args.host, port=args.port, print=None,
-                handler_cancellation=True, access_log=None, handle_signals=True,
-                shutdown_timeout=5)
-    return 0
+    try:
+        # (uvloop measured no faster here: aiohttp's own request handling dominates.)
+        return asyncio.run(_serve(router, args, list(engines)))
+    except OSError as e:        # the port: in use, or not ours to bind
+        print(f"radixlm router: error: --port {args.port} on {args.host}: "
+              f"{e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
+
+
+async def _serve(router: Router, args: RouterArgs, engines: list[subprocess.Popen]) -> int:
+    runner = web.AppRunner(router.app(), handle_signals=False, access_log=None,
+                           handler_cancellation=True, shutdown_timeout=1 if engines else 5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+        stop = asyncio.Event()
+        signals: list[int] = []
+
+        def on_signal(sig: int) -> None:
+            signals.append(sig)
+            if len(signals) > 1:        # the second: at once
+                for proc in engines:
+                    if proc.poll() is None:
+                        proc.kill()
+                os._exit(130)
+            stop.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        code = 0
+        while not stop.is_set():
+            dead = [p for p in engines if p.poll() is not None]
+            if dead:
+                logger.error("an engine (pid %d) exited with code %s: stopping the server",
+                             dead[0].pid, dead[0].returncode)
+                code = 1
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+        for proc in engines:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + ENGINE_STOP_TIMEOUT_S
+        while any(p.poll() is None for p in engines) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)    # (their last answers pass through the router)
+        return code
+    finally:
+        await runner.cleanup()

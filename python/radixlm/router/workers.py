@@ -59,7 +59,10 @@ class WorkerPool:
                 raise ValueError(f"{worker.url}/health answered HTTP {status}")
             status, body = await self._get(worker.url + "/get_model_info")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise ValueError(f"cannot reach {worker.url}: {e or type(e).__name__}") from None
+            why = str(e) or (f"no answer within {self.args.health_check_timeout_secs:g} s "
+                              f"(--health-check-timeout-secs)"
+                              if isinstance(e, asyncio.TimeoutError) else type(e).__name__)
+            raise ValueError(f"cannot reach {worker.url}: {why}") from None
         try:
             info = json.loads(body) if status == 200 else None
         except ValueError:
