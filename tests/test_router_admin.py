@@ -52,7 +52,7 @@ def test_workers_rest_loads_and_probes(trivial_workers):  # noqa: F811
         # Fields this router cannot act on are refused, naming the field; nothing is added
         for body, field in (({"url": w3, "priority": 5}, "priority"),
                             ({"url": w3, "worker_type": "prefill"}, "worker_type"),
-                            ({"url": w3, "api_key": "other"}, "api_key"),
+                            ({"url": w3, "api_key": 5}, "api_key"),
                             ({"url": 5}, "url"), ({"nope": 1}, "nope"), ([w3], "JSON object")):
             r = httpx.post(url + "/workers", json=body)
             assert r.status_code == 400 and field in r.json()["error"]["message"], (body, r.text)
@@ -100,3 +100,55 @@ def test_probes_are_open_and_the_control_plane_takes_the_key(trivial_workers):  
                 == 200, path
     finally:
         stop_server(proc)
+
+
+def _worker_wanting_key(key: str):
+    """A trivial worker (in a thread) that answers only requests bearing `key`: (url, stop)."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from radixlm.bench.trivial_worker import app as trivial_app
+
+    @web.middleware
+    async def need_key(request, handler):
+        if request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "no key"}, status=401)
+        return await handler(request)
+
+    app = trivial_app()
+    app.middlewares.append(need_key)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def stop():
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    return f"http://127.0.0.1:{port}", stop
+
+
+def test_a_worker_added_with_its_own_key_gets_that_key(trivial_workers):  # noqa: F811
+    """POST /workers {"url", "api_key"} (sglang-router's): the router sends that worker its own
+    key, not the router's --api-key."""
+    w1 = trivial_workers()
+    keyed, stop = _worker_wanting_key("wkey")
+    proc, url = start_router("--worker-urls", w1, "--api-key", "k", "--policy", "round_robin")
+    auth = {"Authorization": "Bearer k"}
+    try:
+        r = httpx.post(url + "/workers", headers=auth, json={"url": keyed})
+        assert r.status_code == 400 and "401" in r.json()["error"]["message"], r.text
+        r = httpx.post(url + "/workers", headers=auth, json={"url": keyed, "api_key": "wkey"})
+        assert r.status_code == 200, r.text
+        httpx.post(url + "/remove_worker", params={"url": w1}, headers=auth)
+        out = httpx.post(url + "/generate", headers=auth,
+                         json={"text": "hi", "sampling_params": {"max_new_tokens": 1}})
+        assert out.status_code == 200 and out.json()["text"] == "ok", out.text
+    finally:
+        stop_server(proc)
+        stop()

@@ -7,8 +7,8 @@
   (-1 for a worker that is unhealthy or did not answer);
 - `/liveness` (the router answers) and `/readiness` (at least one healthy worker).
 
-Every worker shares the router's API key (`--api-key`), so a worker's own `api_key` is taken
-only when it is that key; prefill/decode workers are not supported (no disaggregation here).
+A worker added by `POST /workers` may bring its own `api_key`, which the router then sends it
+instead of its own `--api-key`; prefill/decode workers are not supported (no disaggregation).
 """
 
 from __future__ import annotations
@@ -40,9 +40,8 @@ def _requests_in(load: Any) -> int | None:
 
 
 class WorkerAdmin:
-    def __init__(self, pool: WorkerPool, api_key: str | None, fan_out: FanOut) -> None:
+    def __init__(self, pool: WorkerPool, fan_out: FanOut) -> None:
         self.pool = pool
-        self.api_key = api_key
         self.fan_out = fan_out
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -118,9 +117,8 @@ class WorkerAdmin:
         if body.get("worker_type", "regular") != "regular":
             return (f"worker_type: {body['worker_type']!r} is not supported (only 'regular': "
                     f"no prefill/decode disaggregation)")
-        key = body.get("api_key")
-        if key is not None and key != self.api_key:
-            return "api_key: every worker takes the router's own --api-key"
+        if not isinstance(body.get("api_key", ""), (str, type(None))):
+            return "api_key: a string, the worker's own API key"
         return None
 
     async def create_worker(self, request: web.Request) -> web.StreamResponse:
@@ -132,7 +130,7 @@ class WorkerAdmin:
         if problem:
             return json_error(problem, 400)
         try:
-            worker = await self.pool.add(body["url"])
+            worker = await self.pool.add(body["url"], body.get("api_key") or None)
         except ValueError as e:
             return json_error(str(e), 400)
         return web.json_response({"success": True, "message": f"worker {worker.url} added",

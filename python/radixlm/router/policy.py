@@ -20,6 +20,7 @@ class Worker:
     url: str
     healthy: bool = False
     model_id: str = ""                 # the model_path its /get_model_info reported
+    api_key: str | None = field(default=None, repr=False)   # its own key (else the router's)
     in_flight: int = 0                 # requests sent and not yet answered
     requests_total: int = 0
     failures_total: int = 0            # times taken out (failed requests, health checks)

@@ -64,10 +64,10 @@ class Forwarder:
         self.timeout = aiohttp.ClientTimeout(total=args.request_timeout_secs,
                                              sock_connect=args.health_check_timeout_secs)
 
-    def _headers(self, request: web.Request) -> dict[str, str]:
+    def _headers(self, request: web.Request, worker: Worker) -> dict[str, str]:
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS
                    if h in request.headers}
-        headers.update(self.pool.auth_headers)   # the router's --api-key, if any
+        headers.update(self.pool.auth_headers(worker))   # its key or the router's, if any
         return headers
 
     async def forward(self, request: web.Request, body: bytes | None, key: str | None,
@@ -157,7 +157,7 @@ class Forwarder:
             try:
                 return await self.pool.session.request(
                     request.method, worker.url + request.path_qs, data=body,
-                    headers=self._headers(request), timeout=self.timeout,
+                    headers=self._headers(request, worker), timeout=self.timeout,
                     skip_auto_headers=("Accept-Encoding",))
             except aiohttp.ServerDisconnectedError:
                 if fresh_try:

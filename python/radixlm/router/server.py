@@ -65,7 +65,7 @@ class Router:
         self.policy = create_policy(args.policy, args.cache_threshold,
                                     args.balance_abs_threshold, args.balance_rel_threshold)
         self.forwarder = Forwarder(self.pool, self.policy, self.metrics)
-        self.admin = WorkerAdmin(self.pool, args.api_key, self._each_healthy)
+        self.admin = WorkerAdmin(self.pool, self._each_healthy)
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ app
@@ -159,7 +159,7 @@ class Router:
         async def one(w) -> tuple[str, int, bytes]:
             try:
                 async with self.pool.session.request(
-                        method, w.url + path, data=body, headers=self.pool.auth_headers,
+                        method, w.url + path, data=body, headers=self.pool.auth_headers(w),
                         timeout=aiohttp.ClientTimeout(total=self.args.request_timeout_secs)) as r:
                     return w.url, r.status, await r.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:

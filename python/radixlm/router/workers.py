@@ -31,9 +31,11 @@ class WorkerPool:
             url = check_worker_url(url, "--worker-urls")
             self.workers.setdefault(url, Worker(url))
 
-    @property
-    def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+    def auth_headers(self, worker: Worker) -> dict[str, str]:
+        """What the router sends a worker: its own API key (POST /workers with api_key), else
+        the router's --api-key, if any."""
+        key = worker.api_key or self.args.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def healthy(self, exclude: set[Worker] | None = None) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy and w not in (exclude or ())]
@@ -45,19 +47,20 @@ class WorkerPool:
         worker.healthy = False
         worker.tree.clear()
 
-    async def _get(self, url: str) -> tuple[int, bytes]:
+    async def _get(self, worker: Worker, path: str) -> tuple[int, bytes]:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.args.health_check_timeout_secs)
-        async with self.session.get(url, headers=self.auth_headers, timeout=timeout) as r:
+        async with self.session.get(worker.url + path, headers=self.auth_headers(worker),
+                                    timeout=timeout) as r:
             return r.status, await r.read()
 
     async def identify(self, worker: Worker) -> None:
         """Raises ValueError unless the URL is a healthy radixlm / SGLang server."""
         try:
-            status, _ = await self._get(worker.url + "/health")
+            status, _ = await self._get(worker, "/health")
             if status != 200:
                 raise ValueError(f"{worker.url}/health answered HTTP {status}")
-            status, body = await self._get(worker.url + "/get_model_info")
+            status, body = await self._get(worker, "/get_model_info")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             why = str(e) or (f"no answer within {self.args.health_check_timeout_secs:g} s "
                               f"(--health-check-timeout-secs)"
@@ -93,11 +96,12 @@ class WorkerPool:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(w) for w in list(self.workers.values())))
 
-    async def add(self, url: str) -> Worker:
+    async def add(self, url: str, api_key: str | None = None) -> Worker:
+        """`api_key`: the worker's own, instead of the router's --api-key."""
         url = check_worker_url(url)
         if url in self.workers:
             raise ValueError(f"worker {url} is already registered")
-        worker = Worker(url)
+        worker = Worker(url, api_key=api_key)
         await self.identify(worker)
         if url in self.workers:   # added by a concurrent call while this one waited
             raise ValueError(f"worker {url} is already registered")
