@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import pickle
+import shutil
 import signal
 import tempfile
 import threading
@@ -29,9 +30,35 @@ class IpcEndpoints:
 
     @classmethod
     def create(cls) -> "IpcEndpoints":
-        d = tempfile.mkdtemp(prefix="radixlm-ipc-")
+        sweep_stale_dirs()
+        d = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX)
+        with open(os.path.join(d, OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
         return cls(*(f"ipc://{os.path.join(d, name)}"
                      for name in ("scheduler", "detokenizer", "tokenizer")))
+
+
+IPC_DIR_PREFIX = "radixlm-ipc-"
+OWNER_FILE = "owner"     # the pid of the process that made the directory (and removes it)
+
+
+def sweep_stale_dirs() -> None:
+    """Remove the socket directories of engines that are gone without removing their own (a
+    SIGKILL): each names its owner's pid, and a directory whose owner no longer runs is
+    stale. Directories without an owner file, or of another user, are left alone."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        if not name.startswith(IPC_DIR_PREFIX):
+            continue
+        path = os.path.join(base, name)
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                owner = int(f.read())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError):   # no owner file, not ours to signal, unreadable
+            continue
 
 
 def pull_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
