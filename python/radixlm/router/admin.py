@@ -22,19 +22,26 @@ from radixlm.router.policy import Worker
 from radixlm.router.proxy import json_error, json_or_none
 from radixlm.router.workers import WorkerPool
 
-# (method, path) -> what answers it; the fanned-out GET /get_load lives in server.py
+# How the admin asks every healthy worker: (method, path) -> [(url, HTTP status, body)]
+# (Router._each_healthy; status 0 for a worker that did not answer)
 FanOut = Callable[[str, str], Awaitable[list[tuple[str, int, bytes]]]]
 # The fields of POST /workers this router acts on (sglang-router's WorkerConfigRequest has
 # more: priority, cost, labels, ..., which would be accepted and then ignored here)
 WORKER_FIELDS = ("url", "api_key", "worker_type")
 
 
-def _requests_in(load: Any) -> int | None:
-    """Running + waiting requests from one worker's /get_load answer (a list with one entry
-    per data-parallel rank, or one object), or None if it is not one."""
-    entries = load if isinstance(load, list) else [load]
-    if not entries or not all(isinstance(e, dict) and isinstance(e.get("num_reqs"), int)
-                              for e in entries):
+def load_entries(answer: Any) -> list[dict]:
+    """The entries of one worker's /get_load answer: a list with one per data-parallel rank
+    (radixlm, SGLang), or one object; [] for anything else."""
+    entries = answer if isinstance(answer, list) else [answer]
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def _requests_in(answer: Any) -> int | None:
+    """Running + waiting requests from one worker's /get_load answer, or None if it does not
+    say."""
+    entries = load_entries(answer)
+    if not entries or not all(isinstance(e.get("num_reqs"), int) for e in entries):
         return None
     return sum(e["num_reqs"] for e in entries)
 

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from radixlm.router.admin import WorkerAdmin
+from radixlm.router.admin import WorkerAdmin, load_entries
 from radixlm.router.config import RouterArgs
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import create_policy
@@ -215,10 +215,8 @@ class Router:
         rank_of = {url: rank for rank, url in enumerate(self.pool.workers)}
         loads: list[Any] = []
         for url, status, data in await self._each_healthy("GET", "/get_load"):
-            got = json_or_none(data) if status == 200 else None
-            entries = got if isinstance(got, list) else [got] if isinstance(got, dict) else []
-            for load in entries:
-                if isinstance(load, dict) and "dp_rank" in load:
+            for load in load_entries(json_or_none(data)) if status == 200 else []:
+                if "dp_rank" in load:
                     load["dp_rank"] = rank_of.get(url, load["dp_rank"])
                 loads.append(load)
         return web.json_response(loads)
