@@ -81,22 +81,16 @@ class OutputParsing:
 
 
 @dataclass
-class _SentCall:
-    id: str
-    arguments: str = ""
-
-
-@dataclass
 class ChoiceDeltas:
     """What one streamed choice has sent; `delta` gives the next piece."""
     parsing: OutputParsing
     reasoning: str = ""
     content: str = ""
-    calls: list[_SentCall] = field(default_factory=list)
+    call_ids: list[str] = field(default_factory=list)     # of the calls sent, in order
 
     @property
     def called(self) -> bool:
-        return bool(self.calls)
+        return bool(self.call_ids)
 
     def delta(self, text: str, final: bool, truncated: bool = False) -> DeltaMessage:
         s = self.parsing.split(text, final, truncated)
@@ -105,12 +99,11 @@ class ChoiceDeltas:
         self.reasoning += reasoning
         self.content += content
         pieces = []
-        for i, call in enumerate(s.calls[len(self.calls):], start=len(self.calls)):
+        for i, call in enumerate(s.calls[len(self.call_ids):], start=len(self.call_ids)):
             if call.name is None or not (call.complete or (final and truncated)):
                 break       # calls go out in order, each whole (module docstring)
-            sent = _SentCall(call_id(), call.arguments)
-            self.calls.append(sent)
-            pieces.append(DeltaToolCall(index=i, id=sent.id, type="function",
+            self.call_ids.append(call_id())
+            pieces.append(DeltaToolCall(index=i, id=self.call_ids[-1], type="function",
                                         function=DeltaFunctionCall(name=call.name,
                                                                    arguments=call.arguments)))
         return DeltaMessage(reasoning_content=reasoning or None, content=content or None,

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
 from radixlm.entrypoints.server_info import model_name
+from radixlm.entrypoints.openai.logprobs import TextOffsets
 from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
@@ -166,7 +167,7 @@ class ChoiceStream:
     """What has been sent so far for one choice of a streamed response."""
     text_len: int = 0          # characters of the engine's cumulative text already sent
     logprobs_sent: int = 0     # output logprob entries already sent
-    offsets: Any = None        # completions: logprobs.TextOffsets of the choice's text
+    offsets: Optional[TextOffsets] = None   # completions: where its tokens start in its text
     started: bool = False      # completions: the echoed prompt has been sent
     finished: bool = False
     completion_tokens: int = 0
