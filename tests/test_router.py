@@ -112,9 +112,14 @@ def test_every_endpoint_through_the_router(router, workers):
     # SGLang's other names and the per-model route reach a worker; profiles fan out.
     assert client.models.retrieve(model).id == model
     assert httpx.post(router + "/v1/tokenize", json={"prompt": "Hello"}).json()["count"] >= 1
-    started = httpx.post(router + "/start_profile", json={"num_steps": 1, "activities": ["CPU"]})
+    started = httpx.post(router + "/start_profile", json={"activities": ["CPU"]})
     assert started.status_code == 200
-    httpx.post(router + "/stop_profile")      # (may find the one-step profile already done)
+    stopped = httpx.post(router + "/stop_profile", timeout=60)
+    assert stopped.status_code == 200, stopped.text
+    traces = [w["trace_path"] for w in stopped.json()["workers"]]   # each worker wrote one
+    assert len(set(traces)) == len(workers) and all(os.path.exists(t) for t in traces)
+    for t in traces:
+        os.remove(t)
     missing = httpx.get(router + "/no_such_route")
     assert missing.status_code == 404 and "no_such_route" in missing.json()["message"]
     assert httpx.get(router + "/generate").status_code == 405

@@ -187,7 +187,8 @@ class Router:
 
     async def profile(self, request: web.Request) -> web.StreamResponse:
         """/start_profile or /stop_profile on every healthy worker (each writes its own
-        trace); the first worker's error if any refused."""
+        trace); the first worker's error if any refused. A JSON answer is the first worker's
+        with every worker's own under `workers` (each names its trace_path)."""
         body = await request.read() if request.can_read_body else None
         answers = await self._each_healthy("POST", request.path, body)
         if not answers:
@@ -196,7 +197,11 @@ class Router:
             if status != 200:
                 return web.Response(body=data, status=status or 502,
                                     content_type="application/json")
-        return web.Response(body=answers[0][2], status=200)
+        parsed = [(url, json_or_none(data)) for url, _, data in answers]
+        if not all(isinstance(answer, dict) for _, answer in parsed):
+            return web.Response(body=answers[0][2], status=200)
+        return web.json_response({**parsed[0][1],
+                                  "workers": [{"url": url, **answer} for url, answer in parsed]})
 
     async def abort_request(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

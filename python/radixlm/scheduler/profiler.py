@@ -2,8 +2,8 @@
 
 The profiler runs in the scheduler process (where the model runs), from a start request to a
 stop request or for `num_steps` scheduler steps, and writes a Chrome trace (open it in
-chrome://tracing or Perfetto) named `<time in ms>-<n>-TP-<rank>.trace.json.gz` in the output
-directory.
+chrome://tracing or Perfetto) named `<time in ms>-<pid>-<n>-TP-<rank>.trace.json.gz` in the
+output directory.
 The stop answer also says how busy the GPU was over the window (kernel time with overlapping
 kernels counted once, and the span from the first kernel to the last): `radixlm bench headline`
 compares that with the end-to-end time of the same request.
@@ -101,9 +101,12 @@ class StepProfiler:
         if self._prof is None:
             return ProfileResult(False, "the profiler is not running (/start_profile first)")
         prof, self._prof = self._prof, None
-        # Milliseconds and a count: two traces stopped within a second keep distinct names.
+        # Milliseconds, the process and a count: traces stopped at the same moment keep
+        # distinct names, also those of several servers on one machine (a router's
+        # /stop_profile reaches every worker at once).
         self._written += 1
-        name = f"{time.time() * 1000:.0f}-{self._written}-TP-{self.tp_rank}.trace.json.gz"
+        name = (f"{time.time() * 1000:.0f}-{os.getpid()}-{self._written}-TP-{self.tp_rank}"
+                f".trace.json.gz")
         path = os.path.join(self._out_dir, name)
         try:
             if self.device.type == "cuda":
