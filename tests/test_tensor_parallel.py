@@ -118,6 +118,22 @@ def test_bad_tp_sizes_are_refused_naming_the_flag(make_engine):
         make_engine(tp_size=0)
 
 
+def test_serve_with_a_bad_tp_size_says_why_in_a_line():
+    """`radixlm serve --tp-size 2` on a 9-head model: exit code 1 and the reason, not a
+    traceback per rank."""
+    import subprocess
+    import sys
+
+    from helpers import free_port
+    r = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", "--tp-size", "2",
+                        "--device", "cpu", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert "radixlm serve: error: engine failed to start" in r.stderr
+    assert "num_attention_heads (9) is not divisible" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def test_a_dead_rank_takes_the_engine_down(make_engine, tmp_path, smollm_dir):
     model = tiny_checkpoint(tmp_path / "m", "llama", 2)
     engine = make_engine(model_path=model, tokenizer_path=smollm_dir, tp_size=2,

@@ -115,7 +115,11 @@ def serve(args: ServerArgs) -> int:
     from radixlm.entrypoints.engine import Engine
 
     started = time.perf_counter()
-    engine = Engine(**vars(args))
+    try:
+        engine = Engine(**vars(args))
+    except RuntimeError as e:     # the engine's own start-up failure, already logged by it
+        print(f"radixlm serve: error: {e}", file=sys.stderr, flush=True)
+        return 1
     app = create_app(engine, args)
     ready = engine.ready
     print(f"radixlm serving {ready.model_path} on http://{args.host}:{args.port} "

@@ -149,7 +149,10 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             all_reduce_paths=tp.all_reduce_paths(),
             max_prompt_tokens=scheduler.kv_capacity - 1))
     except Exception as e:
-        logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
+        if isinstance(e, ValueError):   # what the flags or the model ask cannot be: no trace
+            logger.error("scheduler start-up failed: %s", e)
+        else:
+            logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
         send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))
         if outbox is not None:
             outbox.close()
