@@ -416,3 +416,22 @@ def test_max_queued_requests_refuses_with_429():
         assert r.status_code == 400 and "more sequences" in r.json()["error"]["message"]
     finally:
         stop_server(proc)
+
+
+@pytest.mark.parametrize("extra", [[], ["--dp-size", "2"]])
+def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(extra):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", "--device", "cpu",
+                            "--port", str(port), *extra], capture_output=True, text=True,
+                           timeout=120)
+    assert r.returncode == 2 and f"--port {port}" in r.stderr, r.stderr[-1000:]
+    assert "radixlm serving" not in r.stderr and time.monotonic() - t0 < 30

@@ -113,7 +113,9 @@ def serve(args: ServerArgs) -> int:
     import uvicorn
 
     from radixlm.entrypoints.engine import Engine
+    from radixlm.utils.server_process import check_port_free
 
+    check_port_free(args.host, args.port)
     started = time.perf_counter()
     try:
         engine = Engine(**vars(args))

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 from radixlm.config import ServerArgs
 from radixlm.router.config import RouterArgs
-from radixlm.utils.server_process import free_port, stop_server, wait_healthy
+from radixlm.utils.server_process import check_port_free, free_port, stop_server, wait_healthy
 
 ENGINE_START_TIMEOUT_S = 900
 
@@ -56,16 +55,6 @@ def _start_engines(args: ServerArgs, gpus: list[int | None]) -> list[tuple[subpr
                                 env=env, start_new_session=True)
         engines.append((proc, f"http://127.0.0.1:{port}"))
     return engines
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raises ValueError naming --port when it cannot be bound on `host`."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (as the server binds it)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ValueError(f"--port {port} on {host}: {e.strerror or e}") from None
 
 
 def serve_dp(args: ServerArgs) -> int:

@@ -72,7 +72,8 @@ class WorkerPool:
             info = None
         if status == 401:
             raise ValueError(f"{worker.url} refused the router's API key (GET /get_model_info: "
-                             f"HTTP 401; start the router with the workers' --api-key)")
+                             f"HTTP 401; start the router with the workers' --api-key, or add "
+                             f"this worker with its own: POST /workers {{\"url\", \"api_key\"}})")
         if not isinstance(info, dict) or "model_path" not in info:
             raise ValueError(f"{worker.url} is not a radixlm or SGLang server "
                              f"(GET /get_model_info: HTTP {status}, no model_path)")

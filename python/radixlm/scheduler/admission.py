@@ -62,8 +62,8 @@ class Admission:
             free = self.max_running_requests - len(running) - (chunked is not None)
             if len(waiting) >= max_queued + max(0, free):
                 return FinishReason("abort", message=f"the request queue is full "
-                                    f"({len(waiting)} waiting, --max-queued-requests); retry "
-                                    f"later", status_code=429)
+                                    f"({max_queued} waiting beyond the running batch, "
+                                    f"--max-queued-requests); retry later", status_code=429)
         params = req.sampling_params
         params.max_new_tokens = min(params.max_new_tokens, capacity - req.prompt_len)
         return None

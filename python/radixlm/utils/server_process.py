@@ -17,6 +17,17 @@ from typing import Sequence
 import httpx
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raises ValueError naming --port when it cannot be bound on `host` (checked before the
+    model loads: a server that cannot listen should not take a minute to say so)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (as the server binds it)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--port {port} on {host}: {e.strerror or e}") from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
