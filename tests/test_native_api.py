@@ -383,6 +383,17 @@ def test_profiler_bad_requests_are_400(url, body, needle):
     assert post(url, "/stop_profile", None).status_code == 400   # nothing was started
 
 
+def test_pooling_endpoints_name_what_is_served(url):
+    """SGLang's embedding / reward / rerank endpoints: a 400 saying the served model generates
+    (OpenAI-shaped, param model), not a bare 404; a mistyped path stays a 404."""
+    for path in ("/v1/embeddings", "/encode", "/v1/rerank", "/classify", "/v1/score"):
+        r = httpx.post(url + path, json={"model": "m", "input": "hi", "text": "hi"})
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert "generation model" in err["message"] and err["param"] == "model"
+    assert httpx.post(url + "/v1/embedding", json={}).status_code == 404
+
+
 # ---------------------------------------------------------------------- process lifecycle
 
 def test_sigterm_aborts_streams_and_exits_cleanly(server):
@@ -462,13 +473,3 @@ def test_api_key_and_no_orphans_after_kill():
         time.sleep(0.2)
     assert not any(is_alive(p) for p in children)
 
-
-def test_pooling_endpoints_name_what_is_served(url):
-    """SGLang's embedding / reward / rerank endpoints: a 400 saying the served model generates
-    (OpenAI-shaped, param model), not a bare 404; a mistyped path stays a 404."""
-    for path in ("/v1/embeddings", "/encode", "/v1/rerank", "/classify", "/v1/score"):
-        r = httpx.post(url + path, json={"model": "m", "input": "hi", "text": "hi"})
-        assert r.status_code == 400, (path, r.text)
-        err = r.json()["error"]
-        assert "generation model" in err["message"] and err["param"] == "model"
-    assert httpx.post(url + "/v1/embedding", json={}).status_code == 404
