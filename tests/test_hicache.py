@@ -296,6 +296,35 @@ def test_ranks_load_only_the_blocks_every_rank_found(tmp_path):
     check_accounting(none, alloc3)
 
 
+def test_a_corrupt_block_takes_the_unreachable_ones_after_it_along(tmp_path):
+    """The match stops at the first block it cannot read (corrupt: removed). The blocks after
+    it can no longer be matched, and one of them corrupt too would stay so for good (the
+    writer skips names whose file exists): they are removed, and written anew with the
+    recomputed prefix."""
+    import glob
+
+    from radixlm.mem_cache.kv_storage import FileStorage
+    first, pool, alloc = make_file_cache(tmp_path)
+    doc = list(range(500, 700))                  # 3 whole blocks of 64
+    cache_tokens(first, pool, alloc, doc)
+    first.close()
+    files = glob.glob(str(tmp_path / "**" / "*.kv"), recursive=True)
+    assert len(files) == 3
+    for f in files:
+        with open(f, "r+b") as fh:
+            fh.seek(-2, 2)
+            fh.write(b"??")
+    second, pool2, alloc2 = make_file_cache(tmp_path)
+    assert len(second.match_prefix(doc).indices) == 0
+    assert glob.glob(str(tmp_path / "**" / "*.kv"), recursive=True) == []
+    cache_tokens(second, pool2, alloc2, doc)     # computed again: every block written anew
+    second.close()
+    store = FileStorage(os.path.dirname(files[0]).rsplit(os.sep, 1)[0])
+    rewritten = glob.glob(str(tmp_path / "**" / "*.kv"), recursive=True)
+    assert len(rewritten) == 3
+    assert all(store.get(os.path.basename(f)[:-3]) is not None for f in rewritten)
+
+
 def test_blocks_read_ahead_of_the_match(tmp_path, monkeypatch):
     """A request's arrival reads its blocks on the prefetch thread; the match then takes them
     from memory (the store is not read again), with the same KV."""
@@ -679,6 +708,13 @@ def test_engine_restart_hits_the_file_tier(make_engine, tmp_path):
     assert third["output_ids"] == plain["output_ids"]
     assert third["meta_info"]["cached_tokens"] == 0
     third_engine.shutdown()           # the broken files were removed, and the blocks written again
+    # Every block is whole again: also the second, which the reads stopped short of (the
+    # first failed), and which the writer would have skipped as present
+    from radixlm.mem_cache.kv_storage import FileStorage
+    store = FileStorage(str(tmp_path / "l3"))
+    rewritten = glob.glob(str(tmp_path / "l3" / "*" / "*.kv"))
+    assert len(rewritten) >= 2
+    assert all(store.get(os.path.basename(f)[:-3]) is not None for f in rewritten)
     fourth = make_engine(**kwargs).generate(prompt, params)
     assert fourth["output_ids"] == plain["output_ids"]
     assert fourth["meta_info"]["cached_tokens"] == 128

@@ -139,7 +139,7 @@ class FileTier:
         names = self.names(key)[start // self.block_size:]
         keep = set(names)         # (this request's: not taken from its own read-ahead)
         staged = StagedBlocks([], 0)
-        for name in names:
+        for i, name in enumerate(names):
             block = self.prefetcher.take(name)
             if block is not None:
                 staged.read_ahead += 1
@@ -149,6 +149,7 @@ class FileTier:
                     staged.cut_short = True
                     break
                 if not self._read_into(name, block):
+                    self._drop_unreachable(names[i:])
                     break
             staged.blocks.append(block)
             self._stored.add(name)
@@ -195,6 +196,16 @@ class FileTier:
         self.arena.release(staged.blocks, after=self._copied())
         self.hit_tokens += len(slots)
         self.prefetched_tokens += min(staged.read_ahead * self.block_size, len(slots))
+
+    def _drop_unreachable(self, names: list[str]) -> None:
+        """`names[0]` could not be read (absent, or corrupt and so removed): the blocks after it
+        in the chain can no longer be matched. They are removed and forgotten, so that the
+        prefix computed again writes them anew: the writer skips names whose file exists, and
+        a corrupt block the reads never reached would otherwise stay a miss for good."""
+        for name in names:
+            self._stored.discard(name)
+        for name in names[1:]:
+            self.storage.remove(name)
 
     def store(self, key: list[int], value: torch.Tensor) -> None:
         """Queue every whole block of a freshly cached key (`value`: its device slots) that the

@@ -132,6 +132,9 @@ class KVStorage(ABC):
     @abstractmethod
     def exists(self, name: str) -> bool: ...
 
+    def remove(self, name: str) -> None:
+        """Drop a block if stored (a store that cannot leaves it: this is housekeeping)."""
+
     def set_pieces(self, name: str, pieces: Sequence[memoryview]) -> bool:
         """Store a block whose bytes are `pieces` in order (the staging arena's rows). A store
         that can write them without joining them overrides this (FileStorage)."""
@@ -182,6 +185,12 @@ class FileStorage(KVStorage):
 
     def exists(self, name: str) -> bool:
         return os.path.exists(self._path(name))
+
+    def remove(self, name: str) -> None:
+        try:
+            os.unlink(self._path(name))
+        except OSError:
+            pass
 
     def get(self, name: str) -> bytes | None:
         try:
