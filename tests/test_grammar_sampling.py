@@ -143,7 +143,9 @@ def test_redraw_from_alternatives(allowed, ids, scores, want):
 
 def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[int]], int, int]:
     """The first three CASES through a Scheduler in this process (plain loop, CPU): outputs,
-    steps and rejections; `resample` False drops the saved-logits path (the recompute one)."""
+    request-steps (steps summed over the requests they served: a rejection recomputed costs
+    its request one, whether or not that request was the last to finish) and rejections;
+    `resample` False drops the saved-logits path (the recompute one)."""
     import time
 
     from helpers import cpu_scheduler
@@ -166,8 +168,8 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
     reqs = list(sched.waiting)
     steps = 0
     while sched.has_work:
+        steps += sum(not r.finished for r in reqs)
         sched.step()
-        steps += 1
     return [r.output_ids for r in reqs], steps, sched.grammar_rejections
 
 

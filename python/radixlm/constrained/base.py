@@ -40,6 +40,10 @@ class InvalidConstraintError(ValueError):
 class GrammarMatcher(ABC):
     """Per-request grammar state."""
 
+    # Its grammar's row in the backend's static masks (`GrammarBackend.static_masks`): the
+    # tokens no state of the grammar accepts. 0: none known.
+    static_mask_row: int = 0
+
     @abstractmethod
     def accept_token(self, token: int) -> bool: ...
 
@@ -69,6 +73,11 @@ class GrammarBackend(ABC):
     @abstractmethod
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         """A CPU mask for a batch, every token allowed."""
+
+    def static_masks(self, rows: list[int], device: torch.device) -> torch.Tensor | None:
+        """Device masks, in allocate_mask's layout, of the static mask rows `rows` (matchers'
+        `static_mask_row`; 0 allows every token); None when there are none."""
+        return None
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:

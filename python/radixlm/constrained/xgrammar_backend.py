@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -15,11 +16,14 @@ import xgrammar as xgr
 
 import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
+from radixlm.constrained.alphabet import StaticMaskTable, TokenAsciiIndex, ascii_alphabet
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 from radixlm.utils.json_schema_check import unenforced_keyword
 from radixlm.utils.grammar_errors import compiler_reason
 
+
+logger = logging.getLogger(__name__)
 
 AUTO_FILL_THREADS = 8
 
@@ -72,9 +76,18 @@ class FillTimer:
             self.serial_s = new
 
 
+@dataclass(frozen=True)
+class Compiled:
+    """A compile's result: xgrammar's grammar and its row in the static masks."""
+    grammar: xgr.CompiledGrammar
+    static_mask_row: int
+
+
 class XGrammarMatcher(GrammarMatcher):
-    def __init__(self, compiled: xgr.CompiledGrammar, never: frozenset[int] = frozenset()):
+    def __init__(self, compiled: xgr.CompiledGrammar, never: frozenset[int] = frozenset(),
+                 static_mask_row: int = 0):
         self._m = xgr.GrammarMatcher(compiled)
+        self.static_mask_row = static_mask_row
         self._never = never
         # An xgrammar matcher (terminate_without_stop_token off, its default) terminates only
         # by accepting one of its stop tokens: after any other token the answer is known
@@ -131,6 +144,10 @@ class XGrammarBackend(GrammarBackend):
         self._threaded = (xgr.BatchGrammarMatcher(self.fill_threads)
                           if self.fill_threads > 1 else None)
         self._timer = FillTimer(explore=fixed is None and self._threaded is not None)
+        # Tokens each grammar can never accept, masked on the device (constrained/alphabet.py).
+        self._static = StaticMaskTable(TokenAsciiIndex(info.decoded_vocab, vocab_size),
+                                       never=sorted(self._never),
+                                       always=list(info.stop_token_ids))
 
     def compile(self, key: ConstraintKey) -> Future:
         with self._lock:
@@ -139,7 +156,16 @@ class XGrammarBackend(GrammarBackend):
                 fut = self._cache[key] = self.pool.submit(self._compile, key)
             return fut
 
-    def _compile(self, key: ConstraintKey) -> xgr.CompiledGrammar:
+    def _compile(self, key: ConstraintKey) -> Compiled:
+        grammar = self._compile_grammar(key)
+        try:
+            row = self._static.row_for(ascii_alphabet(str(grammar.grammar)))
+        except Exception:   # (an optimisation: the grammar works without it)
+            logger.exception("no static mask for a %s constraint", key.kind)
+            row = 0
+        return Compiled(grammar, row)
+
+    def _compile_grammar(self, key: ConstraintKey) -> xgr.CompiledGrammar:
         try:
             if key.kind == "json_schema":
                 try:
@@ -194,7 +220,11 @@ class XGrammarBackend(GrammarBackend):
         return self.compiler.compile_structural_tag(items, triggers)
 
     def matcher(self, compiled: object) -> GrammarMatcher:
-        return XGrammarMatcher(compiled, self._never)  # type: ignore[arg-type]
+        assert isinstance(compiled, Compiled)
+        return XGrammarMatcher(compiled.grammar, self._never, compiled.static_mask_row)
+
+    def static_masks(self, rows: list[int], device: torch.device) -> torch.Tensor | None:
+        return self._static.gather(rows, device)
 
     def allocate_mask(self, batch_size: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(batch_size, self.vocab_size)

@@ -13,6 +13,7 @@ from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.penalties import LogitAdjustments, min_tokens_ban_index
 from radixlm.sampling.request import SamplingRequest
 from radixlm.scheduler.request import Req
+from radixlm.utils.device import to_device
 
 
 class StepSampling:
@@ -66,10 +67,22 @@ class StepSampling:
 
     def _grammar_mask(self, reqs: list[Req], masked: list[bool],
                       backend: GrammarBackend | None) -> Callable[[torch.Tensor], None] | None:
+        """Masked rows: their grammar's mask, filled on the host now. Constrained rows sampling
+        without it: their grammar's static mask (the tokens it never accepts), already on the
+        device (constrained/alphabet.py)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None and masked[i]]
+        static_rows = [r.grammar.static_mask_row if r.grammar is not None and not m else 0
+                       for r, m in zip(reqs, masked)]
+        static = backend.static_masks(static_rows, self.device) if backend is not None else None
         if not rows:
-            return None
+            if static is None:
+                return None
+            return lambda logits: backend.apply_mask(logits, static)
         assert backend is not None, "a grammar request without the grammar backend"
         mask = backend.allocate_mask(len(reqs))
         backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
-        return backend.on_device(mask, self.device)
+        if static is None:
+            return backend.on_device(mask, self.device)
+        # (a filled row's static row is 0, allowing every token: its own mask stands)
+        both = torch.bitwise_and(to_device(mask, torch.int32, self.device), static)
+        return lambda logits: backend.apply_mask(logits, both)
