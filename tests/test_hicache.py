@@ -194,6 +194,18 @@ def test_bad_hicache_flags(make_engine):
         ServerArgs(enable_hierarchical_cache=True, disable_radix_cache=True)
     with pytest.raises(RuntimeError, match="--hicache-size: the host KV pool would take"):
         make_engine(enable_hierarchical_cache=True, hicache_size=1e6)
+    # A directory for a disk tier that is not on: refused, not silently unused.
+    with pytest.raises(ValueError, match="--hicache-storage-dir: needs --hicache-storage-b"):
+        ServerArgs(enable_hierarchical_cache=True, hicache_storage_dir="/tmp/kv")
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_a_host_pool_no_larger_than_the_device_pool_is_refused(ratio):
+    from radixlm.mem_cache.hiradix_cache import HiCacheConfig
+    with pytest.raises(ValueError, match=r"--hicache-ratio: the host KV pool \(\d+ tokens\) "
+                                         r"must be larger than the device's \(1000 tokens\)"):
+        HiCacheConfig(ratio=ratio).host_slots(1000, bytes_per_token=64)
+    assert HiCacheConfig(ratio=1.5).host_slots(1000, bytes_per_token=64) == 1500
 
 
 # ---------------------------------------------------------------------- the file tier (L3)

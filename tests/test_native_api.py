@@ -246,6 +246,8 @@ def test_abort_request_by_rid(url):
     t.join(timeout=60)
     assert result["r"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert result["r"]["meta_info"]["completion_tokens"] < 3000
+    r = post(url, "/abort_request", {"rid": 5})
+    assert r.status_code == 400 and "`rid` must be a string" in r.text, r.text
 
 
 # ---------------------------------------------------------------------- bad input
@@ -375,7 +377,8 @@ def test_profiler_num_steps_stops_by_itself(url, tmp_path):
     ({"start_step": 5}, "start_step"),
     ({"no_such_field": 1}, "unsupported /start_profile fields"),
     ({"num_steps": 0}, "num_steps"),
-    ({"num_steps": "three"}, "num_steps"),
+    ({"num_steps": "three"}, "`num_steps` must be an integer"),
+    ({"with_stack": "yes"}, "`with_stack` must be true or false"),
 ])
 def test_profiler_bad_requests_are_400(url, body, needle):
     r = post(url, "/start_profile", body)

@@ -385,7 +385,15 @@ def test_max_queued_requests_refuses_with_429():
     with a 429 (retry later); the admitted ones finish; the server serves on."""
     import concurrent.futures
 
-    proc, url = start_server("--max-running-requests", "1", "--max-queued-requests", "1")
+    proc, url = start_server("--max-running-requests", "1", "--max-queued-requests", "1",
+                             "--enable-metrics")
+
+    def metric(name: str) -> float:
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     try:
         body = {"text": "Count: 1, 2, 3,", "sampling_params": {
             "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
@@ -393,6 +401,11 @@ def test_max_queued_requests_refuses_with_429():
             codes = list(pool.map(lambda _: _generate(url, body).status_code, range(6)))
         assert codes.count(200) >= 1 and codes.count(429) >= 1, codes
         assert set(codes) <= {200, 429}
+        # Refused requests were never served: not counted as finished (nor aborted), and
+        # their prompts not as processed tokens.
+        assert metric("sglang:num_requests_total") == codes.count(200)
+        assert metric("sglang:num_aborted_requests_total") == 0
+        assert metric("sglang:generation_tokens_total") == 24 * codes.count(200)
         statuses = []
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             for f in [pool.submit(lambda: httpx.post(url + "/v1/completions", timeout=120, json={

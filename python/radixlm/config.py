@@ -238,6 +238,8 @@ class ServerArgs:
                                                  f"{self.hicache_storage_backend!r}")
         if self.hicache_storage_backend and not self.enable_hierarchical_cache:
             raise bad("hicache-storage-backend", "needs --enable-hierarchical-cache")
+        if self.hicache_storage_dir is not None and self.hicache_storage_backend != "file":
+            raise bad("hicache-storage-dir", "needs --hicache-storage-backend file")
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
                                                    "--disable-radix-cache)")

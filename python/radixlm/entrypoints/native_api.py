@@ -239,6 +239,7 @@ async def update_weights_from_disk(request: Request) -> Response:
 
 
 # /start_profile's fields (SGLang's names); others are refused rather than ignored.
+_A_KIND = {int: "an integer", str: "a string", list: "a list", bool: "true or false"}
 _PROFILE_FIELDS = {"output_dir": str, "num_steps": int, "activities": list, "with_stack": bool,
                    "record_shapes": bool}
 # Fields of SGLang's profile request that its own tools send (bench_serving --profile, RL
@@ -272,7 +273,7 @@ def profile_request(body: Any) -> ProfileReq:
     for name, value in fields.items():
         kind = _PROFILE_FIELDS[name]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"`{name}` must be a {kind.__name__}")
+            raise ValueError(f"`{name}` must be {_A_KIND.get(kind, kind.__name__)}")
     if not all(isinstance(a, str) for a in fields.get("activities", [])):
         raise ValueError("`activities` must be a list of strings (\"CPU\", \"GPU\")")
     return ProfileReq("start", **fields)
@@ -312,7 +313,10 @@ async def abort_request(request: Request) -> Response:
             request.app.state.engine.abort_all()
             return Response(status_code=200)
         rid = body.get("rid") if isinstance(body, dict) else None
-        if not isinstance(rid, str) or not rid:
+        if rid is not None and not isinstance(rid, str):
+            raise ValueError(f"`rid` must be a string (the request id to abort), got "
+                             f"{type(rid).__name__}")
+        if not rid:
             raise ValueError("`rid` (the request id to abort) or `abort_all: true` is required")
     except ValueError as e:
         return bad_request(e)

@@ -360,6 +360,8 @@ class TokenizerManager:
             else:
                 self.metrics.next_tokens(now - st.last_output, len(out.new_token_ids))
             st.last_output = now
+        if finished and _refused(st.finish_reason):
+            return    # (never served: an invalid request, or a full queue's "retry later")
         if finished:
             self.metrics.finished(
                 now - st.created, st.prompt_tokens, st.completion_tokens, st.cached_tokens,
@@ -462,6 +464,11 @@ class TokenizerManager:
                     and (st.single.rid == rid or expanded_from(st.single.rid, rid))):
                 st.finish_reason = FinishReason("abort", message="aborted")
                 st.updated.set()
+
+
+def _refused(fr: FinishReason | None) -> bool:
+    """Whether the scheduler refused the request instead of serving it (HTTP 400 or 429)."""
+    return fr is not None and fr.status_code in (400, 429)
 
 
 def _raise_if_rejected(st: ReqState) -> None:
