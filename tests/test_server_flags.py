@@ -12,6 +12,7 @@ import shutil
 
 import httpx
 import pytest
+import torch
 
 from helpers import cli_error, openai_client, start_server, stop_server
 from radixlm.config import ServerArgs
@@ -160,6 +161,11 @@ def test_preferred_sampling_params_and_model_sampling_defaults(url):
     assert [c.text for c in unset.choices] == [greedy] * 3
     sampled = client.completions.create(temperature=1.5, n=3, seed=1, **kwargs)
     assert any(c.text != greedy for c in sampled.choices)
+    # /v1 requests without max_tokens take the preferred max_new_tokens too (not the API's
+    # default of 16, nor the rest of the context for chat).
+    assert client.completions.create(model="m", prompt="Hi").usage.completion_tokens == 6
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+    assert chat.usage.completion_tokens == 6
 
 
 # ---------------------------------------------------------------------- flags and helpers
@@ -187,8 +193,32 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
     assert code == 2 and "--json-model-override-args" in err
     code, err = cli_error(["serve", "--tokenizer-mode", "mistral"], capsys)
     assert code == 2 and "--tokenizer-mode" in err
+    # Not-a-number and infinite values of float flags (a NaN passes every `x <= 0` check).
+    for flag in ("--max-request-body-mb", "--schedule-conservativeness", "--hicache-ratio"):
+        for value in ("nan", "inf"):
+            code, err = cli_error(["serve", flag, value], capsys)
+            assert code == 2 and f"{flag}: must be a finite number" in err, (flag, err)
+    # Paths that do not exist: one line naming the flag, before anything loads.
+    missing = str(tmp_path / "no" / "such" / "model")
+    for flag in ("--model-path", "--tokenizer-path"):
+        code, err = cli_error(["serve", "--device", "cpu", flag, missing], capsys)
+        assert code == 2 and flag in err and "does not exist" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    code, err = cli_error(["serve", "--device", "cpu", "--host", "no-such-host.invalid"], capsys)
+    assert code == 2 and "--host no-such-host.invalid" in err, err
     with pytest.raises(ValueError, match="--tokenizer-mode"):
         ServerArgs.from_kwargs(tokenizer_mode="fast").validate()
+
+
+def test_device_flags_the_machine_cannot_run_are_refused(capsys, monkeypatch):
+    """Triton attention on the CPU (its kernels need a GPU) and --device cuda without a GPU:
+    refused before the model loads, naming the flag."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, err = cli_error(["serve", "--device", "cpu", "--attention-backend", "triton"], capsys)
+    assert code == 2 and "--attention-backend triton: needs a GPU" in err, err
+    if not torch.cuda.is_available():
+        code, err = cli_error(["serve", "--device", "cuda"], capsys)
+        assert code == 2 and "--device cuda: no GPU is visible" in err, err
 
 
 def test_slow_tokenizer_mode_tokenizes_as_the_fast_one(smollm_dir):

@@ -143,6 +143,8 @@ def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
             code = run_router(RouterArgs.from_cli_args(ns))
         else:
             args = ServerArgs.from_cli_args(ns)
+            from radixlm.utils.gpus import check_device_flags
+            check_device_flags(args.device, args.attention_backend)
             if args.node_rank > 0:
                 from radixlm.entrypoints.ranks import run_follower_node
                 code = run_follower_node(args)
@@ -152,7 +154,7 @@ def main(argv: Sequence[str] | None = None, fast_exit: bool = False) -> int:
             else:
                 from radixlm.entrypoints.http_server import serve
                 code = serve(args)
-    except ValueError as e:  # ServerArgs / RouterArgs validation names the bad flag
+    except (ValueError, FileNotFoundError) as e:  # the messages name the bad flag
         parser.exit(2, f"radixlm {ns.command}: error: {e}\n")
     if fast_exit:
         # The engine and its children are stopped and the logs flushed: skip the interpreter's

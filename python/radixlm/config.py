@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
@@ -193,6 +195,13 @@ class ServerArgs:
         def bad(flag: str, msg: str) -> ValueError:
             return ValueError(f"--{flag}: {msg}")
 
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise bad(f.name.replace("_", "-"), f"must be a finite number, got {value}")
+        if self.tokenizer_path is not None and not _may_exist(self.tokenizer_path):
+            raise bad("tokenizer-path", f"{self.tokenizer_path!r} does not exist (and is not a "
+                                        f"Hugging Face id, which has the form ORG/NAME)")
         if self.load_format not in LOAD_FORMATS:
             raise bad("load-format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.dtype not in DTYPES:
@@ -499,3 +508,11 @@ def config_from_args(args: ServerArgs, cls: type[_Config], **overrides: Any) -> 
         else:
             raise TypeError(f"{cls.__name__}.{f.name} is not a ServerArgs field; pass it")
     return cls(**values)
+
+
+def _may_exist(path: str) -> bool:
+    """Whether `path` is an existing local path or could be a Hugging Face Hub id (ORG/NAME,
+    or a bare NAME such as gpt2)."""
+    if os.path.exists(os.path.expanduser(path)):
+        return True
+    return path.count("/") <= 1 and bool(path) and not path.startswith((".", "/", "~"))

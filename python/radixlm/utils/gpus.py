@@ -34,3 +34,16 @@ def pinned_env(gpu_index: int) -> dict[str, str]:
         raise ValueError(f"--base-gpu-id: GPU {gpu_index} does not exist (this machine has "
                          f"{len(gpus)} visible)")
     return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[gpu_index]}
+
+
+def check_device_flags(device: str | None, attention_backend: str | None) -> None:
+    """Refuse, before anything loads, a --device cuda without a GPU and Triton attention on
+    the CPU (its kernels need a GPU; TRITON_INTERPRET=1, the tests' interpreter, excepted)."""
+    has_gpu = bool(visible_gpus())
+    if device is not None and device.startswith("cuda") and not has_gpu:
+        raise ValueError(f"--device {device}: no GPU is visible")
+    on_cpu = device == "cpu" or (device is None and not has_gpu)
+    if (attention_backend == "triton" and on_cpu
+            and os.environ.get("TRITON_INTERPRET") != "1"):
+        raise ValueError("--attention-backend triton: needs a GPU (on the CPU: torch_native, "
+                         "the default there)")

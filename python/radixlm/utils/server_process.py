@@ -18,13 +18,14 @@ import httpx
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raises ValueError naming --port when it cannot be bound on `host` (checked before the
-    model loads: a server that cannot listen should not take a minute to say so)."""
+    """Raises ValueError naming --port when it cannot be bound on `host`, or --host when that
+    does not resolve (checked before the model loads: a server that cannot listen should not
+    take a minute to say so)."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port,
                                                           type=socket.SOCK_STREAM)[0]
-    except socket.gaierror:
-        return          # (an unknown host: the server's own bind says so)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: {e.strerror or e}") from None
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (as the server binds it)
         try:

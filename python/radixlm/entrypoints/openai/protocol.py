@@ -164,7 +164,7 @@ Prompt = Union[str, list[str], list[Int], list[list[Int]]]
 
 class CompletionRequest(SamplingExtras):
     prompt: Prompt
-    max_tokens: Optional[NonNegInt] = 16
+    max_tokens: Optional[NonNegInt] = None    # (None: --preferred-sampling-params, else 16)
     echo: Bool = False
     logprobs: Optional[TopLogprobsNum] = None
     best_of: Optional[PosInt] = None

@@ -25,6 +25,7 @@ from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExt
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError
+from radixlm.utils.sampling_defaults import parse_preferred
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
 logger = logging.getLogger(__name__)
@@ -227,10 +228,17 @@ class OpenAIServing:
             return ids
         return fit_to_context(ids, self.context_len, allow_truncate=True)
 
-    def max_new_tokens(self, prompt_len: int, requested: Optional[int], field: str) -> int:
-        """The completion budget for one prompt: what was asked for, clamped to what the context
-        leaves (as SGLang and the native API do; the response then ends with finish_reason
-        "length"). A prompt that leaves no room at all is a 400."""
+    def max_new_tokens(self, prompt_len: int, requested: Optional[int], field: str,
+                       default: Optional[int] = None) -> int:
+        """The completion budget for one prompt: what was asked for (else the server's
+        --preferred-sampling-params max_new_tokens, else `default`, else all the context
+        leaves), clamped to what the context leaves (as SGLang and the native API do; the
+        response then ends with finish_reason "length"). A prompt that leaves no room at all is
+        a 400."""
+        if requested is None:
+            preferred = parse_preferred(
+                self.http_request.app.state.server_args.preferred_sampling_params)
+            requested = preferred.get("max_new_tokens", default)
         room = self.context_len - prompt_len
         if room <= 0:
             raise OpenAIError(f"the prompt has {prompt_len} tokens, which does not fit the "

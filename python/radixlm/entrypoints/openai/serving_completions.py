@@ -78,9 +78,8 @@ class CompletionServing(OpenAIServing):
         return out
 
     def _engine_kwargs(self, prompts: _Prompts) -> dict[str, Any]:
-        requested = 16 if self.body.max_tokens is None else self.body.max_tokens
-        params = [self.sampling_params(self.body, self.max_new_tokens(len(ids), requested,
-                                                                      "max_tokens"))
+        params = [self.sampling_params(self.body, self.max_new_tokens(
+                      len(ids), self.body.max_tokens, "max_tokens", default=16))
                   for ids in prompts.ids]
         kwargs: dict[str, Any] = {"input_ids": prompts.ids, "sampling_params": params,
                                   "rid": self.engine_rids(len(params))}
