@@ -218,6 +218,9 @@ class ServerArgs:
                 raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, "
                                                    f"got {self.speculative_algorithm!r}")
         self._validate_draft_model(bad)
+        if self.cuda_graph_max_bs < 0:
+            raise bad("cuda-graph-max-bs", f"must be >= 0 (0: no CUDA graphs), got "
+                                           f"{self.cuda_graph_max_bs}")
         if self.torch_compile_max_bs < 1:
             raise bad("torch-compile-max-bs", f"must be >= 1, got {self.torch_compile_max_bs}")
         if not 1 <= self.speculative_num_draft_tokens <= 64:
@@ -398,14 +401,14 @@ class ServerArgs:
         if self.speculative_eagle_topk != 1 and not standalone:
             raise bad("speculative-eagle-topk", "needs --speculative-algorithm STANDALONE (NGRAM's "
                                                 "trees: --speculative-ngram-max-bfs-breadth)")
+        if not 1 <= self.speculative_num_steps <= 16:
+            raise bad("speculative-num-steps", f"must be in 1..16, got "
+                                               f"{self.speculative_num_steps}")
         if not standalone:
             return
         if self.speculative_draft_model_path is None:
             raise bad("speculative-draft-model-path", "is required with "
                                                       "--speculative-algorithm STANDALONE")
-        if not 1 <= self.speculative_num_steps <= 16:
-            raise bad("speculative-num-steps", f"must be in 1..16, got "
-                                               f"{self.speculative_num_steps}")
         topk, steps = self.speculative_eagle_topk, self.speculative_num_steps
         if not 1 <= topk <= 8:
             raise bad("speculative-eagle-topk", f"must be in 1..8, got {topk}")

@@ -1,0 +1,5 @@
+"""`python -m radixlm ...`: the `radixlm` command."""
+
+from radixlm.cli import run
+
+run()
