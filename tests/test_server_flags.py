@@ -482,3 +482,15 @@ def test_a_port_in_use_is_a_one_line_error_before_the_model_loads(extra):
                            timeout=120)
     assert r.returncode == 2 and f"--port {port}" in r.stderr, r.stderr[-1000:]
     assert "radixlm serving" not in r.stderr and time.monotonic() - t0 < 30
+
+
+def test_log_requests_logs_prompt_params_and_output(make_engine, caplog):
+    """--log-requests, as in SGLang: each request's prompt and sampling parameters when it is
+    received, and its output and token counts when it finishes."""
+    import logging
+    engine = make_engine(log_requests=True, log_level="info")
+    with caplog.at_level(logging.INFO, logger="radixlm.managers.tokenizer_manager"):
+        out = engine.generate("Say hi", {"max_new_tokens": 3, "temperature": 0})
+    text = caplog.text
+    assert "Receive: rid=" in text and "'Say hi'" in text and "max_new_tokens=3" in text, text
+    assert "Finish: rid=" in text and "completion_tokens=3" in text and repr(out["text"]) in text

@@ -213,6 +213,7 @@ class Engine:
             allow_auto_truncate=args.allow_auto_truncate, stream_interval=args.stream_interval,
             stream_output=args.stream_output,
             preferred_sampling_params=parse_preferred(args.preferred_sampling_params),
+            log_requests=args.log_requests,
             weight_version=args.weight_version, max_queued_requests=args.max_queued_requests)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,

@@ -92,6 +92,8 @@ class AuthAndLogMiddleware:
                                                                         self.api_key):
                 response = error_response(
                     "invalid or missing API key (Authorization: Bearer KEY)", 401)
+                if self.log_requests:
+                    logger.info("%s %s -> 401 (no valid API key)", scope.get("method"), path)
                 return await response(scope, receive, send)
         if not self.log_requests:
             return await self.app(scope, receive, send)

@@ -81,9 +81,12 @@ class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, send: Callable[[Any], None],
                  allow_auto_truncate: bool = False, stream_interval: int = 1,
                  preferred_sampling_params: dict[str, Any] | None = None,
+                 log_requests: bool = False,
                  weight_version: str = "default", stream_output: bool = False,
                  max_queued_requests: int | None = None):
         self.tokenizer = tokenizer
+        # --log-requests: each request's prompt and parameters, and its output, logged
+        self.log_requests = log_requests
         # --preferred-sampling-params: under every request's own sampling_params
         self.preferred_sampling_params = preferred_sampling_params or {}
         # --weight-version: the served weights' label (/get_model_info); a weight update
@@ -246,6 +249,10 @@ class TokenizerManager:
 
     def _send_sequence(self, st: ReqState, stream: bool) -> None:
         s = st.single
+        if self.log_requests and not s.rid.startswith(INTERNAL_RID_PREFIX):
+            prompt = s.text if s.text is not None else st.prompt_ids
+            logger.info("Receive: rid=%s prompt=%s sampling_params=%s", s.rid,
+                        _clip(repr(prompt)), _clip(repr(s.sampling_params)))
         self.send(TokenizedGenerateReq(
             rid=s.rid, input_ids=st.prompt_ids, sampling_params=s.sampling_params,
             return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
@@ -345,6 +352,11 @@ class TokenizerManager:
         st.output_token_ids_logprobs.extend(out.output_token_ids_logprobs)
         if finished:
             st.finish_reason = out.finish_reason
+            if self.log_requests and not st.single.rid.startswith(INTERNAL_RID_PREFIX):
+                logger.info("Finish: rid=%s finish_reason=%s prompt_tokens=%d "
+                            "completion_tokens=%d cached_tokens=%d output=%s", st.single.rid,
+                            out.finish_reason, st.prompt_tokens, st.completion_tokens,
+                            st.cached_tokens, _clip(repr(st.text or st.output_ids)))
             if st.abandoned and self.states.get(st.single.rid) is st:
                 del self.states[st.single.rid]      # (its caller is gone: the rid is free)
         if self.metrics is not None and not st.single.rid.startswith(INTERNAL_RID_PREFIX):
@@ -464,6 +476,11 @@ class TokenizerManager:
                     and (st.single.rid == rid or expanded_from(st.single.rid, rid))):
                 st.finish_reason = FinishReason("abort", message="aborted")
                 st.updated.set()
+
+
+def _clip(text: str, limit: int = 2048) -> str:
+    """A logged prompt or output, cut to `limit` characters (--log-requests)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _refused(fr: FinishReason | None) -> bool:
