@@ -198,6 +198,8 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
         for value in ("nan", "inf"):
             code, err = cli_error(["serve", flag, value], capsys)
             assert code == 2 and f"{flag}: must be a finite number" in err, (flag, err)
+    code, err = cli_error(["serve", "--served-model-name", ""], capsys)
+    assert code == 2 and "--served-model-name: is empty" in err, err
     # Range checks hold whether or not the feature is on.
     for argv in (["--cuda-graph-max-bs", "-3"], ["--speculative-num-steps", "100"]):
         code, err = cli_error(["serve", *argv], capsys)

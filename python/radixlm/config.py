@@ -274,6 +274,8 @@ class ServerArgs:
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise bad("attention-backend", f"must be one of {ATTENTION_BACKENDS}, "
                                            f"got {self.attention_backend!r}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise bad("served-model-name", "is empty (leave it out for the model path's name)")
         if self.log_level.lower() not in LOG_LEVELS:
             raise bad("log-level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
