@@ -192,6 +192,21 @@ def sync_checked_backend(calls: list):
 
 # ---------------------------------------------------------------------- a scheduler in this process
 
+def submit_and_wait_for_grammars(sched, prompts_and_params) -> list:
+    """Hand (prompt text, SamplingParams) pairs to an in-process Scheduler as requests r0, r1,
+    ... and wait until their grammars compiled; returns the waiting requests, in order."""
+    import time
+
+    from radixlm.managers.messages import TokenizedGenerateReq
+    for i, (prompt, params) in enumerate(prompts_and_params):
+        sched.handle_message(TokenizedGenerateReq(
+            rid=f"r{i}", input_ids=sched.tokenizer.encode(prompt), sampling_params=params))
+    while any(r.grammar_future is not None and not r.grammar_future.done()
+              for r in sched.waiting):
+        time.sleep(0.01)
+    return list(sched.waiting)
+
+
 def cpu_scheduler(args, send, load_tokenizer=None):
     """A Scheduler over the model of ServerArgs `args` on the CPU, in this process, with no
     transport: nothing to receive, each output message passed to `send`. Its tokenizer is

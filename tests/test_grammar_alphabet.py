@@ -112,29 +112,21 @@ def _lowercase_prose(optimistic: bool) -> tuple[list[list[int]], int]:
     """Greedy chat answers under `[a-z ]+` through a Scheduler in this process (plain loop,
     CPU): outputs and grammar rejections. The model keeps asking for capitals, commas and
     full stops, which that regex never accepts."""
-    import time
-
-    from helpers import cpu_scheduler
+    from helpers import cpu_scheduler, submit_and_wait_for_grammars
     from radixlm.config import ServerArgs
-    from radixlm.managers.messages import TokenizedGenerateReq
     from radixlm.model_executor.weight_source import load_tokenizer
     from radixlm.sampling.params import SamplingParams
 
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
                       disable_optimistic_grammar=not optimistic)
     sched = cpu_scheduler(args, lambda m: None, load_tokenizer=load_tokenizer)
-    for i, topic in enumerate(["the sea", "autumn", "a train journey"]):
-        prompt = sched.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Write a few sentences about {topic}."}],
-            tokenize=False, add_generation_prompt=True)
-        params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 20,
-                                           "min_new_tokens": 20, "regex": "[a-z ]+"})
-        sched.handle_message(TokenizedGenerateReq(
-            rid=f"r{i}", input_ids=sched.tokenizer.encode(prompt), sampling_params=params))
-    while any(r.grammar_future is not None and not r.grammar_future.done()
-              for r in sched.waiting):
-        time.sleep(0.01)
-    reqs = list(sched.waiting)
+    params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 20,
+                                       "min_new_tokens": 20, "regex": "[a-z ]+"})
+    prompts = [sched.tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Write a few sentences about {topic}."}],
+        tokenize=False, add_generation_prompt=True)
+        for topic in ["the sea", "autumn", "a train journey"]]
+    reqs = submit_and_wait_for_grammars(sched, [(p, params) for p in prompts])
     while sched.has_work:
         sched.step()
     return [r.output_ids for r in reqs], sched.grammar_rejections

@@ -146,11 +146,8 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
     request-steps (steps summed over the requests they served: a rejection recomputed costs
     its request one, whether or not that request was the last to finish) and rejections;
     `resample` False drops the saved-logits path (the recompute one)."""
-    import time
-
-    from helpers import cpu_scheduler
+    from helpers import cpu_scheduler, submit_and_wait_for_grammars
     from radixlm.config import ServerArgs
-    from radixlm.managers.messages import TokenizedGenerateReq
     from radixlm.model_executor.weight_source import load_tokenizer
 
     args = ServerArgs(device="cpu", max_total_tokens=2048, disable_overlap_schedule=True,
@@ -158,14 +155,9 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
     sched = cpu_scheduler(args, lambda m: None, load_tokenizer=load_tokenizer)
     if not resample:
         sched.results.resampler = None
-    for i, (prompt, case) in enumerate(CASES[:3]):
-        params = SamplingParams.from_dict({"max_new_tokens": 20, **case})
-        sched.handle_message(TokenizedGenerateReq(
-            rid=f"r{i}", input_ids=sched.tokenizer.encode(prompt), sampling_params=params))
-    while any(r.grammar_future is not None and not r.grammar_future.done()
-              for r in sched.waiting):
-        time.sleep(0.01)
-    reqs = list(sched.waiting)
+    reqs = submit_and_wait_for_grammars(
+        sched, [(prompt, SamplingParams.from_dict({"max_new_tokens": 20, **case}))
+                for prompt, case in CASES[:3]])
     steps = 0
     while sched.has_work:
         steps += sum(not r.finished for r in reqs)
