@@ -19,24 +19,48 @@ def _chars(alphabet) -> set[str]:
     return set(map(chr, alphabet))
 
 
-def test_literals_and_classes_give_the_alphabet():
-    assert _chars(ascii_alphabet(r'root ::= (("ab\"\\" [x-z0-1]))')) == set('"\\01abxyz')
-    assert _chars(ascii_alphabet(r'root ::= (("\t\x41\u00e9" root_1)) (=("c"))'
-                                 '\nroot_1 ::= ("" | ([\\]\\-]{0, 3}))')) == set("\tA-]c")
-    negated = ascii_alphabet(r'root ::= (([^\0-\x1f\"\\]))')
-    assert negated == frozenset(range(32, 128)) - {ord('"'), ord("\\")}
-    assert _chars(ascii_alphabet('root ::= (([\\0-\\U0010ffff]))')) == _chars(range(128))
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    from radixlm.constrained.xgrammar_backend import XGrammarBackend
+    b = XGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    yield b
+    b.shutdown()
 
 
-@pytest.mark.parametrize("text", [
-    'root ::= TagDispatch(\n  ("<f>", g),\n  loop_after_dispatch=true\n)',   # any text
-    r'root ::= (("a\q"))',           # an escape the parser does not know
-    r'root ::= (("unterminated))',
-    r'root ::= (([abc))',
-    'root ::= (("a")) % "b"',         # syntax it does not know
+def _alphabet(backend, kind: str, spec: str):
+    from radixlm.constrained.base import ConstraintKey
+    grammar = backend.compile(ConstraintKey(kind, spec)).result().grammar
+    return ascii_alphabet(grammar.grammar.serialize_json())
+
+
+@pytest.mark.parametrize("kind,spec,chars", [
+    ("ebnf", r'root ::= "ab\"\\" [x-z0-1]', 'ab"\\xyz01'),
+    # xgrammar prints these two wrong (`[^a-c]`, and "a" cut at the NUL): the serialized form
+    # is read instead.
+    ("ebnf", r"root ::= [\^a-c]+", "^abc"),
+    ("ebnf", r'root ::= "a\x00zq"', "a\x00zq"),
+    ("ebnf", r"root ::= [\x5e-\x60]+", "^_`"),
+    ("regex", r"(yes|no)\t[0-9]{2,3}", "yesno\t0123456789"),
 ])
-def test_text_not_understood_gives_no_alphabet(text):
-    assert ascii_alphabet(text) is None
+def test_the_alphabet_is_the_characters_of_the_terminals(backend, kind, spec, chars):
+    assert _chars(_alphabet(backend, kind, spec)) == set(chars)
+
+
+def test_negated_classes_and_constructs_not_read(backend):
+    negated = _alphabet(backend, "ebnf", r'root ::= [^\0-\x1f"\\]+')
+    assert negated == frozenset(range(32, 128)) - {ord('"'), ord("\\")}
+    assert _alphabet(backend, "regex", ".+") == frozenset(range(128))
+    # A JSON schema's pattern is an inline regex, a structural tag's triggers any text: no
+    # alphabet (no static mask) rather than a wrong one.
+    pattern = json.dumps({"type": "object", "properties": {"z": {"type": "string",
+                                                                  "pattern": "^[0-9]{5}$"}}})
+    assert _alphabet(backend, "json_schema", pattern) is None
+    tag = json.dumps({"structures": [{"begin": "<f>", "schema": {"type": "object"},
+                                      "end": "</f>"}], "triggers": ["<f>"]})
+    assert _alphabet(backend, "structural_tag", tag) is None
+    assert ascii_alphabet("not json") is None
+    assert ascii_alphabet(json.dumps({"grammar_expr_data": [0, 5, 97],
+                                      "grammar_expr_indptr": [0, 3]})) is None   # bad layout
 
 
 GRAMMARS = [
@@ -51,15 +75,11 @@ GRAMMARS = [
         "required": ["name", "n"]})),
     ("json_schema", json.dumps({"type": "object"})),
     ("ebnf", 'root ::= "yes" | "no" | [0-9]+ "!"'),
+    # What an independent probe found the printed form got wrong.
+    ("ebnf", r"root ::= ([\^a-z ] | [0-9,.])+"),
+    ("ebnf", r'root ::= "a" ("\x00zq" | "-")'),
+    ("regex", r"[\x5e-\x60 ]+"),
 ]
-
-
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    from radixlm.constrained.xgrammar_backend import XGrammarBackend
-    b = XGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-    yield b
-    b.shutdown()
 
 
 def _allowed(mask_row: torch.Tensor, vocab: int) -> torch.Tensor:

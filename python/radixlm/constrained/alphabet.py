@@ -8,16 +8,17 @@ computed once per grammar and applied on the device every step, at no host cost 
 mask removes only tokens the grammar rejects in every state, so an unmasked draw under it is
 still exactly masked sampling's token whenever the grammar accepts it.
 
-How: every character a grammar matches comes from one of its terminals, a string literal or a
-character class; the grammar's printed EBNF (xgrammar's normalised form) lists them all. Only
-ASCII is tracked: a byte below 0x80 in a token's UTF-8 is always that ASCII character, so a token
-holding an ASCII byte outside the grammar's alphabet can never be accepted. Text the parser does
-not understand (xgrammar's TagDispatch of structural tags, an unknown escape) gives no mask.
+How: every character a grammar matches comes from one of its terminals, a byte string or a
+character class, and xgrammar's serialized grammar lists them all. Only ASCII is tracked: a byte
+below 0x80 in a token's UTF-8 is always that ASCII character, so a token holding an ASCII byte
+outside the grammar's alphabet can never be accepted. A grammar with an expression this does not
+read (the TagDispatch of structural tags: any text; a JSON schema's `pattern`, an inline regex)
+gives no mask.
 """
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 from typing import Sequence
 
@@ -28,94 +29,46 @@ from radixlm.utils.device import to_device
 
 ASCII = frozenset(range(128))
 
-_SIMPLE_ESCAPES = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "0": 0, "a": 7, "b": 8, "e": 27}
-_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
-# What may stand between the terminals of printed EBNF: rule names, `::=`, grouping,
-# alternatives, repetition (`*`, `+`, `?`, `{0, 10}`) and lookaheads `(=(...))`.
-_STRUCTURE = re.compile(r"[\w\s:=()|*+?{},]*")
-_CALL = re.compile(r"\w\(")   # a builtin such as TagDispatch(...): its text is not terminals
+# Expression kinds of xgrammar's serialized grammar (Grammar.serialize_json: "grammar_expr_data",
+# each expression [kind, payload length, payload...]) that hold terminals, and those that only
+# give structure. Any other kind (TagDispatch: any text; an inline Regex; token sets) gives no
+# alphabet, and so no static mask.
+_BYTES, _CLASS, _CLASS_STAR = 0, 1, 2
+_STRUCTURE = {3, 4, 5, 6, 8}     # empty string, rule reference, sequence, choices, repetition
+# Larger serialized grammars (a schema with an enum of 20,000 values) are not read: the walk
+# below holds the GIL on the compile thread, and the scheduler's loop waits for it.
+MAX_SERIALIZED_CHARS = 1 << 20
 
 
-def _read_char(text: str, i: int) -> tuple[int, int] | None:
-    """The code point at text[i] (an escape or a plain character) and the index after it;
-    None for an escape this parser does not know."""
-    if text[i] != "\\":
-        return ord(text[i]), i + 1
-    if i + 1 >= len(text):
+def ascii_alphabet(serialized: str) -> frozenset[int] | None:
+    """The ASCII characters a grammar can match anywhere, from its serialized form (the printed
+    EBNF is not exact: xgrammar 0.2.9 prints `[\\^a]` as `[^a]` and cuts a string literal at a
+    NUL). None when the grammar holds an expression this does not understand, or is too
+    large."""
+    if len(serialized) > MAX_SERIALIZED_CHARS:
         return None
-    c = text[i + 1]
-    if c in _HEX_DIGITS:
-        digits = text[i + 2:i + 2 + _HEX_DIGITS[c]]
-        if len(digits) != _HEX_DIGITS[c] or not all(d in "0123456789abcdefABCDEF"
-                                                    for d in digits):
-            return None
-        return int(digits, 16), i + 2 + len(digits)
-    if c in _SIMPLE_ESCAPES:
-        return _SIMPLE_ESCAPES[c], i + 2
-    if c.isalnum():
-        return None   # (an escape class like \d: not in xgrammar's printed form)
-    return ord(c), i + 2   # an escaped punctuation mark stands for itself
-
-
-def _literal(text: str, i: int, into: set[int]) -> int | None:
-    """Read the string literal opening at text[i] (a quote); add its ASCII characters."""
-    i += 1
-    while i < len(text) and text[i] != '"':
-        got = _read_char(text, i)
-        if got is None:
-            return None
-        code, i = got
-        if code < 128:
-            into.add(code)
-    return i + 1 if i < len(text) else None
-
-
-def _char_class(text: str, i: int, into: set[int]) -> int | None:
-    """Read the character class opening at text[i] (`[`); add the ASCII characters it matches
-    (for `[^...]`, all those it does not list)."""
-    i += 1
-    negated = i < len(text) and text[i] == "^"
-    i += negated
-    listed: set[int] = set()
-    while i < len(text) and text[i] != "]":
-        got = _read_char(text, i)
-        if got is None:
-            return None
-        low, i = got
-        high = low
-        if i + 1 < len(text) and text[i] == "-" and text[i + 1] != "]":
-            got = _read_char(text, i + 1)
-            if got is None:
-                return None
-            high, i = got
-        listed.update(range(low, min(high, 127) + 1))
-    if i >= len(text):
+    try:
+        tree = json.loads(serialized)
+        data, starts = tree["grammar_expr_data"], tree["grammar_expr_indptr"]
+    except (ValueError, KeyError, TypeError):
         return None
-    into.update(ASCII - listed if negated else listed)
-    return i + 1
-
-
-def ascii_alphabet(ebnf: str) -> frozenset[int] | None:
-    """The ASCII characters the grammar printed as `ebnf` can match anywhere; None when the
-    text holds a construct this parser does not understand."""
     alphabet: set[int] = set()
-    structure: list[str] = []
-    i = 0
-    while i < len(ebnf):
-        c = ebnf[i]
-        if c == '"':
-            nxt = _literal(ebnf, i, alphabet)
-        elif c == "[":
-            nxt = _char_class(ebnf, i, alphabet)
-        else:
-            structure.append(c)
-            nxt = i + 1
-        if nxt is None:
+    for begin, end in zip(starts, starts[1:]):
+        expr = data[begin:end]
+        if len(expr) < 2 or len(expr) != expr[1] + 2:
+            return None          # (not the layout this reads: a format this does not know)
+        kind = expr[0]
+        if kind == _BYTES:
+            alphabet.update(b for b in expr[2:] if b < 128)
+        elif kind in (_CLASS, _CLASS_STAR):
+            if expr[1] < 1 or (expr[1] - 1) % 2:
+                return None
+            listed: set[int] = set()
+            for low, high in zip(expr[3::2], expr[4::2]):
+                listed.update(range(low, min(high, 127) + 1))
+            alphabet.update(ASCII - listed if expr[2] else listed)
+        elif kind not in _STRUCTURE:
             return None
-        i = nxt
-    rest = "".join(structure)
-    if not _STRUCTURE.fullmatch(rest) or _CALL.search(rest):
-        return None
     return frozenset(alphabet)
 
 

@@ -159,7 +159,7 @@ class XGrammarBackend(GrammarBackend):
     def _compile(self, key: ConstraintKey) -> Compiled:
         grammar = self._compile_grammar(key)
         try:
-            row = self._static.row_for(ascii_alphabet(str(grammar.grammar)))
+            row = self._static.row_for(ascii_alphabet(grammar.grammar.serialize_json()))
         except Exception:   # (an optimisation: the grammar works without it)
             logger.exception("no static mask for a %s constraint", key.kind)
             row = 0
