@@ -201,10 +201,13 @@ def test_bad_hicache_flags(make_engine):
 
 @pytest.mark.parametrize("ratio", [0.5, 1.0])
 def test_a_host_pool_no_larger_than_the_device_pool_is_refused(ratio):
+    from radixlm.config import ServerArgs
     from radixlm.mem_cache.hiradix_cache import HiCacheConfig
-    with pytest.raises(ValueError, match=r"--hicache-ratio: the host KV pool \(\d+ tokens\) "
+    with pytest.raises(ValueError, match="--hicache-ratio: must be > 1"):
+        ServerArgs(enable_hierarchical_cache=True, hicache_ratio=ratio)
+    with pytest.raises(ValueError, match=r"--hicache-size: the host KV pool \(\d+ tokens\) "
                                          r"must be larger than the device's \(1000 tokens\)"):
-        HiCacheConfig(ratio=ratio).host_slots(1000, bytes_per_token=64)
+        HiCacheConfig(size_gib=ratio * 64_000 / 2 ** 30).host_slots(1000, bytes_per_token=64)
     assert HiCacheConfig(ratio=1.5).host_slots(1000, bytes_per_token=64) == 1500
 
 

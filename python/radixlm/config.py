@@ -238,8 +238,9 @@ class ServerArgs:
                                          f"got {self.schedule_policy!r}")
         if self.grammar_backend not in ("xgrammar", "none"):
             raise bad("grammar-backend", f"must be xgrammar or none, got {self.grammar_backend!r}")
-        if self.hicache_ratio <= 0:
-            raise bad("hicache-ratio", f"must be > 0, got {self.hicache_ratio}")
+        if self.hicache_ratio <= 1:
+            raise bad("hicache-ratio", f"must be > 1 (the host pool is larger than the "
+                                       f"device's), got {self.hicache_ratio}")
         if self.hicache_size < 0:
             raise bad("hicache-size", f"must be >= 0 GiB, got {self.hicache_size}")
         if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:

@@ -84,11 +84,14 @@ class HiCacheConfig:
         if have is not None and need > have:
             raise ValueError(f"{flag}: the host KV pool would take {need / 2 ** 30:.1f} GiB; "
                              f"only {have / 2 ** 30:.1f} GiB of host memory are available")
-        if slots <= device_slots:
+        if self.size_gib > 0 and slots <= device_slots:
             # Every entry backed up keeps its host copy while it is on the device, so a host
-            # pool no larger than the device's could not even back the device pool up.
+            # pool no larger than the device's could not even back the device pool up (as
+            # SGLang, refused; --hicache-ratio <= 1 is refused with the other flags).
             raise ValueError(f"{flag}: the host KV pool ({slots} tokens) must be larger than "
                              f"the device's ({device_slots} tokens)")
+        if slots < 2:
+            raise ValueError(f"{flag}: the host KV pool would hold {slots} tokens")
         return slots
 
 
