@@ -458,8 +458,14 @@ def test_max_queued_requests_refuses_with_429():
         two = {**body, "sampling_params": {**body["sampling_params"], "n": 2}}
         r = _generate(url, two)
         assert r.status_code == 200 and len(r.json()) == 2, r.text
+        served = metric("sglang:num_requests_total")
         r = _generate(url, {**two, "text": ["a", "b", "c"]})
         assert r.status_code == 400 and "more sequences" in r.json()["message"], r.text
+        r = _generate(url, {**body, "text": ["a", "b", "c"]})     # 3 prompts, n = 1
+        assert r.status_code == 400 and "more sequences" in r.json()["message"], r.text
+        # Refused before any prompt was sent: nothing ran, nothing counted.
+        assert metric("sglang:num_requests_total") == served
+        assert metric("sglang:num_aborted_requests_total") == 0
         r = httpx.post(url + "/v1/completions", timeout=120, json={
             "model": "m", "prompt": "Count:", "max_tokens": 2, "n": 3})
         assert r.status_code == 400 and "more sequences" in r.json()["error"]["message"]

@@ -78,6 +78,27 @@ class GenerateReqInput:
         """One group per prompt; each group holds its n sequences. Raises ValueError."""
         return list(self.groups(defaults))
 
+    def declared_sequences(self, defaults: dict[str, Any] | None = None) -> int:
+        """Prompts x n as the request declares them, read without checking it (0 when its shape
+        is not valid: `groups` says why); a limit on sequences is checked before any prompt is
+        sent."""
+        if self.text is not None:
+            n_prompts = len(self.text) if isinstance(self.text, list) else 1
+        elif isinstance(self.input_ids, list):
+            n_prompts = (len(self.input_ids) if self.input_ids and isinstance(self.input_ids[0],
+                                                                                list) else 1)
+        else:
+            return 0
+        try:
+            params = _per_prompt(self.sampling_params, n_prompts, "sampling_params", None)
+        except ValueError:
+            return 0
+        total = 0
+        for p in params:
+            n = (p if isinstance(p, dict) else {}).get("n", (defaults or {}).get("n", 1))
+            total += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+        return total
+
     def groups(self, defaults: dict[str, Any] | None = None) -> Iterator[list[SingleGenerate]]:
         """`expand` one prompt at a time: what concerns the whole request is checked before the
         first group, each prompt's own fields (its ids' types, its sampling parameters) just
