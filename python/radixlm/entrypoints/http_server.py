@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.errors import error_response, validation_error_response
 from radixlm.entrypoints.server_info import model_name
+from radixlm.utils.sampling_defaults import parse_preferred
 
 logger = logging.getLogger("radixlm.server")
 
@@ -35,6 +36,8 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.engine = engine
     app.state.server_args = args
+    # (parsed once: /v1 reads max_new_tokens from it for every prompt without max_tokens)
+    app.state.preferred_sampling_params = parse_preferred(args.preferred_sampling_params)
     app.include_router(native_api.router)
     app.include_router(parse_api.router)
     app.include_router(openai_routes.router)

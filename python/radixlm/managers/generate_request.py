@@ -78,18 +78,25 @@ class GenerateReqInput:
         """One group per prompt; each group holds its n sequences. Raises ValueError."""
         return list(self.groups(defaults))
 
-    def declared_sequences(self, defaults: dict[str, Any] | None = None) -> int:
-        """Prompts x n as the request declares them, read without checking it (0 when its shape
-        is not valid: `groups` says why); a limit on sequences is checked before any prompt is
-        sent."""
+    def _prompt_batch(self) -> list:
+        """The prompts, one entry per prompt (texts, or lists of ids). Raises ValueError."""
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of `text` and `input_ids` must be given")
         if self.text is not None:
-            n_prompts = len(self.text) if isinstance(self.text, list) else 1
-        elif isinstance(self.input_ids, list):
-            n_prompts = (len(self.input_ids) if self.input_ids and isinstance(self.input_ids[0],
-                                                                                list) else 1)
-        else:
-            return 0
+            texts = self.text if isinstance(self.text, list) else [self.text]
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("`text` must be a string or a list of strings")
+            return texts
+        ids = self.input_ids
+        if not isinstance(ids, list):
+            raise ValueError("`input_ids` must be a list of token ids or a list of lists")
+        return ids if ids and isinstance(ids[0], list) else [ids]
+
+    def declared_sequences(self, defaults: dict[str, Any] | None = None) -> int:
+        """Prompts x n as the request declares them (0 when its shape is not valid: `groups`
+        says why); a limit on sequences is checked before any prompt is sent."""
         try:
+            n_prompts = len(self._prompt_batch())
             params = _per_prompt(self.sampling_params, n_prompts, "sampling_params", None)
         except ValueError:
             return 0
@@ -106,18 +113,7 @@ class GenerateReqInput:
         the first prefill of a big batch starts while later prompts are still being checked.
         `defaults` (--preferred-sampling-params) fill the sampling_params each prompt leaves
         out."""
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("exactly one of `text` and `input_ids` must be given")
-        if self.text is not None:
-            texts = self.text if isinstance(self.text, list) else [self.text]
-            if not all(isinstance(t, str) for t in texts):
-                raise ValueError("`text` must be a string or a list of strings")
-            batch: list = texts
-        else:
-            ids = self.input_ids
-            if not isinstance(ids, list):
-                raise ValueError("`input_ids` must be a list of token ids or a list of lists")
-            batch = ids if ids and isinstance(ids[0], list) else [ids]
+        batch = self._prompt_batch()
         n_prompts = len(batch)
         if n_prompts == 0:
             raise ValueError("the batch is empty")

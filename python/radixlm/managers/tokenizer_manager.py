@@ -177,15 +177,14 @@ class TokenizerManager:
         sent only once their shared prompt is cached."""
         warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
-        too_many = ValueError(
-            f"the request has more sequences (prompts x n) than the server runs and queues at "
-            f"once ({self.max_sequences}: --max-running-requests + --max-queued-requests)")
         if (self.max_sequences is not None
                 and obj.declared_sequences(self.preferred_sampling_params) > self.max_sequences):
-            raise too_many      # (before any prompt is sent: none runs, none is counted)
+            # (before any prompt is sent: none runs, none is counted)
+            raise ValueError(
+                f"the request has more sequences (prompts x n) than the server runs and queues "
+                f"at once ({self.max_sequences}: --max-running-requests + "
+                f"--max-queued-requests)")
         for group in obj.groups(self.preferred_sampling_params):
-            if self.max_sequences is not None and len(states) + len(group) > self.max_sequences:
-                raise too_many
             if self.tokenizer is None:
                 check_without_tokenizer(group[0], obj.return_text_in_logprobs)
             ids = self.tokenize(group[0])

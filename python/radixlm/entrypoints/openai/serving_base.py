@@ -25,7 +25,6 @@ from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExt
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError
-from radixlm.utils.sampling_defaults import parse_preferred
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
 
 logger = logging.getLogger(__name__)
@@ -236,8 +235,7 @@ class OpenAIServing:
         response then ends with finish_reason "length"). A prompt that leaves no room at all is
         a 400."""
         if requested is None:
-            preferred = parse_preferred(
-                self.http_request.app.state.server_args.preferred_sampling_params)
+            preferred = self.http_request.app.state.preferred_sampling_params
             requested = preferred.get("max_new_tokens", default)
         room = self.context_len - prompt_len
         if room <= 0:
