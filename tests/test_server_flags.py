@@ -210,6 +210,13 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
         code, err = cli_error(["serve", "--device", "cpu", flag, missing], capsys)
         assert code == 2 and flag in err and "does not exist" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    # A Hub id for the tokenizer that is neither cached nor reachable (no network here, or
+    # none such on the Hub): one line naming the flag, before the scheduler starts.
+    code, err = cli_error(["serve", "--device", "cpu", "--tokenizer-path",
+                           "radixlm-tests/no-such-tokenizer"], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "--tokenizer-path 'radixlm-tests/no-such-tokenizer'" in last, err
+    assert "Traceback" not in err, err
     code, err = cli_error(["serve", "--device", "cpu", "--host", "no-such-host.invalid"], capsys)
     assert code == 2 and "--host no-such-host.invalid" in err, err
     with pytest.raises(ValueError, match="--tokenizer-mode"):
@@ -326,6 +333,12 @@ def test_revision_and_download_dir_find_a_cached_hub_model(tmp_path, smollm_dir,
         resolve_model_dir("org/tiny", "auto", revision="v2", download_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="Hugging Face"):
         resolve_model_dir("org/tiny", "auto", revision="v1")   # not in the default cache
+    # --tokenizer-path takes a Hub id by the same rule, resolved to the cached snapshot (the
+    # engine hands its children that directory).
+    from radixlm.model_executor.weight_source import resolve_tokenizer_dir
+    _fake_hub_cache(str(tmp_path), "org/tok", "main", smollm_dir)
+    tok_dir = resolve_tokenizer_dir("org/tok", download_dir=str(tmp_path))
+    assert os.path.isfile(os.path.join(tok_dir, "tokenizer_config.json"))
 
 
 def test_new_flags_reach_server_args(tmp_path):

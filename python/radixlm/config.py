@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, get_type_hints
 
+from radixlm.utils.hub_ids import exists_or_could_be_hub_id
 from radixlm.utils.json_flag import parse_json_object
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
 
@@ -199,9 +199,9 @@ class ServerArgs:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise bad(f.name.replace("_", "-"), f"must be a finite number, got {value}")
-        if self.tokenizer_path is not None and not _may_exist(self.tokenizer_path):
+        if self.tokenizer_path is not None and not exists_or_could_be_hub_id(self.tokenizer_path):
             raise bad("tokenizer-path", f"{self.tokenizer_path!r} does not exist (and is not a "
-                                        f"Hugging Face id, which has the form ORG/NAME)")
+                                        f"Hugging Face id such as ORG/NAME)")
         if self.load_format not in LOAD_FORMATS:
             raise bad("load-format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.dtype not in DTYPES:
@@ -514,11 +514,3 @@ def config_from_args(args: ServerArgs, cls: type[_Config], **overrides: Any) -> 
         else:
             raise TypeError(f"{cls.__name__}.{f.name} is not a ServerArgs field; pass it")
     return cls(**values)
-
-
-def _may_exist(path: str) -> bool:
-    """Whether `path` is an existing local path or could be a Hugging Face Hub id (ORG/NAME,
-    or a bare NAME such as gpt2)."""
-    if os.path.exists(os.path.expanduser(path)):
-        return True
-    return path.count("/") <= 1 and bool(path) and not path.startswith((".", "/", "~"))

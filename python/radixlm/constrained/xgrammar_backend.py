@@ -17,6 +17,7 @@ import xgrammar as xgr
 import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.alphabet import StaticMaskTable, TokenAsciiIndex, ascii_alphabet
+from radixlm.constrained.regex_caret import protect_leading_caret
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 from radixlm.utils.json_schema_check import unenforced_keyword
@@ -178,7 +179,7 @@ class XGrammarBackend(GrammarBackend):
                 # punctuation forced, i.e. what jump-forward can skip.
                 return self.compiler.compile_json_schema(key.spec, any_whitespace=False)
             if key.kind == "regex":
-                return self.compiler.compile_regex(key.spec)
+                return self.compiler.compile_regex(protect_leading_caret(key.spec))
             if key.kind == "structural_tag":
                 return self._compile_structural_tag(key.spec)
             return self.compiler.compile_grammar(key.spec)

@@ -32,7 +32,7 @@ from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, Sche
                                        SchedulerStats, ShutdownReq, UpdateWeightsReq)
 from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
 from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_dir,
-                                                  set_trust_remote_code)
+                                                  resolve_tokenizer_dir, set_trust_remote_code)
 from radixlm.entrypoints.ranks import start_ranks
 from radixlm.entrypoints.server_info import server_info
 from radixlm.utils.chat_templates import load_chat_template
@@ -185,8 +185,11 @@ class Engine:
             set_trust_remote_code(args.trust_remote_code)
             hf_dir, load_format = resolve_model_dir(args.model_path, args.load_format,
                                                     args.revision, args.download_dir)
-        args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format)
-        tokenizer_path = args.tokenizer_path or hf_dir
+            # (a Hub id is fetched here, so that a bad one fails before anything starts)
+            tokenizer_path = hf_dir if args.tokenizer_path is None else \
+                resolve_tokenizer_dir(args.tokenizer_path, args.download_dir)
+        args = dataclasses.replace(args, model_path=hf_dir, load_format=load_format,
+                                   tokenizer_path=args.tokenizer_path and tokenizer_path)
         with phases.phase("start_processes"):
             self._children = _Children(args, tokenizer_path)
         with phases.phase("tokenizer"):

@@ -12,6 +12,7 @@ import types
 from typing import TYPE_CHECKING, Any, Iterator
 
 from radixlm.model_executor.gguf_convert import bundled_gguf_path, convert_gguf_to_hf_dir
+from radixlm.utils.hub_ids import could_be_hub_id
 
 if TYPE_CHECKING:
     import torch
@@ -83,32 +84,32 @@ _DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", 
                       "*.py"]
 
 
-def _local_path(model_path: str, revision: str | None = None,
-                download_dir: str | None = None) -> str:
+def _local_path(path: str, revision: str | None = None, download_dir: str | None = None,
+                flag: str = "model-path", patterns: list[str] = _DOWNLOAD_PATTERNS) -> str:
     """An existing local path, or a Hugging Face Hub id: from the local Hub cache, else
-    downloaded into it (HF_HUB_OFFLINE=1 forbids the download)."""
-    expanded = os.path.abspath(os.path.expanduser(model_path))
+    downloaded into it (HF_HUB_OFFLINE=1 forbids the download). Errors name `flag`."""
+    expanded = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(expanded):
         return expanded
-    if model_path.count("/") != 1 or model_path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"--model-path {model_path!r} does not exist (and is not a "
-                                f"Hugging Face model id, which has the form ORG/NAME)")
+    if not could_be_hub_id(path):
+        raise FileNotFoundError(f"--{flag} {path!r} does not exist (and is not a Hugging Face "
+                                f"id such as ORG/NAME)")
     from huggingface_hub import snapshot_download
 
     cache_dir = os.path.expanduser(download_dir) if download_dir else None
     at = f" at revision {revision!r}" if revision else ""
     try:
-        return snapshot_download(model_path, revision=revision, cache_dir=cache_dir,
+        return snapshot_download(path, revision=revision, cache_dir=cache_dir,
                                  local_files_only=True)
     except Exception:
         pass  # not cached: download it
-    logger.info("downloading %s%s from the Hugging Face Hub", model_path, at)
+    logger.info("downloading %s%s from the Hugging Face Hub", path, at)
     try:
-        return snapshot_download(model_path, revision=revision, cache_dir=cache_dir,
-                                 allow_patterns=_DOWNLOAD_PATTERNS)
+        return snapshot_download(path, revision=revision, cache_dir=cache_dir,
+                                 allow_patterns=patterns)
     except Exception as e:
         raise FileNotFoundError(
-            f"--model-path {model_path!r} is not a local path, and the Hugging Face model"
+            f"--{flag} {path!r} is not a local path, and the Hugging Face repository"
             f"{at} could not be found in the local cache or downloaded "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
@@ -212,18 +213,23 @@ def read_hf_config(hf_dir: str) -> Any:
     return types.SimpleNamespace(**raw)
 
 
-def resolve_tokenizer_dir(tokenizer_path: str) -> str:
+# What a tokenizer-only download fetches (--tokenizer-path naming a Hub id).
+_TOKENIZER_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
+
+
+def resolve_tokenizer_dir(tokenizer_path: str, download_dir: str | None = None) -> str:
     """The directory holding `tokenizer_path`'s tokenizer files: a GGUF file (or a directory
-    holding only one) is converted first; anything else is returned for transformers to resolve
-    (a cached Hub id, or the error to report)."""
-    path = os.path.abspath(os.path.expanduser(tokenizer_path))
+    holding only one) is converted first; a Hub id is fetched into the local Hub cache
+    (FileNotFoundError naming --tokenizer-path where it cannot be)."""
+    path = _local_path(tokenizer_path, download_dir=download_dir, flag="tokenizer-path",
+                       patterns=_TOKENIZER_PATTERNS)
     if os.path.isfile(path) and path.endswith(".gguf"):
         return convert_gguf_to_hf_dir(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "tokenizer_config.json")):
         ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
         if len(ggufs) == 1:
             return convert_gguf_to_hf_dir(ggufs[0])
-    return path if os.path.exists(path) else tokenizer_path
+    return path
 
 
 def load_tokenizer(tokenizer_path: str, mode: str = "auto") -> "PreTrainedTokenizerBase":
