@@ -191,6 +191,8 @@ def test_bad_flags_are_refused_naming_them(tmp_path, capsys):
     assert code == 2 and "--sampling-defaults" in err
     code, err = cli_error(["serve", "--json-model-override-args", "[1]"], capsys)
     assert code == 2 and "--json-model-override-args" in err
+    code, err = cli_error(["serve", "--json-model-override-args", '{"rope_theta": NaN}'], capsys)
+    assert code == 2 and "--json-model-override-args" in err and "NaN is not a JSON" in err
     code, err = cli_error(["serve", "--tokenizer-mode", "mistral"], capsys)
     assert code == 2 and "--tokenizer-mode" in err
     # Not-a-number and infinite values of float flags (a NaN passes every `x <= 0` check).

@@ -14,9 +14,19 @@ def parse_json_object(text: str | None, what: str) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
+        value = json.loads(text, parse_constant=_not_json)
+    except (json.JSONDecodeError, _NotJson) as e:
         raise ValueError(f"must be a JSON object of {what}: {e}") from None
     if not isinstance(value, dict):
         raise ValueError(f"must be a JSON object of {what}, got {text!r}")
     return value
+
+
+def _not_json(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which JSON does not have (a NaN in a model's
+    # config or a sampling default would only fail, or worse, much later).
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+class _NotJson(ValueError):
+    pass
