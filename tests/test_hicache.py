@@ -192,7 +192,7 @@ def test_bad_hicache_flags(make_engine):
         ServerArgs(hicache_write_policy="sometimes")
     with pytest.raises(ValueError, match="--enable-hierarchical-cache"):
         ServerArgs(enable_hierarchical_cache=True, disable_radix_cache=True)
-    with pytest.raises(RuntimeError, match="--hicache-size: the host KV pool would take"):
+    with pytest.raises(ValueError, match="--hicache-size: the host KV pool would take"):
         make_engine(enable_hierarchical_cache=True, hicache_size=1e6)
     # A directory for a disk tier that is not on: refused, not silently unused.
     with pytest.raises(ValueError, match="--hicache-storage-dir: needs --hicache-storage-b"):

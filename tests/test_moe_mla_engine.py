@@ -58,6 +58,6 @@ def test_overlap_and_regex(make_engine, smollm_dir, model, monkeypatch):
 
 def test_hierarchical_cache_with_mla_is_refused(make_engine, smollm_dir, tmp_path):
     path = tiny_checkpoint(tmp_path / "dsv2", "deepseek-v2")
-    with pytest.raises(RuntimeError, match="--enable-hierarchical-cache: not supported yet for MLA"):
+    with pytest.raises(ValueError, match="--enable-hierarchical-cache: not supported yet for MLA"):
         make_engine(model_path=path, tokenizer_path=smollm_dir, max_total_tokens=512,
                     enable_hierarchical_cache=True)

@@ -112,15 +112,15 @@ def test_structured_and_overlap_under_tp(make_engine, tmp_path, smollm_dir, monk
 
 
 def test_bad_tp_sizes_are_refused_naming_the_flag(make_engine):
-    with pytest.raises(RuntimeError, match="--tp-size 2: num_attention_heads"):
+    with pytest.raises(ValueError, match="--tp-size 2: num_attention_heads"):
         make_engine(tp_size=2)
     with pytest.raises(ValueError, match="--tp-size"):
         make_engine(tp_size=0)
 
 
 def test_serve_with_a_bad_tp_size_says_why_in_a_line():
-    """`radixlm serve --tp-size 2` on a 9-head model: exit code 1 and the reason, not a
-    traceback per rank."""
+    """`radixlm serve --tp-size 2` on a 9-head model: exit code 2 and the reason naming the
+    flag, as for other bad flags, not a traceback per rank."""
     import subprocess
     import sys
 
@@ -128,9 +128,9 @@ def test_serve_with_a_bad_tp_size_says_why_in_a_line():
     r = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", "--tp-size", "2",
                         "--device", "cpu", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1
-    assert "radixlm serve: error: engine failed to start" in r.stderr
-    assert "num_attention_heads (9) is not divisible" in r.stderr
+    assert r.returncode == 2
+    assert "radixlm serve: error: --tp-size 2: num_attention_heads (9) is not divisible" \
+        in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -202,6 +203,9 @@ class Engine:
         self.startup_phases = phases.seconds
         if ready.error is not None:
             self._children.stop(timeout_s=5)
+            flag_error = re.fullmatch(r"ValueError: (--[a-z0-9-]+[ :].*)", ready.error, re.S)
+            if flag_error:      # a flag the scheduler could only judge once the model loaded
+                raise ValueError(flag_error.group(1))
             raise RuntimeError(f"engine failed to start: {ready.error}")
         self.ready = ready
         # From here to ready, and where the scheduler's share of it went (/get_server_info).
