@@ -519,6 +519,55 @@ def test_bad_request(server_url, path, body, field):
         assert err["param"].split(".")[0] in field or field in err["param"]
 
 
+EXACT_PARAMS = [
+    # union fields: the field, not pydantic's member tags (`stop.str`, `rid.constrained-str`)
+    ("chat/completions", {"messages": CHAT, "stop": 5}, "stop"),
+    ("chat/completions", {"messages": CHAT, "tool_choice": "sometimes"}, "tool_choice"),
+    ("chat/completions", {"messages": CHAT, "rid": ""}, "rid"),
+    ("chat/completions", {"messages": CHAT, "json_schema": 5}, "json_schema"),
+    ("completions", {"prompt": [True]}, "prompt"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    # checks past pydantic's: still the field the request used
+    ("chat/completions", {"messages": CHAT, "chat_template_kwargs": {"messages": []}},
+     "chat_template_kwargs"),
+    ("completions", {"prompt": [10 ** 9]}, "prompt"),
+    ("completions", {"prompt": ["a", "b"], "rid": ["d", "d"]}, "rid"),
+    ("chat/completions", {"messages": CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
+     "response_format"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", EXACT_PARAMS,
+                         ids=[f"{p}-{f}-{i}" for i, (p, _, f) in enumerate(EXACT_PARAMS)])
+def test_the_error_param_is_the_request_field(server_url, path, body, param):
+    r = httpx.post(f"{server_url}/v1/{path}", json={"model": "m", "max_tokens": 2, **body},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "prompt" in r.json()["error"]["message"] if param == "prompt" else True
+
+
+def test_a_non_finite_number_names_its_field(server_url):
+    body = '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+    r = httpx.post(f"{server_url}/v1/chat/completions", content=body,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+
+
+def test_null_means_unset(client, model):
+    """OpenAI's nullable fields ("boolean or null"): the official client sends None as null."""
+    plain = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4,
+                                           temperature=0)
+    nulls = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4, n=None,
+                                           temperature=0,
+                                           stream=None, logprobs=None,
+                                           extra_body={"ignore_eos": None})
+    assert len(nulls.choices) == 1 and nulls.choices[0].logprobs is None
+    assert nulls.choices[0].message.content == plain.choices[0].message.content
+    out = client.completions.create(model=model, prompt="Hi", max_tokens=3, echo=None, n=None)
+    assert len(out.choices) == 1 and not out.choices[0].text.startswith("Hi")
+
+
 def test_malformed_json_then_good_request(server_url, client, model):
     r = httpx.post(f"{server_url}/v1/chat/completions", content=b'{"messages": [',
                    headers={"content-type": "application/json"}, timeout=60)

@@ -34,17 +34,40 @@ def error_response(message: str, status: int = HTTPStatus.BAD_REQUEST,
 def bad_request(e: ValueError) -> JSONResponse:
     """A ValueError from reading or validating a request -> its HTTP error: the status it
     carries (413 for a body over the size limit), else 400."""
-    return error_response(str(e), getattr(e, "status", HTTPStatus.BAD_REQUEST))
+    return error_response(str(e), getattr(e, "status", HTTPStatus.BAD_REQUEST),
+                          param=getattr(e, "param", None))
 
 
 def validation_error_response(errors: list[dict]) -> JSONResponse:
     """pydantic's errors for a request body -> one OpenAI-shaped 400 naming the fields."""
     if errors and errors[0].get("type") == "json_invalid":
         return error_response(f"malformed JSON body: {errors[0].get('msg')}", 400)
-    parts = []
+    parts: list[str] = []
     for e in errors:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
-    first_loc = errors[0].get("loc", ()) if errors else ()
-    param = ".".join(str(x) for x in first_loc if x != "body") or None
-    return error_response("; ".join(parts) or "invalid request", 400, param=param)
+        loc = field_loc(e.get("loc", ()))
+        part = f"{loc}: {e.get('msg')}" if loc else str(e.get("msg"))
+        if part not in parts:
+            parts.append(part)
+    param = field_loc(errors[0].get("loc", ())) if errors else ""
+    return error_response("; ".join(parts) or "invalid request", 400, param=param or None)
+
+
+# The names pydantic gives the members of a union in an error's location (`stop.str`,
+# `tool_choice.literal['none','auto']`, `rid.constrained-str`, `json_schema.dict[str,any]`):
+# not fields of the request.
+_TYPE_TAGS = {"str", "int", "float", "bool", "bytes", "list", "dict", "tuple", "set", "none",
+              "any", "nullable"}
+
+
+def field_loc(loc: tuple) -> str:
+    """pydantic's error location -> the request field as OpenAI names it (`messages.0.content`),
+    without the body marker or union member tags. (Request fields are snake_case; pydantic's
+    tags are type names, CamelCase model names, or hold brackets, quotes or dashes.)"""
+    keep = []
+    for x in loc:
+        if x == "body" and not keep:
+            continue
+        if isinstance(x, int) or (x not in _TYPE_TAGS and x[:1].islower()
+                                  and not any(c in x for c in "[]'-,= ")):
+            keep.append(str(x))
+    return ".".join(keep)

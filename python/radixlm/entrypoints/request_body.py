@@ -33,9 +33,10 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 class BodyError(ValueError):
     """A body that cannot be accepted; `status` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
         super().__init__(message)
         self.status = status
+        self.param = param      # the field it is about, where one is (OpenAI's `param`)
 
 
 async def read_json_body(request: Request, id_lists: Collection[str] = ()) -> Any:
@@ -148,8 +149,9 @@ def check_strings_encode(obj: Any) -> None:
 
 def _check_scalar(value: Any, path: tuple) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        where = field_path(path) or "the body"
-        raise BodyError(f"`{where}` must be a finite number, got {value}")
+        where = field_path(path)
+        raise BodyError(f"`{where or 'the body'}` must be a finite number, got {value}",
+                        param=where or None)
 
 
 def _check_orjson_scalar(value: Any, path: tuple) -> None:

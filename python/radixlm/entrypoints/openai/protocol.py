@@ -45,6 +45,19 @@ def invalid(message: str) -> PydanticCustomError:
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """`null` for a field that has a default means "not set", as OpenAI's reference has it
+        ("boolean or null"; the official client sends None as null): `n: null` is n = 1. A
+        required field stays required."""
+        if not isinstance(data, dict):
+            return data
+        unset = [k for k, v in data.items() if v is None and k in cls.model_fields
+                 and not cls.model_fields[k].is_required()
+                 and cls.model_fields[k].get_default() is not None]
+        return {k: v for k, v in data.items() if k not in unset} if unset else data
+
 
 class StreamOptions(_Request):
     include_usage: Bool = False
@@ -314,20 +327,26 @@ class ChatCompletionRequest(SamplingExtras):
     def _template_flags_from_kwargs(cls, data: Any) -> Any:
         """As vLLM takes them: chat_template_kwargs may set add_generation_prompt and
         continue_final_message (over the top-level fields); the other keys the server sets
-        itself (messages, tools, ...) are refused, not silently overridden."""
+        itself (messages, tools, ...) are refused, not silently overridden (_no_server_kwargs,
+        a field check, so that the error's param names the field)."""
         kw = data.get("chat_template_kwargs") if isinstance(data, dict) else None
         if not isinstance(kw, dict):
             return data
-        taken = sorted(SERVER_TEMPLATE_KWARGS & set(kw))
-        if taken:
-            raise invalid(f"chat_template_kwargs: {taken[0]!r} is set by the server (pass the "
-                          f"conversation as `messages`, tools as `tools`)")
         moved = {k: kw[k] for k in ("add_generation_prompt", "continue_final_message")
                  if k in kw}
         if not moved:
             return data
         rest = {k: v for k, v in kw.items() if k not in moved}
         return {**data, **moved, "chat_template_kwargs": rest}
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_server_kwargs(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        taken = sorted(SERVER_TEMPLATE_KWARGS & set(v or ()))
+        if taken:
+            raise invalid(f"{taken[0]!r} is set by the server (pass the "
+                          f"conversation as `messages`, tools as `tools`)")
+        return v
 
     @field_validator("modalities")
     @classmethod

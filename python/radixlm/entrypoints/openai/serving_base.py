@@ -202,6 +202,9 @@ class OpenAIServing:
             if len(rid) != num_prompts:
                 raise OpenAIError(f"rid has {len(rid)} entries for {num_prompts} prompts", 400,
                                   param="rid")
+            if len(set(rid)) != len(rid):
+                raise OpenAIError("rid: the request ids of one request must be distinct", 400,
+                                  param="rid")
             return list(rid)
         if num_prompts == 1:
             return [self.request_id]
@@ -286,6 +289,18 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ engine calls
 
+    def engine_error(self, e: BaseException) -> OpenAIError:
+        """engine_error, with `param` naming the field this request used: the engine knows
+        a prompt as input_ids and a response_format as the constraint it became."""
+        err = engine_error(e)
+        if err.param is None and err.message.startswith("input_ids "):
+            err.param = self.prompt_field
+            err.message = f"{self.prompt_field} {err.message[len('input_ids '):]}"
+        elif (err.param in CONSTRAINT_KINDS and getattr(self.body, err.param, None) is None
+              and self.body.response_format is not None):
+            err.param = "response_format"
+        return err
+
     async def generate(self, **kwargs: Any) -> list[dict]:
         """One non-streaming engine call; results flattened prompt-major (n per prompt).
         If the client disconnects first, the call is cancelled, which aborts the requests."""
@@ -295,7 +310,7 @@ class OpenAIServing:
         except ClientDisconnected:
             raise OpenAIError("the client disconnected", 499) from None
         except Exception as e:
-            raise engine_error(e) from e
+            raise self.engine_error(e) from e
         results = results if isinstance(results, list) else [results]
         for out in results:
             if failed(out["meta_info"]):
@@ -343,7 +358,7 @@ class OpenAIServing:
         except asyncio.CancelledError:
             raise  # the client went away; closing `outputs` below aborts the requests
         except Exception as e:
-            yield sse({"error": engine_error(e).body()["error"]})
+            yield sse({"error": self.engine_error(e).body()["error"]})
         finally:
             await outputs.aclose()
         yield SSE_DONE
@@ -361,7 +376,7 @@ class OpenAIServing:
             if stream is not None:
                 await stream.aclose()  # aborts whatever was started
             if isinstance(e, Exception):
-                raise engine_error(e) from e
+                raise self.engine_error(e) from e
             raise
         if failed(first["meta_info"]):
             await stream.aclose()
