@@ -254,7 +254,7 @@ def test_a_checkpoint_missing_an_expert_is_refused(tmp_path):
     tensors = load_file(f"{path}/model.safetensors")
     del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
     save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(KeyError, match=r"layers\.1\.mlp\.experts\.3\.up_proj"):
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp\.experts\.3\.up_proj"):
         create_runner_and_kv(RunnerConfig(model_path=path, device="cpu", max_total_tokens=256))
 
 

@@ -258,6 +258,8 @@ class ServerArgs:
                                                    "--disable-radix-cache)")
         if self.page_size < 1:
             raise bad("page-size", f"must be >= 1, got {self.page_size}")
+        if not -2 ** 63 <= self.random_seed < 2 ** 64:      # (what torch.manual_seed takes)
+            raise bad("random-seed", f"must fit in 64 bits, got {self.random_seed}")
         if not (0.0 < self.mem_fraction_static < 1.0):
             raise bad("mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:

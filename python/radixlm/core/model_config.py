@@ -171,6 +171,8 @@ class ModelConfig:
         # versions have rope_theta and rope_scaling as separate attributes.
         rope_params = get("rope_parameters") or {}
         rope_theta = float(rope_params.get("rope_theta", get("rope_theta", 10000.0)))
+        if not rope_theta > 0 or rope_theta == float("inf"):
+            raise ValueError(f"rope_theta must be a positive number, got {rope_theta}")
         # Mixtral's experts are intermediate_size wide; Qwen-MoE and DeepSeek say so apart.
         moe_intermediate = int(get("moe_intermediate_size", 0) or get("intermediate_size", 0))
         num_experts = int(get("num_experts") or get("num_local_experts")

@@ -194,8 +194,13 @@ class Engine:
         with phases.phase("start_processes"):
             self._children = _Children(args, tokenizer_path)
         with phases.phase("tokenizer"):
-            self.tokenizer = None if args.skip_tokenizer_init else \
-                load_tokenizer(tokenizer_path, args.tokenizer_mode)
+            try:
+                self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(
+                    tokenizer_path, args.tokenizer_mode,
+                    "tokenizer-path" if args.tokenizer_path else "model-path")
+            except BaseException:
+                self._children.stop(timeout_s=5)
+                raise
             if args.chat_template is not None:   # (checked when the args were made)
                 self.tokenizer.chat_template = load_chat_template(args.chat_template)
         with phases.phase("wait_for_scheduler"):

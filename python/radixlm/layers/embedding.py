@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
+from radixlm.layers.linear import check_loaded_shape
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -20,6 +21,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        check_loaded_shape(param, loaded, 0, self.vocab_size)
         part = loaded[self.start:self.start + self.shard]
         param.data.zero_()
         param.data[:part.shape[0]].copy_(part)

@@ -54,6 +54,20 @@ def register_bias(layer: nn.Module, size: int, bias: bool, loader: WeightLoader)
     layer.register_parameter("bias", _param((size,), loader) if bias else None)
 
 
+def check_loaded_shape(param: torch.Tensor, loaded: torch.Tensor, dim: int | None,
+                       full: int = 0, div: int = 1) -> None:
+    """A checkpoint tensor must have the shape the model's config implies: `param`'s, except
+    along the split dimension `dim`, where it holds all `full` rows (`div` to an element).
+    A larger tensor would otherwise be cut to fit without a word (a config.json or an
+    --json-model-override-args that does not match the weights), a [1] one broadcast."""
+    expected = list(param.shape)
+    if dim is not None:
+        expected[dim] = -(-full // div)
+    if list(loaded.shape) != expected:
+        raise ValueError(f"the checkpoint's tensor has shape {tuple(loaded.shape)}, the model's "
+                         f"config asks for {tuple(expected)}")
+
+
 def _rows(size: int, start: int, div: int, what: str) -> tuple[int, int]:
     """(first element, count) of a parameter whose elements each cover `div` rows, for the
     rows [start, start + size) of the weight. A part must begin on an element boundary; its
@@ -181,6 +195,7 @@ class ColumnParallelLinear(_QuantizableLinear):
         super().__init__()
         self.tp = tp
         self.input_size = input_size
+        self.output_sizes = list(output_sizes)   # each part's rows in the checkpoint
         if shards is None:
             sizes = [tp.shard(s, "output size") for s in output_sizes]
             shards = [(n, tp.rank * n) for n in sizes]
@@ -198,9 +213,13 @@ class ColumnParallelLinear(_QuantizableLinear):
             return
         dim = getattr(param, "output_dim", 0)
         if dim is None:
+            check_loaded_shape(param, loaded, None)
             param.data.copy_(loaded)
             return
         div = getattr(param, "output_div", 1)
+        if param.dim() == loaded.dim():   # (a fused part's rows, the whole input)
+            expected = param.narrow(dim, 0, 1)
+            check_loaded_shape(expected, loaded, dim, self.output_sizes[shard_id], div)
         size = self.shard_sizes[shard_id]
         what = f"part {shard_id} of a {type(self).__name__}"
         dst, n = _rows(size, self.shard_offsets[shard_id], div, what)
@@ -272,6 +291,7 @@ class RowParallelLinear(_QuantizableLinear):
             raise ValueError("a row-parallel bias is added after the reduction")
         self.tp = tp
         self.reduce_results = reduce_results
+        self.input_size = input_size
         self.input_shard = tp.shard(input_size, "input size")
         self._set_method(linear_method)
         # Every rank holds the whole bias (it is added once, after the reduction).
@@ -283,8 +303,10 @@ class RowParallelLinear(_QuantizableLinear):
         if getattr(param, "per_part", False) or dim is None:
             param.data.copy_(loaded.reshape(param.shape))
             return
-        first, n = _rows(self.input_shard, self.tp.rank * self.input_shard,
-                         getattr(param, "input_div", 1), "a RowParallelLinear shard")
+        div = getattr(param, "input_div", 1)
+        check_loaded_shape(param, loaded, dim, self.input_size, div)
+        first, n = _rows(self.input_shard, self.tp.rank * self.input_shard, div,
+                         "a RowParallelLinear shard")
         param.data.copy_(loaded.narrow(dim, first, n))
 
     @staticmethod

@@ -62,7 +62,12 @@ def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
     set_trust_remote_code(trust_remote_code)
 
     # decodes only; no path: --skip-tokenizer-init
-    manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path) if tokenizer_path else None)
+    try:
+        manager = DetokenizerManager(load_ids_tokenizer(tokenizer_path) if tokenizer_path
+                                     else None)
+    except ValueError as e:   # (a bad tokenizer path: the engine reports it, in one line)
+        logger.error("detokenizer start-up failed: %s", e)
+        ipc.exit_now(1)
     ctx = zmq.Context()
     inbox = ipc.pull_socket(ctx, endpoints.detokenizer)
     outbox = ipc.push_socket(ctx, endpoints.tokenizer)

@@ -22,8 +22,9 @@ def check_without_tokenizer(single: SingleGenerate, text_in_logprobs: bool) -> N
         ("stop", bool(p.stop)), ("stop_regex", bool(p.stop_regex)),
         *((kind, getattr(p, kind) is not None) for kind in CONSTRAINT_KINDS)) if used]
     if needs_text:
+        hint = "; use stop_token_ids to stop" if needs_text[0].startswith("stop") else ""
         raise ValueError(f"sampling_params.{needs_text[0]} needs the tokenizer, which this "
-                         f"server runs without ({FLAG}); use stop_token_ids to stop")
+                         f"server runs without ({FLAG}){hint}")
     if text_in_logprobs:
         raise ValueError(f"return_text_in_logprobs needs the tokenizer, which this server "
                          f"runs without ({FLAG})")

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,7 +88,14 @@ class ModelRunner:
         self.kv_spec: KVCacheSpec = self.model.kv_cache_spec
         with self.startup.phase("kv_cache"):
             self.memory_plan = self._plan_memory()
-            self.kv_pool = self._make_kv_pool()
+            try:
+                self.kv_pool = self._make_kv_pool()
+            except (RuntimeError, MemoryError) as e:   # (torch.OutOfMemoryError included)
+                if config.max_total_tokens is None:
+                    raise
+                raise ValueError(
+                    f"--max-total-tokens {config.max_total_tokens}: a KV pool that large does "
+                    f"not fit in memory ({str(e).splitlines()[0][:200]})") from None
         # The next input id of each request slot: the sampler writes it, the next decode step
         # reads it on the device, so that step can be launched before the host has seen it.
         self.last_token_ids = torch.zeros(self.memory_plan.req_slots, dtype=torch.int64,
@@ -106,10 +114,17 @@ class ModelRunner:
         self.hf_dir, self.load_format = resolve_model_dir(config.model_path, config.load_format)
         self.tokenizer_path = config.tokenizer_path or self.hf_dir
         hf_config = read_hf_config(self.hf_dir)
-        for key, value in parse_model_overrides(config.json_model_override_args).items():
-            setattr(hf_config, key, value)      # --json-model-override-args
-        self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
-                                                _generation_eos(self.hf_dir))
+        overrides = parse_model_overrides(config.json_model_override_args)
+        apply_model_overrides(hf_config, overrides)
+        try:
+            self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
+                                                    _generation_eos(self.hf_dir))
+        except (ValueError, TypeError, AttributeError) as e:
+            if str(e).startswith("--"):
+                raise
+            source = "--json-model-override-args" if overrides else \
+                f"--model-path: {self.hf_dir}/config.json"
+            raise ValueError(f"{source}: {type(e).__name__}: {e}") from None
         if hicache and self.model_config.is_mla:
             raise ValueError("--enable-hierarchical-cache: not supported yet for MLA models "
                              f"({self.model_config.architecture}: the host tier copies K and "
@@ -329,6 +344,17 @@ def _check_kv_dtype_for_mla(kv_dtype: torch.dtype, architecture: str) -> None:
         raise ValueError("--kv-cache-dtype fp8_e4m3: not supported for MLA models "
                          f"({architecture}: the latent KV pool and its kernels store the "
                          "model's dtype only); use --kv-cache-dtype auto")
+
+
+def apply_model_overrides(hf_config: Any, overrides: dict[str, Any]) -> None:
+    """--json-model-override-args onto the model's config. transformers v5 configs keep
+    rope_theta inside rope_parameters as well, where the model reads it: an override of the
+    top-level name goes there too, or it would change nothing."""
+    for key, value in overrides.items():
+        setattr(hf_config, key, value)
+    rope = getattr(hf_config, "rope_parameters", None)
+    if "rope_theta" in overrides and "rope_parameters" not in overrides and isinstance(rope, dict):
+        hf_config.rope_parameters = {**rope, "rope_theta": overrides["rope_theta"]}
 
 
 def _generation_eos(hf_dir: str) -> tuple[int, ...]:

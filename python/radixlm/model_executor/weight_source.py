@@ -169,7 +169,18 @@ def load_hf_config(hf_dir: str) -> "PretrainedConfig":
     with _TRANSFORMERS_LOCK:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(hf_dir, trust_remote_code=_TRUST_REMOTE_CODE)
+        try:
+            return AutoConfig.from_pretrained(hf_dir, trust_remote_code=_TRUST_REMOTE_CODE)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            # (transformers' reasons: not JSON, not an object, an unknown model_type, a field
+            # its config class refuses): one line naming the flag
+            raise ValueError(f"--model-path: {hf_dir}/config.json cannot be read: "
+                             f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 # What config.json must state for read_hf_config to read it directly: the fields whose
@@ -232,17 +243,26 @@ def resolve_tokenizer_dir(tokenizer_path: str, download_dir: str | None = None) 
     return path
 
 
-def load_tokenizer(tokenizer_path: str, mode: str = "auto") -> "PreTrainedTokenizerBase":
+def load_tokenizer(tokenizer_path: str, mode: str = "auto",
+                   flag: str = "tokenizer-path") -> "PreTrainedTokenizerBase":
     """AutoTokenizer for a directory; a GGUF file (or a directory holding only one) is
     converted first so its tokenizer files exist. mode "slow" (--tokenizer-mode) asks for the
-    Python tokenizer (transformers falls back to the fast one where there is none)."""
+    Python tokenizer (transformers falls back to the fast one where there is none). Errors
+    name `flag`, where the path came from."""
     with _TRANSFORMERS_LOCK:
         from transformers import AutoTokenizer
 
     path = resolve_tokenizer_dir(tokenizer_path)
     with _TRANSFORMERS_LOCK:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE,
-                                             use_fast=mode != "slow")
+        try:
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE,
+                                                 use_fast=mode != "slow")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            raise ValueError(
+                f"--{flag}: no tokenizer could be loaded from {tokenizer_path!r} (a "
+                f"directory with the tokenizer's files, a GGUF file, or a Hugging Face id; "
+                f"--skip-tokenizer-init serves token ids without one): {_first_line(e)}"
+            ) from None
 
 
 __all__ = [

@@ -21,10 +21,17 @@ from radixlm.core.model_config import ModelConfig
 from radixlm.distributed.parallel_state import SINGLE, TPGroup
 from radixlm.layers.attention.radix_attention import RadixAttention
 from radixlm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from radixlm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from radixlm.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                   RowParallelLinear, check_loaded_shape)
 from radixlm.layers.moe.layer import expert_param_and_shard
 from radixlm.layers.norm import RMSNorm
 from radixlm.layers.rotary import RotaryEmbedding
+
+
+# How a checkpoint that does not match the model's config is reported (a flag error: the CLI
+# prints it as one line).
+_DOES_NOT_FIT = ("--model-path: the checkpoint does not fit its config.json (or "
+                 "--json-model-override-args)")
 
 
 class LlamaMLP(nn.Module):
@@ -223,16 +230,21 @@ class LlamaForCausalLM(nn.Module):
             if name is None:        # a tensor the model does not serve (the model says so)
                 continue
             if name not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no matching parameter")
+                raise ValueError(f"{_DOES_NOT_FIT}: checkpoint tensor {name!r} has no matching "
+                                 f"parameter")
             param = params[name]
             loader = getattr(param, "weight_loader", None)
-            with torch.no_grad():
-                if loader is None:
-                    param.data.copy_(tensor)
-                elif shard is None:
-                    loader(param, tensor)
-                else:
-                    loader(param, tensor, shard)
+            try:
+                with torch.no_grad():
+                    if loader is None:
+                        check_loaded_shape(param, tensor, None)
+                        param.data.copy_(tensor)
+                    elif shard is None:
+                        loader(param, tensor)
+                    else:
+                        loader(param, tensor, shard)
+            except ValueError as e:
+                raise ValueError(f"{_DOES_NOT_FIT}: {name}: {e}") from None
             loaded.add(name)
         missing = {n for n in params if n not in loaded}
         if self.tie_word_embeddings:
@@ -243,4 +255,5 @@ class LlamaForCausalLM(nn.Module):
             if parts is not None:
                 missing.update(f"{prefix}.{part}" for part in parts())
         if missing:
-            raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+            raise ValueError(f"{_DOES_NOT_FIT}: checkpoint is missing weights: "
+                             f"{sorted(missing)[:8]}")

@@ -90,7 +90,8 @@ def _spec_of(flag: str | None, checkpoint: dict[str, Any] | None) -> QuantSpec |
             return QuantSpec("fp8", "online")
         if flag == "w4a16":
             return QuantSpec("int4", "online")
-        raise _bad(f"{flag} loads an {flag.upper()} checkpoint, and this one is not quantized "
+        raise _bad(f"{flag} loads a checkpoint quantized with {flag.upper()}, and this one is "
+                   f"not quantized "
                    f"(its config.json has no quantization_config); --quantization w4a16 "
                    f"quantizes it to 4 bits at load, --quantization fp8 to FP8")
     assert checkpoint is not None
