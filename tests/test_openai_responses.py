@@ -230,3 +230,53 @@ def test_chat_errors_name_the_responses_fields(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input="word " * 9000)
     assert e.value.body["param"] == "input"
+
+
+def test_a_cut_answer_is_incomplete_streamed_or_not(client):
+    """max_output_tokens, or an abort (POST /abort_request): the Response is incomplete, and
+    so is its message item, in the stream's output_item.done too (a cut answer must not be
+    stored, nor continued by previous_response_id, as a complete one)."""
+    import threading
+    import time
+
+    import httpx
+
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    events = list(client.responses.create(model="m", input="Count to fifty.", stream=True,
+                                          max_output_tokens=3, temperature=0))
+    item_done = [e for e in events if e.type == "response.output_item.done"]
+    assert events[-1].type == "response.incomplete" and item_done[-1].item.status == "incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+    rid = "responses-abort-test"
+    threading.Thread(target=lambda: (time.sleep(1.0), httpx.post(
+        f"{base}/abort_request", json={"rid": rid}, timeout=30))).start()
+    resp = httpx.post(f"{base}/v1/responses", timeout=120, json={
+        "model": "m", "input": "Write a long story about a dragon.", "rid": rid,
+        "max_output_tokens": 2000, "temperature": 0}).json()
+    assert resp["status"] == "incomplete", resp
+    assert resp["incomplete_details"] == {"reason": "cancelled"}
+    assert resp["output"][0]["status"] == "incomplete"
+    assert client.responses.retrieve(resp["id"]).status == "incomplete"
+
+
+def test_chat_chunks_split_events_at_newlines_only():
+    """U+2028 / U+2029 / U+0085 inside a chunk's JSON (unescaped) are not line ends: the
+    Responses stream once died mid-body on them."""
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+
+    from radixlm.entrypoints.openai.responses_stream import _chat_chunks
+
+    texts = ["A\u2028B", "C\u2029D\u0085E"]
+
+    async def body():
+        for t in texts:
+            yield "data: " + json.dumps({"t": t}, ensure_ascii=False) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def read():
+        return [c async for c in _chat_chunks(StreamingResponse(body()))]
+
+    assert [c["t"] for c in asyncio.run(read())] == texts

@@ -76,11 +76,23 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": chat_usage["total_tokens"]}
 
 
+# Chat finish reasons that leave the answer cut, and the Response's incomplete_details reason:
+# max_output_tokens, or an abort (POST /abort_request, the server stopping), which OpenAI's
+# API has no reason for: "cancelled" says what happened.
+_CUT = {"length": "max_output_tokens", "abort": "cancelled"}
+
+
+def is_cut(finish_reason: str | None) -> bool:
+    return (finish_reason or "") in _CUT
+
+
 def finish(response: dict[str, Any], finish_reason: str | None) -> None:
-    """Status from the chat's finish reason: cut by max_output_tokens -> incomplete."""
-    if finish_reason == "length":
+    """Status from the chat's finish reason: cut (max_output_tokens, an abort) -> incomplete,
+    so that a cut answer is never stored, nor continued, as a complete one."""
+    reason = _CUT.get(finish_reason or "")
+    if reason is not None:
         response["status"] = "incomplete"
-        response["incomplete_details"] = {"reason": "max_output_tokens"}
+        response["incomplete_details"] = {"reason": reason}
         for item in response["output"]:     # (the message that was cut)
             if item["type"] == "message":
                 item["status"] = "incomplete"

@@ -34,7 +34,9 @@ class _OpenItem:
 async def _chat_chunks(answer: StreamingResponse) -> AsyncIterator[dict[str, Any]]:
     async for piece in answer.body_iterator:
         text = piece.decode() if isinstance(piece, bytes) else piece
-        for line in text.splitlines():
+        # (SSE lines end at \n only: str.splitlines() would also cut at U+2028, U+2029 and
+        # U+0085, which the chat's JSON holds unescaped)
+        for line in text.split("\n"):
             if line.startswith("data: ") and line != "data: [DONE]":
                 yield json.loads(line[6:])
 
@@ -51,11 +53,13 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
     finish_reason, message = None, {"content": "", "tool_calls": []}
     pending_logprobs: list[dict[str, Any]] = []     # (of tokens whose text is not out yet)
 
-    def close(item: _OpenItem | None) -> list[str]:
+    def close(item: _OpenItem | None, cut: bool = False) -> list[str]:
+        """The item's .done events; `cut`: the answer ended there without finishing (a
+        message's status is then incomplete, as r.finish marks it)."""
         if item is None:
             return []
         it, out = item.item, []
-        it["status"] = "completed"
+        it["status"] = "incomplete" if cut and it["type"] == "message" else "completed"
         if it["type"] == "message":
             item.logprobs += pending_logprobs
             pending_logprobs.clear()
@@ -156,10 +160,11 @@ async def stream_response(app: Any, body: dict[str, Any], conversation: list[dic
                                    "role": "assistant", "content": []})
         for event in events:
             yield event
-    for event in close(open_item):
+    cut = r.is_cut(finish_reason)
+    for event in close(open_item, cut):
         yield event
     if calls:
-        for event in close(calls[max(calls)]):
+        for event in close(calls[max(calls)], cut):
             yield event
     response["output"] = items
     r.finish(response, finish_reason)
