@@ -263,6 +263,10 @@ def test_runtime_starts_and_stops_its_own_server():
         runtime.shutdown()
     assert runtime.process.poll() is not None
     assert not any(is_alive(pid) for pid in children)
+    # Used after shutdown: the library's own error (httpx's closed client was a bare
+    # RuntimeError, outside LangError)
+    with pytest.raises(rl.BackendUnavailableError, match="has been shut down"):
+        answer.run(backend=runtime)
     with pytest.raises(ValueError, match="--max-total-tokens"):
         rl.Runtime(max_total_tokens=-1)
 

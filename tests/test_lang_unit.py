@@ -407,6 +407,20 @@ def test_api_speculation_merges_calls_and_falls_back():
     with pytest.raises(ValueError, match="num_api_spec_tokens"):
         rl.function(num_api_spec_tokens=0)(lambda s: None)
 
+    # Kept text that answers a later gen but may exceed its max_tokens: one normal call for
+    # it, not another speculative call that would fail the same size proof (probe 27: 3 calls
+    # where speculation off makes 2).
+    be = CompletionLike("Character:\n" + model)
+
+    @rl.function(num_api_spec_tokens=64)
+    def short_job(s):
+        s += "Character:\nName:" + rl.gen("name", stop="\n", max_tokens=30) + "\n"
+        s += "Age:" + rl.gen("age", stop="\n", max_tokens=30) + "\n"
+        s += "Job:" + rl.gen("job", stop="\n", max_tokens=4) + "\n"
+
+    state = short_job.run(backend=be)
+    assert be.calls == 2 and state.variables() == {"name": " Ada", "age": " 36", "job": " mat"}
+
 
 def test_api_speculation_on_a_chat_endpoint_writes_the_message_in_one_call():
     class ChatLike(ScriptedBackend):
@@ -468,3 +482,44 @@ def test_sglang_frontend_names_import():
     for call in (lambda: image("cat.png"), lambda: video("clip.mp4", 8)):
         with pytest.raises(rl.UnsupportedByBackendError, match="vision-language"):
             call()
+
+
+def test_reads_from_outside_a_streamed_program_wait_for_it():
+    """run(stream=True) returns before the program has queued its gens: a read of a variable
+    it defines later waits for it (probe 27: VariableNotFoundError at once), and text() waits
+    for the program's end. A variable the program never defines is reported once it ends."""
+    be = ScriptedBackend(reply="!")
+
+    @rl.function
+    def slow(s):
+        s += "Hi"
+        time.sleep(0.3)             # Python work before the gen is queued
+        s += rl.gen("late", max_tokens=2)
+
+    state = slow.run(stream=True, backend=be)
+    assert state["late"] == "!"
+    state = slow.run(stream=True, backend=be)
+    assert state.text() == "Hi!"
+    state = slow.run(stream=True, backend=be)
+    with pytest.raises(rl.VariableNotFoundError):
+        state["never"]
+
+
+def test_select_without_prompt_text_is_refused():
+    """A choice's first token with nothing before it has no logprob: every one-token choice
+    would score -inf and the first would win, whatever the model thinks."""
+    from radixlm.lang.backends.base import PromptContext
+    from radixlm.lang.backends.native import NativeBackend
+
+    class CharTokens(NativeBackend):     # one token per character; never asked to generate
+        def _tokenize(self, texts):
+            return [[ord(c) for c in t] for t in texts]
+
+        def _generate(self, payload):
+            raise AssertionError("select must be refused before any request")
+
+        _generate_stream = _generate
+
+    with pytest.raises(ValueError, match="select needs prompt text before it"):
+        CharTokens().select(PromptContext(text="", messages=[]), ["A", "B"],
+                            token_length_normalized, 0.0)

@@ -58,6 +58,10 @@ class StreamExecutor:
         self._busy = False                       # a worker is draining the queue
         self._pending_vars: Counter[str] = Counter()
         self._closed = False                     # the program will append nothing more
+        # run(stream=True): the thread running the program function. A read from any other
+        # thread waits for the program to get that far (the program may not have queued the
+        # gen yet), not just for what is queued.
+        self.program_thread: threading.Thread | None = None
         self._chunks: list[tuple[str | None, str]] = []   # (variable or None, text), for text_iter
 
     # ------------------------------------------------------------------ the program's side
@@ -66,20 +70,32 @@ class StreamExecutor:
         with self._cond:
             self._queue.append(expr)
             self._pending_vars.update(expr.defined_vars())
+            self._cond.notify_all()     # (a reader outside the program may wait for it)
             if not self._busy:
                 self._busy = True
                 threading.Thread(target=self._drain, name="radixlm-lang-state",
                                  daemon=True).start()
 
+    def _outside_running_program(self) -> bool:
+        """A read from outside a program that is still running (stream=True)."""
+        return (not self._closed and self.program_thread is not None
+                and threading.current_thread() is not self.program_thread)
+
     def sync(self, raise_error: bool = True) -> None:
-        """Wait until everything queued so far has run; raise the state's error, if any."""
+        """Wait until everything queued so far has run (from outside a running program:
+        until it has returned and its queue drained); raise the state's error, if any."""
         with self._cond:
+            if self._outside_running_program():
+                self._cond.wait_for(lambda: self._finished() or self.error is not None)
             self._cond.wait_for(lambda: not self._busy)
             if raise_error and self.error is not None:
                 raise self.error
 
     def get_var(self, name: str) -> Any:
         with self._cond:
+            if self._outside_running_program():   # until the program defines it, or ends
+                self._cond.wait_for(lambda: name in self._pending_vars or name in self.variables
+                                    or self._closed or self.error is not None)
             # Wait only for the expressions that define `name`, not for the whole queue.
             self._cond.wait_for(lambda: self._pending_vars[name] == 0 or self.error is not None)
             if self._pending_vars[name] == 0 and name in self.variables:
@@ -136,6 +152,7 @@ class StreamExecutor:
         child._role, child._role_begin, child._role_start = \
             self._role, self._role_begin, self._role_start
         child._renderer = self._renderer
+        child.program_thread = self.program_thread
         return child
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:

@@ -75,8 +75,10 @@ class Program:
         state = self._start(resolve_backend(backend), _defaults(**sampling), stream)
         if stream:
             import threading
-            threading.Thread(target=self._execute, args=(state, args, kwargs, False),
-                             name="radixlm-lang-program", daemon=True).start()
+            thread = threading.Thread(target=self._execute, args=(state, args, kwargs, False),
+                                      name="radixlm-lang-program", daemon=True)
+            state._ex.program_thread = thread
+            thread.start()
             return state
         self._execute(state, args, kwargs, True)
         return state

@@ -76,6 +76,7 @@ class ApiSpeculator:
         self.num_tokens = num_tokens
         self._kept: _Kept | None = None
         self.calls_saved = 0          # gens answered from kept text (for tests and logging)
+        self._too_long = False        # the last _take failed only for want of a size proof
 
     def reset(self) -> None:
         self._kept = None
@@ -101,6 +102,12 @@ class ApiSpeculator:
             if taken is not None:
                 self.calls_saved += 1
                 return taken
+            if self._too_long:
+                # The kept text answers the gen but cannot be proven to fit its max_tokens: a
+                # new speculative call would most likely write the same and fail the same
+                # proof. Ask normally, once.
+                self._kept = None
+                return backend.generate(ctx, args)
         limit = max(args.max_new_tokens, self.num_tokens)
         res = backend.generate(ctx, dataclasses.replace(args, stop=None, max_new_tokens=limit))
         reason = (res.meta_info.get("finish_reason") or {}).get("type")
@@ -117,6 +124,7 @@ class ApiSpeculator:
     def _take(self, args: SamplingArgs) -> GenResult | None:
         kept = self._kept
         assert kept is not None
+        self._too_long = False
         if not kept.text:
             return None
         cuts = [(pos, stop) for stop in _stops(args) if (pos := kept.text.find(stop)) >= 0]
@@ -130,7 +138,8 @@ class ApiSpeculator:
             return None
         value = kept.text[:pos]
         same_call = kept.fresh and kept.limit == args.max_new_tokens
-        if not same_call and len(value.encode()) > args.max_new_tokens:
+        self._too_long = not same_call and len(value.encode()) > args.max_new_tokens
+        if self._too_long:
             return None  # might be longer than the gen's max_tokens: cannot tell without tokens
         # The stop string stays kept: the program's next text usually starts with it.
         kept.text = kept.text[pos:]

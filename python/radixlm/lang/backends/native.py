@@ -108,6 +108,10 @@ class NativeBackend(Backend):
         for choice, f, k in zip(choices, full, starts):
             if k >= len(f):
                 raise ValueError(f"select choice {choice!r} adds no token to the prompt")
+            if k == 0:  # (its first token would go unscored: -inf for one-token choices)
+                raise ValueError(f"select needs prompt text before it: the first token of "
+                                 f"choice {choice!r} has nothing before it to be scored on "
+                                 f"(an empty prompt, or one whose only token merges into it)")
         shared = min(starts)
         if shared > 0:
             self._prefill({"input_ids": prefix_ids[:shared]})

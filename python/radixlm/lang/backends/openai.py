@@ -149,6 +149,9 @@ class OpenAI(Backend):
                temperature: float) -> SelectResult:
         """Through legacy completions with `echo` + `logprobs` (prompt logprobs), where the
         endpoint supports them; otherwise a clear UnsupportedByBackendError."""
+        if not ctx.text:
+            raise ValueError("select needs prompt text before it: a choice's first token has "
+                             "nothing before it to be scored on")
         if self._use_chat(ctx):
             raise UnsupportedByBackendError(
                 "select() is not supported by the OpenAI backend inside chat roles: chat "

@@ -26,6 +26,7 @@ class RuntimeEndpoint(NativeBackend):
                  max_connections: int = 512):
         super().__init__()
         self.base_url = base_url.rstrip("/")
+        self._shut_down = False
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # Generations on a busy server can take minutes: no read timeout by default, but a
         # dead host must fail fast. Many connections: forks and run_batch call in parallel.
@@ -45,6 +46,7 @@ class RuntimeEndpoint(NativeBackend):
     # ------------------------------------------------------------------ HTTP
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
+        self._check_open()
         try:
             resp = self._client.request(method, path, json=body)
         except httpx.TransportError as e:
@@ -82,6 +84,7 @@ class RuntimeEndpoint(NativeBackend):
         return self._request("POST", "/generate", payload)
 
     def _generate_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        self._check_open()
         try:
             with self._client.stream("POST", "/generate", json=payload) as resp:
                 if resp.status_code >= 400:
@@ -116,4 +119,10 @@ class RuntimeEndpoint(NativeBackend):
         return self._request("GET", "/get_server_info")
 
     def shutdown(self) -> None:
+        self._shut_down = True
         self._client.close()
+
+    def _check_open(self) -> None:
+        # (httpx's own error for a closed client is a bare RuntimeError, outside LangError)
+        if self._shut_down:
+            raise BackendUnavailableError(f"{self!r} has been shut down")
