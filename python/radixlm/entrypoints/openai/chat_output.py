@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radixlm.entrypoints.openai.protocol import (ChatResponseMessage, DeltaFunctionCall,
-                                                 DeltaMessage, DeltaToolCall, FunctionCall,
-                                                 ToolCall)
+from radixlm.entrypoints.openai.response_models import (ChatResponseMessage, DeltaFunctionCall,
+                                                        DeltaMessage, DeltaToolCall, FunctionCall,
+                                                        ToolCall)
 from radixlm.parsers.function_call import PartialCall, ToolCallParser
 from radixlm.parsers.reasoning import ReasoningParser
 

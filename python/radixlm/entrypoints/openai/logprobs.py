@@ -18,7 +18,8 @@ import re
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
-from radixlm.entrypoints.openai.protocol import ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from radixlm.entrypoints.openai.response_models import (ChatTokenLogprob, CompletionLogprobs,
+                                                        TopLogprob)
 
 Entry = Sequence[Any]  # [logprob | None, token_id, text | None]
 

@@ -12,8 +12,8 @@ from pydantic import BaseModel, ValidationError
 
 from radixlm.entrypoints.errors import bad_request, error_response, validation_error_response
 from radixlm.entrypoints.request_body import read_json_body
-from radixlm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                 ModelCard, ModelList)
+from radixlm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from radixlm.entrypoints.openai.response_models import ModelCard, ModelList
 from radixlm.entrypoints.openai.serving_base import served_model_name
 from radixlm.entrypoints.openai.serving_chat import ChatServing
 from radixlm.entrypoints.openai.serving_completions import CompletionServing

@@ -21,7 +21,8 @@ from radixlm.entrypoints.errors import error_body, error_response
 from radixlm.entrypoints.request_limits import LimitExceeded, check_request_limits
 from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.logprobs import TextOffsets
-from radixlm.entrypoints.openai.protocol import PromptTokensDetails, SamplingExtras, Usage
+from radixlm.entrypoints.openai.protocol import SamplingExtras
+from radixlm.entrypoints.openai.response_models import PromptTokensDetails, Usage
 from radixlm.managers.prompt_length import check_text_fits, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError

@@ -15,10 +15,10 @@ from fastapi.responses import StreamingResponse
 from radixlm.entrypoints.openai.chat_output import ChoiceDeltas, OutputParsing
 from radixlm.entrypoints.openai.chat_template import render_chat
 from radixlm.entrypoints.openai.logprobs import chat_logprobs
-from radixlm.entrypoints.openai.protocol import (ChatChoice, ChatCompletionChunk,
-                                                 ChatCompletionRequest, ChatCompletionResponse,
-                                                 ChatStreamChoice, ChoiceLogprobs, DeltaMessage,
-                                                 now)
+from radixlm.entrypoints.openai.protocol import ChatCompletionRequest
+from radixlm.entrypoints.openai.response_models import (ChatChoice, ChatCompletionChunk,
+                                                        ChatCompletionResponse, ChatStreamChoice,
+                                                        ChoiceLogprobs, DeltaMessage, now)
 from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
 from radixlm.entrypoints.openai.tool_calls import ToolPlan, plan_tools

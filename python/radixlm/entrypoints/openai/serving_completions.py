@@ -14,9 +14,10 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from radixlm.entrypoints.openai.logprobs import TextOffsets, extend_completion_logprobs
-from radixlm.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs,
-                                                 CompletionRequest, CompletionResponse,
-                                                 CompletionStreamResponse, Usage, now)
+from radixlm.entrypoints.openai.protocol import CompletionRequest
+from radixlm.entrypoints.openai.response_models import (CompletionChoice, CompletionLogprobs,
+                                                        CompletionResponse,
+                                                        CompletionStreamResponse, Usage, now)
 from radixlm.entrypoints.openai.serving_base import (ChoiceStream, OpenAIError, OpenAIServing,
                                                      finish_type, make_usage, matched_stop, sse)
 
