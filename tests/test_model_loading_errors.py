@@ -73,6 +73,20 @@ def test_a_rope_theta_override_reaches_rope_parameters():
     apply_model_overrides(config, {"rope_parameters": {"rope_type": "default",
                                                        "rope_theta": 7.0}})
     assert config.rope_parameters["rope_theta"] == 7.0
+    # rope_scaling (the older name, which SGLang users pass to stretch the context) too
+    apply_model_overrides(config, {"rope_scaling": {"type": "linear", "factor": 8.0}})
+    assert config.rope_parameters == {"rope_type": "linear", "factor": 8.0, "rope_theta": 7.0}
+    apply_model_overrides(config, {"rope_scaling": None})
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 7.0}
+    with pytest.raises(ValueError, match="rope_scaling must be an object"):
+        apply_model_overrides(config, {"rope_scaling": 8})
+
+
+def test_sizes_must_be_positive_integers(llama):
+    for bad in ('{"hidden_size": "big"}', '{"num_attention_heads": 0}'):
+        with pytest.raises(ValueError, match=r"^--json-model-override-args: .*must be a "
+                                             r"positive integer"):
+            _runner(llama, json_model_override_args=bad)
 
 
 def test_a_path_that_holds_no_tokenizer_names_the_flag(tmp_path, smollm_dir):

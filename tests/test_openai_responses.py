@@ -280,3 +280,23 @@ def test_chat_chunks_split_events_at_newlines_only():
         return [c async for c in _chat_chunks(StreamingResponse(body()))]
 
     assert [c["t"] for c in asyncio.run(read())] == texts
+
+
+def test_errors_name_the_responses_fields(client):
+    import httpx
+
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+
+    def error(raw: str) -> dict:
+        r = httpx.post(f"{base}/v1/responses", content=raw, timeout=60,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        return r.json()["error"]
+
+    assert error('{"input": "Hi", "temperature": NaN}')["param"] == "temperature"
+    flat = error('{"input": "Hi", "tools": [{"type": "function"}]}')
+    assert flat["param"] == "tools.0.name" and "function" not in flat["message"], flat
+    choice = error('{"input": "Hi", "tool_choice": "sometimes"}')
+    assert choice["param"] == "tool_choice" and "sometimes" in choice["message"]
+    fmt = error('{"input": "Hi", "text": {"format": {"type": "xml"}}}')
+    assert fmt["param"] == "text.format"

@@ -81,6 +81,10 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+          "vocab_size", "intermediate_size", "head_dim", "max_position_embeddings")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Typed model facts. `hf_config` is kept for the record (logs, debugging); models must
@@ -157,6 +161,14 @@ class ModelConfig:
             value = getattr(hf_config, name, None)
             return default if value is None else value
 
+        # The sizes everything is built from: positive integers, or the model cannot be built
+        # (a config.json, or an --json-model-override-args, with "big" or 0 would otherwise
+        # fail deep in the model's construction).
+        for name in _SIZES:
+            value = getattr(hf_config, name, None)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         max_pos = int(get("max_position_embeddings", 2048))
         if context_length is not None and context_length > max_pos:
             raise ValueError(f"--context-length {context_length} exceeds the model's "

@@ -119,7 +119,7 @@ class ModelRunner:
         try:
             self.model_config = ModelConfig.from_hf(hf_config, config.context_length,
                                                     _generation_eos(self.hf_dir))
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
             if str(e).startswith("--"):
                 raise
             source = "--json-model-override-args" if overrides else \
@@ -348,13 +348,26 @@ def _check_kv_dtype_for_mla(kv_dtype: torch.dtype, architecture: str) -> None:
 
 def apply_model_overrides(hf_config: Any, overrides: dict[str, Any]) -> None:
     """--json-model-override-args onto the model's config. transformers v5 configs keep
-    rope_theta inside rope_parameters as well, where the model reads it: an override of the
-    top-level name goes there too, or it would change nothing."""
+    rope_theta and the RoPE scaling inside rope_parameters, where the model reads them: an
+    override of the older names (rope_theta, rope_scaling) goes there too, or it would change
+    nothing."""
     for key, value in overrides.items():
         setattr(hf_config, key, value)
     rope = getattr(hf_config, "rope_parameters", None)
-    if "rope_theta" in overrides and "rope_parameters" not in overrides and isinstance(rope, dict):
-        hf_config.rope_parameters = {**rope, "rope_theta": overrides["rope_theta"]}
+    if "rope_parameters" in overrides or not isinstance(rope, dict):
+        return
+    if "rope_scaling" in overrides:
+        scaling = overrides["rope_scaling"]
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"--json-model-override-args: rope_scaling must be an object or "
+                             f"null, got {scaling!r}")
+        scaling = dict(scaling or {"rope_type": "default"})
+        if "type" in scaling:     # (the older spelling of rope_type)
+            scaling.setdefault("rope_type", scaling.pop("type"))
+        rope = {"rope_theta": rope.get("rope_theta"), **scaling}
+    if "rope_theta" in overrides:
+        rope = {**rope, "rope_theta": overrides["rope_theta"]}
+    hf_config.rope_parameters = {k: v for k, v in rope.items() if v is not None}
 
 
 def _generation_eos(hf_dir: str) -> tuple[int, ...]:

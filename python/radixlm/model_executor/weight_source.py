@@ -171,7 +171,7 @@ def load_hf_config(hf_dir: str) -> "PretrainedConfig":
 
         try:
             return AutoConfig.from_pretrained(hf_dir, trust_remote_code=_TRUST_REMOTE_CODE)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except Exception as e:
             # (transformers' reasons: not JSON, not an object, an unknown model_type, a field
             # its config class refuses): one line naming the flag
             raise ValueError(f"--model-path: {hf_dir}/config.json cannot be read: "
@@ -179,8 +179,10 @@ def load_hf_config(hf_dir: str) -> "PretrainedConfig":
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    """The exception as one line (transformers' messages run over several), at most ~300
+    characters."""
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 # What config.json must state for read_hf_config to read it directly: the fields whose
@@ -257,7 +259,7 @@ def load_tokenizer(tokenizer_path: str, mode: str = "auto",
         try:
             return AutoTokenizer.from_pretrained(path, trust_remote_code=_TRUST_REMOTE_CODE,
                                                  use_fast=mode != "slow")
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except Exception as e:      # (transformers checks the model's config here too)
             raise ValueError(
                 f"--{flag}: no tokenizer could be loaded from {tokenizer_path!r} (a "
                 f"directory with the tokenizer's files, a GGUF file, or a Hugging Face id; "

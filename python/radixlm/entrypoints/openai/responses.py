@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlm.entrypoints.errors import error_response
+from radixlm.entrypoints.errors import bad_request, error_response
 from radixlm.entrypoints.openai.files import (list_args_problem, list_page,
                                              metadata_problem, paginate)
 from radixlm.entrypoints.openai.responses_items import (finish, input_items, new_id,
@@ -142,7 +142,11 @@ def check_fields(body: dict[str, Any]) -> None:
             v is not None for v in reasoning.values())):
         raise ResponsesInputError("reasoning options (effort, summary) are not supported by "
                                   "this server", "reasoning")
-    if body.get("tool_choice") not in (None, "auto", "none") and not body.get("tools"):
+    choice = body.get("tool_choice")
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        raise ResponsesInputError(f"tool_choice must be auto, none, required or a function, "
+                                  f"got {choice!r}", "tool_choice")
+    if choice not in (None, "auto", "none") and not body.get("tools"):
         raise ResponsesInputError("tool_choice asks for a tool call, but no tools are given",
                                   "tool_choice")
 
@@ -251,7 +255,7 @@ def _response_format(fmt: Any) -> dict[str, Any]:
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     raise ResponsesInputError(f"text.format type must be text, json_object or json_schema, "
-                              f"got {kind!r}", "text")
+                              f"got {kind!r}", "text.format")
 
 
 # ---------------------------------------------------------------------- endpoints
@@ -275,8 +279,8 @@ async def create_response(request: Request):
         chat, conversation = chat_request(body, history)
     except ResponsesInputError as e:
         return error_response(str(e), 400, param=e.param)
-    except ValueError as e:
-        return error_response(str(e), getattr(e, "status", 400))
+    except ValueError as e:       # (the body reader's: size, depth, non-finite numbers)
+        return bad_request(e)
     model = body.get("model") or "default"
     if body.get("stream"):
         chat["stream"] = True
@@ -311,7 +315,11 @@ def _in_responses_terms(answer: Any) -> Any:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or responses_param(error.get("param")) == error.get("param"):
         return answer
-    error["param"] = responses_param(error["param"])
+    old, error["param"] = error["param"], responses_param(error["param"])
+    if isinstance(error.get("message"), str) and "." in old:   # (a pydantic path in the text)
+        error["message"] = error["message"].replace(f"{old}:", f"{error['param']}:")
+    if body.get("param") == old:                   # (the body's top-level copy)
+        body["param"], body["message"] = error["param"], error["message"]
     return JSONResponse(body, status_code=status)
 
 

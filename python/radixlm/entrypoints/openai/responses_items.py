@@ -31,7 +31,10 @@ def responses_param(param: Any) -> Any:
     """An error's `param` from the chat handler, in the Responses request's terms."""
     if not isinstance(param, str):
         return param
-    return _CHAT_TO_RESPONSES.get(param.split(".")[0].split("[")[0], param)
+    parts = param.split(".")
+    if parts[0] == "tools" and len(parts) > 2 and parts[2] == "function":
+        return ".".join(parts[:2] + parts[3:])    # (Responses tools are flat: tools.0.name)
+    return _CHAT_TO_RESPONSES.get(parts[0].split("[")[0], param)
 
 
 def store(app: Any) -> dict[str, StoredResponse]:
