@@ -138,3 +138,40 @@ def test_a_stream_cut_midway_ends_with_an_error_event(trivial_workers):
         assert not workers_state(url)[bad]["healthy"]
     finally:
         stop_server(proc)
+
+
+def test_flush_cache_when_a_worker_refuses(trivial_workers):
+    """A worker that cannot flush (busy: 400): alone, its answer as it gave it; beside one that
+    flushed, a 206 naming it and why (it was a 500 with a bytes dump)."""
+    ok, busy = trivial_workers(), trivial_workers("busy")
+    proc, url = routed(ok, busy)
+    try:
+        r = httpx.post(url + "/flush_cache", timeout=30)
+        assert r.status_code == 206, r.text
+        assert r.json()["failed_workers"] == [busy]
+        assert "requests are running" in r.json()["details"][0]["message"]
+    finally:
+        stop_server(proc)
+    proc, url = routed(busy)
+    try:
+        r = httpx.post(url + "/flush_cache", timeout=30)
+        assert r.status_code == 400 and "requests are running" in r.json()["error"]["message"]
+    finally:
+        stop_server(proc)
+
+
+def test_a_worker_url_that_leads_back_to_the_router_is_refused(trivial_workers):
+    """The router's own address as a worker: its probe comes back to it and is answered 508,
+    so the URL is not added (a request once forwarded itself until the file descriptors ran
+    out)."""
+    worker = trivial_workers()
+    proc, url = routed(worker)
+    try:
+        r = httpx.post(url + "/add_worker", params={"url": url}, timeout=30)
+        assert r.status_code != 200, r.text
+        assert url not in workers_state(url)
+        assert httpx.post(url + "/generate", json=BODY, timeout=30).status_code == 200
+        looped = httpx.get(url + "/health", headers={"X-Radixlm-Routers": "x"}, timeout=30)
+        assert looped.status_code == 200        # (another router's id: not a loop)
+    finally:
+        stop_server(proc)

@@ -3,7 +3,8 @@
 that returns one token without computing anything. `--fail MODE` makes its /generate fail in
 one way, for the router's fault tests: `503` (an error answer), `close` (the connection drops
 before any answer), `truncate` (the body stops short of its Content-Length), `stream-head` (a
-stream's headers, then nothing), `stream-cut` (two stream events, then the connection drops).
+stream's headers, then nothing), `stream-cut` (two stream events, then the connection drops);
+`busy` makes its /flush_cache refuse as a server running requests does (400).
 
     python -m radixlm.bench.trivial_worker --port 31001 [--fail close]
 """
@@ -25,7 +26,7 @@ MODEL_INFO = {"model_path": "trivial", "tokenizer_path": None, "is_generation": 
 LOAD = [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
 
 
-FAIL_MODES = ("none", "503", "close", "truncate", "stream-head", "stream-cut")
+FAIL_MODES = ("none", "503", "close", "truncate", "stream-head", "stream-cut", "busy")
 
 
 def _sse(obj) -> bytes:
@@ -69,6 +70,13 @@ def app(fail: str = "none") -> web.Application:
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="OK")
 
+    async def flush_cache(request: web.Request) -> web.Response:
+        if fail == "busy":      # (what a server answers while it runs requests)
+            return web.json_response({"error": {
+                "message": "cannot flush the cache while requests are running", "code": 400}},
+                status=400)
+        return web.Response(text="OK")
+
     def constant(value):
         async def handler(request: web.Request) -> web.Response:
             return web.json_response(value)
@@ -78,7 +86,7 @@ def app(fail: str = "none") -> web.Application:
     a.router.add_post("/generate", generate)
     a.router.add_get("/health", ok)
     a.router.add_get("/health_generate", ok)
-    a.router.add_route("*", "/flush_cache", ok)
+    a.router.add_route("*", "/flush_cache", flush_cache)
     for path in ("/get_model_info", "/model_info"):
         a.router.add_get(path, constant(MODEL_INFO))
     for path in ("/get_server_info", "/server_info"):

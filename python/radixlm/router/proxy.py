@@ -29,7 +29,7 @@ from aiohttp import web
 from radixlm.entrypoints.errors import error_body
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policy import Choice, Policy, Worker, least_loaded
-from radixlm.router.workers import WorkerPool
+from radixlm.router.workers import LOOP_HEADER, WorkerPool
 
 logger = logging.getLogger("radixlm.router")
 
@@ -68,6 +68,9 @@ class Forwarder:
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS
                    if h in request.headers}
         headers.update(self.pool.auth_headers(worker))   # its key or the router's, if any
+        before = request.headers.get(LOOP_HEADER)          # (routers it came through)
+        if before:
+            headers[LOOP_HEADER] = f"{before},{self.pool.router_id}"
         return headers
 
     async def forward(self, request: web.Request, body: bytes | None, key: str | None,

@@ -35,7 +35,7 @@ from radixlm.router.policy import create_policy
 from radixlm.router.proxy import Forwarder, json_error, json_or_none
 from radixlm.router.routing_key import routing_key
 from radixlm.router.worker_metrics import merge_worker_metrics
-from radixlm.router.workers import WorkerPool
+from radixlm.router.workers import LOOP_HEADER, WorkerPool
 
 logger = logging.getLogger("radixlm.router")
 
@@ -53,6 +53,15 @@ SUMMED_INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "max_total_num_token
                     "available_kv_tokens", "evictable_kv_tokens", "protected_kv_tokens",
                     "num_retractions", "generated_tokens_total", "max_running_requests")
 
+
+
+def _worker_message(body: bytes) -> str:
+    """A worker's error answer as text: its OpenAI-shaped message, else the body itself."""
+    answer = json_or_none(body)
+    error = answer.get("error", answer) if isinstance(answer, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return body.decode("utf-8", "replace")[:200]
 
 class Router:
     def __init__(self, args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> None:
@@ -120,6 +129,9 @@ class Router:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.pool.came_through_me(request.headers.get(LOOP_HEADER, "")):
+            return json_error("this request came back to the router that sent it: a worker "
+                              "URL leads to the router itself (--worker-urls, /add_worker)", 508)
         key = self.args.api_key
         if key and request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -171,19 +183,27 @@ class Router:
         answers = await self._each_healthy("POST", "/flush_cache")
         if not answers:
             return json_error("no healthy worker", 503)
-        for w in self.pool.workers.values():
-            w.tree.clear()      # the workers' caches are empty now
-        failed = [f"{url}: HTTP {status} {body[:200]!r}" for url, status, body in answers
-                  if status != 200]
-        if failed:
-            return json_error("cache not flushed on " + "; ".join(failed), 500)
-        skipped = [w.url for w in self.pool.workers.values() if not w.healthy]
-        if skipped:   # (as sglang-router: 206, naming the workers not flushed)
+        flushed = [url for url, status, _ in answers if status == 200]
+        for url in flushed:
+            self.pool.workers[url].tree.clear()     # that worker's cache is empty now
+        refused = [(url, status, body) for url, status, body in answers if status != 200]
+        if refused and not flushed:
+            # None flushed (a worker busy with requests says 400): its answer, as one server's
+            _, status, body = refused[0]
+            if 400 <= status < 500:
+                return web.Response(body=body, status=status, content_type="application/json")
+            return json_error(f"cache not flushed: {_worker_message(body)}", 502)
+        not_flushed = [{"url": url, "message": _worker_message(body)}
+                       for url, _, body in refused]
+        not_flushed += [{"url": w.url, "message": "unhealthy"}
+                        for w in self.pool.workers.values() if not w.healthy]
+        if not_flushed:   # (as sglang-router: 206, naming the workers not flushed)
             return web.json_response({"status": "partial_success",
-                                      "message": f"Cache flushed on {len(answers)} workers; "
-                                                 f"not on the unhealthy ones",
-                                      "failed_workers": skipped}, status=206)
-        return web.Response(text=f"Cache flushed on {len(answers)} workers.\n")
+                                      "message": f"Cache flushed on {len(flushed)} workers, "
+                                                 f"not on {len(not_flushed)}",
+                                      "failed_workers": [w["url"] for w in not_flushed],
+                                      "details": not_flushed}, status=206)
+        return web.Response(text=f"Cache flushed on {len(flushed)} workers.\n")
 
     async def profile(self, request: web.Request) -> web.StreamResponse:
         """/start_profile or /stop_profile on every healthy worker (each writes its own

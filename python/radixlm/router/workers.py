@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 
 import aiohttp
 
@@ -21,9 +22,16 @@ from radixlm.router.policy import Worker
 logger = logging.getLogger("radixlm.router")
 
 
+# Every request a router sends carries its id here (after those of the routers the request came
+# through): a router that finds its own id in a request it receives is talking to itself, through
+# a worker URL that leads back to it (its own address, or routers in a cycle).
+LOOP_HEADER = "X-Radixlm-Routers"
+
+
 class WorkerPool:
     def __init__(self, args: RouterArgs) -> None:
         self.args = args
+        self.router_id = uuid.uuid4().hex[:16]
         self.workers: dict[str, Worker] = {}
         self.session: aiohttp.ClientSession | None = None   # set by the app at start-up
         self._probe_errors: dict[str, str] = {}   # why each unhealthy worker failed its probe
@@ -33,9 +41,16 @@ class WorkerPool:
 
     def auth_headers(self, worker: Worker) -> dict[str, str]:
         """What the router sends a worker: its own API key (POST /workers with api_key), else
-        the router's --api-key, if any."""
+        the router's --api-key, if any; and the router's id (LOOP_HEADER)."""
         key = worker.api_key or self.args.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {LOOP_HEADER: self.router_id}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def came_through_me(self, routers: str) -> bool:
+        """Whether a request's LOOP_HEADER names this router."""
+        return self.router_id in (r.strip() for r in routers.split(","))
 
     def healthy(self, exclude: set[Worker] | None = None) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy and w not in (exclude or ())]
