@@ -281,6 +281,21 @@ def test_abort_request_by_rid(url):
      "temprature"),
     (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1,
                                                    "structural_tag": "{}"}}), "structural_tag"),
+    # JSON's true is a Python int: it reached torch.topk and the server exited (probe 31)
+    (json.dumps({"text": "Hello there", "sampling_params": {"max_new_tokens": 2},
+                 "return_logprob": True, "top_logprobs_num": True}), "top_logprobs_num"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1},
+                 "return_logprob": True, "logprob_start_len": True}), "logprob_start_len"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1,
+                                                   "logit_bias": {"5": True}}}), "logit_bias"),
+    (json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1,
+                                                   "sampling_seed": 2 ** 70}}), "sampling_seed"),
+    # SGLang fields that would change the answer: refused, not ignored; a sampling parameter
+    # at the top level, where SGLang ignores it, is named
+    (json.dumps({"text": "hi", "routed_dp_rank": 1}), "routed_dp_rank"),
+    (json.dumps({"text": "hi", "positional_embed_overrides": {"0": [1.0]}}),
+     "positional_embed_overrides"),
+    (json.dumps({"text": "hi", "max_new_tokens": 3}), "goes inside `sampling_params`"),
 ])
 def test_bad_input_is_400_and_server_survives(url, raw, needle):
     r = httpx.post(url + "/generate", content=raw, headers={"content-type": "application/json"},

@@ -7,7 +7,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from radixlm.sampling.params import SamplingParams
+from radixlm.sampling.params import ALIASES, SamplingParams
+
+# sampling_params' own names (and aliases): at the top level of a request they are misplaced
+SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__) | frozenset(ALIASES)
 
 
 @dataclass
@@ -22,6 +25,9 @@ class SingleGenerate:
     top_logprobs_num: int
     index: int                      # position in the flattened response list
     token_ids_logprob: list[int] | None = None   # ids whose logprobs each position reports
+    # The request named its max_new_tokens (not the default, nor --preferred-sampling-params'):
+    # past the context it is then refused, as SGLang does, unless --allow-auto-truncate.
+    budget_given: bool = False
 
 
 # SGLang /generate fields that radixlm does not implement. A request that sets one is refused
@@ -29,9 +35,15 @@ class SingleGenerate:
 UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", "lora_path",
                       "lora_id", "custom_logit_processor", "return_hidden_states",
                       "session_params", "extra_key", "bootstrap_host",
-                      "bootstrap_port", "bootstrap_room")
-# What else SGLang's generate takes: the refused fields, and data_parallel_rank (0 or None only).
-SGLANG_ONLY_FIELDS = (*UNSUPPORTED_FIELDS, "data_parallel_rank")
+                      "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+                      "positional_embed_overrides", "return_entropy", "return_prompt_token_ids",
+                      "return_routed_experts", "routed_experts_start_len",
+                      "return_indexer_topk", "require_reasoning", "disagg_prefill_dp_rank",
+                      "priority")
+# The data-parallel rank to run on (SGLang's name, and its older one): 0 or None only.
+DP_RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
+# What else SGLang's generate takes: the refused fields, the ranks, log_metrics (true only).
+SGLANG_ONLY_FIELDS = (*UNSUPPORTED_FIELDS, *DP_RANK_FIELDS, "log_metrics")
 
 
 @dataclass
@@ -55,8 +67,16 @@ class GenerateReqInput:
         for name in UNSUPPORTED_FIELDS:
             if d.get(name) not in (None, False, "", [], {}):
                 raise ValueError(f"`{name}` is not supported by this server")
-        if d.get("data_parallel_rank") not in (None, 0):
-            raise ValueError("data_parallel_rank must be 0 or null: this server runs one engine")
+        for name in DP_RANK_FIELDS:
+            if d.get(name) not in (None, 0) or d.get(name) is False:
+                raise ValueError(f"{name} must be 0 or null: this server runs one engine")
+        if d.get("log_metrics", True) is not True and d.get("log_metrics") is not None:
+            raise ValueError("log_metrics false is not supported: every request is counted "
+                             "in /metrics")
+        misplaced = sorted(k for k in d if k in SAMPLING_FIELDS and k not in known)
+        if misplaced:   # (SGLang ignores them: the request would run with the defaults)
+            raise ValueError(f"`{misplaced[0]}` is a sampling parameter: it goes inside "
+                             f"`sampling_params`")
         if "prompt" in d and "text" not in d:  # a common alias
             d = {**d, "text": d["prompt"]}
         return cls(**{k: v for k, v in d.items() if k in known},
@@ -142,9 +162,12 @@ class GenerateReqInput:
                 raise ValueError("`sampling_params` must be an object")
             sp = SamplingParams.from_dict(_with_defaults(params[i], defaults))
             sp.validate()
-            if not isinstance(starts[i], int) or starts[i] < -1:
+            budget_given = isinstance(params[i], dict) and \
+                params[i].get("max_new_tokens") is not None
+            # (bool is an int in Python: JSON's true would pass as 1, and reach torch.topk)
+            if not _is_int(starts[i]) or starts[i] < -1:
                 raise ValueError(f"logprob_start_len must be an integer >= -1, got {starts[i]!r}")
-            if not isinstance(tops[i], int) or tops[i] < 0:
+            if not _is_int(tops[i]) or tops[i] < 0:
                 raise ValueError(f"top_logprobs_num must be an integer >= 0, got {tops[i]!r}")
             base = rids[i] or uuid.uuid4().hex
             group = []
@@ -156,7 +179,7 @@ class GenerateReqInput:
                         child.sampling_seed = sp.sampling_seed + k
                 rid = base if sp.n == 1 else f"{base}-{k}"
                 group.append(SingleGenerate(rid, text, ids, child, bool(want_lp[i]), starts[i],
-                                            tops[i], index, asked[i]))
+                                            tops[i], index, asked[i], budget_given))
                 index += 1
             yield group
 
@@ -197,6 +220,10 @@ def _token_ids_logprob(value: Any, n: int) -> list[list[int] | None]:
             raise ValueError("`token_ids_logprob` must hold token ids (integers >= 0)")
         out.append(list(ids) or None)
     return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _per_prompt(value: Any, n: int, name: str, default: Any) -> list[Any]:

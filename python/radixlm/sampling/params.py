@@ -103,7 +103,8 @@ class SamplingParams:
             kwargs["json_schema"] = json.dumps(kwargs["json_schema"])
         if "logit_bias" in kwargs:
             try:
-                kwargs["logit_bias"] = {int(k): float(v) for k, v in dict(kwargs["logit_bias"]).items()}
+                kwargs["logit_bias"] = {int(k): _bias_value(v)
+                                        for k, v in dict(kwargs["logit_bias"]).items()}
             except (TypeError, ValueError) as e:
                 raise ValueError(f"logit_bias must map token ids to numbers: {e}") from None
         try:
@@ -179,6 +180,8 @@ class SamplingParams:
                 raise ValueError(f"stop_regex[{i}] {error}")
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
+            if not -2 ** 63 <= self.sampling_seed < 2 ** 64:   # (the noise hashes 64 bits)
+                raise ValueError(f"sampling_seed must fit in 64 bits, got {self.sampling_seed}")
         self.check_token_ids(vocab_size)
         for tid, bias in self.logit_bias.items():
             _check_finite(f"logit_bias[{tid}]", bias)
@@ -211,6 +214,13 @@ def _check_finite(name: str, value: float) -> None:
     # NaN passes every range check (all comparisons are false) and would sample garbage.
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
+
+
+def _bias_value(value: Any) -> float:
+    """A logit_bias value: a number (not a bool, nor a string holding one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
 
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
