@@ -212,21 +212,31 @@ def test_two_output_constraints_are_rejected_on_v1(url):
 
 # ---------------------------------------------------------------------- max_new_tokens rule
 
-def test_max_new_tokens_beyond_the_context_is_clamped_on_both_apis(url):
+def test_max_new_tokens_beyond_the_context_is_refused_on_both_apis(url):
+    """As SGLang (and OpenAI): a budget the request names past what the context leaves is a
+    400 (--allow-auto-truncate clamps it); an unnamed one (the default) is clamped."""
     prompt = [1] * (CONTEXT - 3)
     r = httpx.post(url + "/generate", timeout=120, json={
         "input_ids": prompt, "sampling_params": {"max_new_tokens": 10 ** 12,
                                                  "ignore_eos": True}})
-    assert r.status_code == 200, r.text
-    meta = r.json()["meta_info"]
-    assert meta["finish_reason"] == {"type": "length", "matched": None, "length": 3}
-    assert meta["completion_tokens"] == 3
+    assert_error(r, 400, "Requested token count exceeds the model's maximum context length")
     r = httpx.post(url + "/v1/completions", timeout=120, json={
         "prompt": prompt, "max_tokens": 10 ** 9, "ignore_eos": True})
+    assert_error(r, 400, "Requested token count exceeds")
+    assert r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 10 ** 9})
+    assert_error(r, 400, "Requested token count exceeds")
+    assert r.json()["error"]["param"] == "max_completion_tokens"
+    # Exactly what is left is fine; the default budget (128) is clamped to it
+    r = httpx.post(url + "/generate", timeout=120, json={
+        "input_ids": prompt, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3, r.text
+    r = httpx.post(url + "/generate", timeout=120, json={
+        "input_ids": prompt, "sampling_params": {"ignore_eos": True}})
     assert r.status_code == 200, r.text
-    out = r.json()
-    assert out["choices"][0]["finish_reason"] == "length"
-    assert out["usage"]["completion_tokens"] == 3
+    assert r.json()["meta_info"]["finish_reason"] == {"type": "length", "matched": None,
+                                                      "length": 3}
     # A prompt that leaves no room at all is still an error on both.
     r = httpx.post(url + "/generate", json={"input_ids": [1] * CONTEXT}, timeout=60)
     assert_error(r, 400, "context")

@@ -42,3 +42,14 @@ def fit_to_context(ids: list[int], context_len: int, allow_truncate: bool) -> li
     raise ValueError(f"the prompt has {len(ids)} tokens, which does not fit the context "
                      f"length of {context_len} tokens (shorten it, or start the server with "
                      f"--allow-auto-truncate)")
+
+
+
+def context_exceeded(context_len: int, prompt_tokens: int, max_new_tokens: int) -> str:
+    """The refusal of a budget past the context. It opens with the phrase SGLang's refusal
+    opens with, which clients match to recognise a context overflow."""
+    return (f"Requested token count exceeds the model's maximum context length of "
+            f"{context_len} tokens: the prompt has {prompt_tokens} tokens and "
+            f"max_new_tokens asks for {max_new_tokens} more. Ask for at most "
+            f"{max(context_len - prompt_tokens, 0)}, or start the server with "
+            f"--allow-auto-truncate to have the budget cut to fit.")

@@ -21,7 +21,7 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
                                        TokenizedGenerateReq, UpdateWeightsReq,
                                        UpdateWeightsResult, expanded_from)
 from radixlm.managers.no_tokenizer import check_without_tokenizer, without_text
-from radixlm.managers.prompt_length import check_text_fits, fit_to_context
+from radixlm.managers.prompt_length import check_text_fits, context_exceeded, fit_to_context
 
 logger = logging.getLogger(__name__)
 
@@ -239,10 +239,16 @@ class TokenizerManager:
         if s.token_ids_logprob and max(s.token_ids_logprob) >= self.ready.vocab_size:
             raise ValueError(f"token_ids_logprob has token id {max(s.token_ids_logprob)}, "
                              f"outside the vocabulary ({self.ready.vocab_size} tokens)")
-        # As SGLang: a budget beyond what the context leaves is clamped to it (the finish
-        # reason then says "length" with the budget that applied).
+        # As SGLang: a budget the request names beyond what the context leaves is refused
+        # (--allow-auto-truncate: clamped); the default budget is clamped (the finish reason
+        # then says "length" with the budget that applied).
         params = s.sampling_params
-        params.max_new_tokens = min(params.max_new_tokens, self.context_len - len(ids))
+        room = self.context_len - len(ids)
+        if params.max_new_tokens > room:
+            if s.budget_given and not self.allow_auto_truncate:
+                raise ValueError(context_exceeded(self.context_len, len(ids),
+                                                  params.max_new_tokens))
+            params.max_new_tokens = room
 
     def _new_state(self, single: SingleGenerate, ids: list[int], text_in_lp: bool) -> ReqState:
         st = ReqState(single, ids, text_in_lp)

@@ -23,7 +23,7 @@ from radixlm.entrypoints.server_info import model_name
 from radixlm.entrypoints.openai.logprobs import TextOffsets
 from radixlm.entrypoints.openai.protocol import SamplingExtras
 from radixlm.entrypoints.openai.response_models import PromptTokensDetails, Usage
-from radixlm.managers.prompt_length import check_text_fits, fit_to_context
+from radixlm.managers.prompt_length import check_text_fits, context_exceeded, fit_to_context
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.managers.tokenizer_manager import EngineDeadError, RequestRefusedError
 from radixlm.entrypoints.disconnect import ClientDisconnected, unless_disconnected
@@ -235,9 +235,11 @@ class OpenAIServing:
                        default: Optional[int] = None) -> int:
         """The completion budget for one prompt: what was asked for (else the server's
         --preferred-sampling-params max_new_tokens, else `default`, else all the context
-        leaves), clamped to what the context leaves (as SGLang and the native API do; the
-        response then ends with finish_reason "length"). A prompt that leaves no room at all is
-        a 400."""
+        leaves). A budget the request names past what the context leaves is a 400 naming
+        `field`, as SGLang and OpenAI answer it (--allow-auto-truncate: clamped); a default is
+        clamped (the response then ends with finish_reason "length"). A prompt that leaves no
+        room at all is a 400."""
+        named = requested is not None
         if requested is None:
             preferred = self.http_request.app.state.preferred_sampling_params
             requested = preferred.get("max_new_tokens", default)
@@ -246,6 +248,9 @@ class OpenAIServing:
             raise OpenAIError(f"the prompt has {prompt_len} tokens, which does not fit the "
                               f"model's context length of {self.context_len} tokens",
                               400, param=self.prompt_field)
+        if named and requested > room and not self.allow_auto_truncate:
+            raise OpenAIError(context_exceeded(self.context_len, prompt_len, requested), 400,
+                              param=field)
         return room if requested is None else min(requested, room)
 
     def check_limits(self, num_prompts: int) -> None:
