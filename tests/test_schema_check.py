@@ -29,6 +29,9 @@ OBJ = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": 
      "at /anyOf/1"),
     ({"$defs": {"x/y": {"if": {"type": "integer"}}}, "$ref": "#/$defs/x~1y"},
      "at /$defs/x~1y"),
+    # xgrammar enforces multipleOf on integers only, and drops length bounds beside a pattern
+    ({"type": "number", "multipleOf": 7}, "`multipleOf` on a non-integer at /"),
+    ({"type": "string", "maxLength": 3, "pattern": "^[a-z]+$"}, "`pattern` with"),
 ])
 def test_unenforced_keywords_are_found(schema, where):
     problem = unenforced_keyword(schema)
@@ -41,6 +44,8 @@ def test_unenforced_keywords_are_found(schema, where):
     # property names are not keywords
     {"type": "object", "properties": {"not": {"type": "integer"}, "if": {"type": "string"}}},
     {"type": "string", "format": "email"}, {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    {"type": "integer", "multipleOf": 7}, {"type": "string", "maxLength": 3},
+    {"type": "string", "pattern": "^[a-z]+$"},
     True, {},
 ])
 def test_enforced_schemas_pass(schema):

@@ -457,6 +457,14 @@ def test_special_token_markers(tokenizer):
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ({"tools": [{"type": "retrieval"}]}, "tools"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    # a call's arguments are an object: a forced call against another schema was written and
+    # then not read as a call (200, no tool_calls)
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}], "tool_choice": "required"}, "tools"),
+    # a past call that names no function (a template rendered an empty one)
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]},
+     "messages"),
 ])
 def test_invalid_tools_rejected(body, param):
     from pydantic import ValidationError
@@ -488,3 +496,32 @@ def test_calls_to_functions_not_offered_are_left_out():
                 for p in deltas.delta(text[:k], k == len(text)).tool_calls or []]
     assert [p.function.name for p in streamed] == ["get_weather"] and streamed[0].index == 0
     assert parsing.message(unknown).tool_calls is None
+
+
+@pytest.mark.parametrize("name,text", [
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "X"}} after'),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {}}.'),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {}}] after'),
+])
+def test_text_after_a_tail_call_is_content_streamed_or_not(name, text):
+    """Formats whose calls run to the end of the answer: text after a call makes the whole
+    answer content. The stream used to send the call as soon as it closed, then the same
+    text again as content (probe 32): now no call goes out before the answer ends."""
+    parsing = OutputParsing(tools=_parser(name))
+    message = parsing.message(text)
+    assert message.tool_calls is None and message.content == text
+    for step in (1, 5):
+        content, _, calls = _stream(parsing, text, step)
+        assert calls == [] and content == text
+
+
+def test_a_call_cut_before_its_name_is_whole_stays_content():
+    """Cut by max_tokens inside the call's name: there is no call to report, and the text
+    must not vanish (it came back as content '' with no tool_calls)."""
+    parsing = OutputParsing(tools=get_tool_call_parser("qwen25"))
+    for cut in ('Let me look. <tool_call>\n{"name":',
+                'Let me look. <tool_call>\n{"name": "get_wea'):
+        message = parsing.message(cut, truncated=True)
+        assert message.tool_calls is None and message.content == cut
+        content, _, calls = _stream(parsing, cut, 1, truncated=True)
+        assert calls == [] and content == cut

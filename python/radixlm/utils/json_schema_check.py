@@ -43,6 +43,12 @@ def unenforced_keyword(schema: Any) -> str | None:
             if key == "uniqueItems" and node[key] is not True:
                 continue
             return f"{what} at {pointer or '/'}"
+        if "multipleOf" in node and node.get("type") not in ("integer", ["integer"]):
+            # (xgrammar enforces it on integers only: 4 passed multipleOf 7 as a number)
+            return f"`multipleOf` on a non-integer at {pointer or '/'}"
+        if "pattern" in node and ("minLength" in node or "maxLength" in node):
+            # (the length bounds are dropped beside a pattern)
+            return f"`pattern` with `minLength` / `maxLength` at {pointer or '/'}"
         if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
             return f"`allOf` with {len(node['allOf'])} branches at {pointer or '/'}"
         ref = node.get("$ref")

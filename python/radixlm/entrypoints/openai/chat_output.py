@@ -53,8 +53,9 @@ class OutputParsing:
         rather than turning the whole call region into content at the end."""
         if truncated and final:
             partial = self.split(text, final=False)
-            if partial.calls:
+            if any(c.name is not None for c in partial.calls):
                 return partial
+            # (cut before a call's name was whole: no call to report, the text stays content)
         reasoning, rest = "", text
         if self.reasoning is not None:
             r = self.reasoning.split(text, self.inside_reasoning, final)

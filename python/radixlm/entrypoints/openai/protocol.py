@@ -219,12 +219,37 @@ class ChatMessage(BaseModel):
     content: Union[str, list[TextPart], None] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_name_a_function(cls, v: Optional[list[dict[str, Any]]]
+                               ) -> Optional[list[dict[str, Any]]]:
+        """A past call must say which function it called, with what (OpenAI requires
+        function.name and function.arguments): a template would render an empty one."""
+        for i, call in enumerate(v or []):
+            fn = call.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                    or not fn["name"]:
+                raise invalid(f"tool_calls[{i}].function must name the function called")
+            if not isinstance(fn.get("arguments"), (str, dict)):
+                raise invalid(f"tool_calls[{i}].function.arguments must be the call's "
+                              f"arguments (a JSON string)")
+        return v
+
 
 class FunctionDefinition(_Request):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
     description: Optional[str] = None
     parameters: Optional[dict[str, Any]] = None
     strict: Optional[Bool] = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object_schema(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        # (a call's arguments are a JSON object: a forced call against another schema would be
+        # written, then not read as a call)
+        if v is not None and v.get("type", "object") not in ("object", ["object"]):
+            raise invalid(f"must be a JSON Schema of type object, got type {v.get('type')!r}")
+        return v
 
 
 class Tool(_Request):

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from typing import Any
 
@@ -106,8 +108,16 @@ class _TailRegionParser(ToolCallParser):
             return Scan(join_content([content], final), [])
         start, body_start = region
         calls, ok = scan_call_sequence(text[body_start:], self.separators)
-        if final and (not ok or not calls or not all(c.complete for c in calls)):
+        if not ok or (final and (not calls or not all(c.complete for c in calls))):
+            # Not calls after all (text after them, or a malformed one): content, as written.
+            # A malformed region stays malformed as the text grows, so this holds while
+            # streaming too.
             return Scan(join_content([text], final), [])
+        if not final:
+            # The region runs to the end of the output: text after a call would make it all
+            # content, so no call is complete until the output is (a stream then sends the
+            # calls at its end, and never a call that the whole answer turns into content).
+            calls = [dataclasses.replace(c, complete=False) for c in calls]
         # The empty second piece marks the first as followed by a call region.
         return Scan(join_content([text[:start], ""], final), calls)
 
