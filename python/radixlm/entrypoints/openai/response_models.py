@@ -60,8 +60,6 @@ class CompletionStreamResponse(BaseModel):
     usage: Optional[Usage] = None
 
 
-
-
 class TopLogprob(BaseModel):
     token: str
     logprob: float
