@@ -218,8 +218,7 @@ class ColumnParallelLinear(_QuantizableLinear):
             return
         div = getattr(param, "output_div", 1)
         if param.dim() == loaded.dim():   # (a fused part's rows, the whole input)
-            expected = param.narrow(dim, 0, 1)
-            check_loaded_shape(expected, loaded, dim, self.output_sizes[shard_id], div)
+            check_loaded_shape(param, loaded, dim, self.output_sizes[shard_id], div)
         size = self.shard_sizes[shard_id]
         what = f"part {shard_id} of a {type(self).__name__}"
         dst, n = _rows(size, self.shard_offsets[shard_id], div, what)

@@ -123,7 +123,7 @@ class GenerateReqInput:
         total = 0
         for p in params:
             n = (p if isinstance(p, dict) else {}).get("n", (defaults or {}).get("n", 1))
-            total += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+            total += n if _is_int(n) and n > 0 else 1
         return total
 
     def groups(self, defaults: dict[str, Any] | None = None) -> Iterator[list[SingleGenerate]]:
@@ -215,8 +215,7 @@ def _token_ids_logprob(value: Any, n: int) -> list[list[int] | None]:
         per_prompt = _per_prompt(value, n, "token_ids_logprob", None)
     out = []
     for ids in per_prompt:
-        if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
             raise ValueError("`token_ids_logprob` must hold token ids (integers >= 0)")
         out.append(list(ids) or None)
     return out

@@ -44,7 +44,6 @@ def fit_to_context(ids: list[int], context_len: int, allow_truncate: bool) -> li
                      f"--allow-auto-truncate)")
 
 
-
 def context_exceeded(context_len: int, prompt_tokens: int, max_new_tokens: int) -> str:
     """The refusal of a budget past the context. It opens with the phrase SGLang's refusal
     opens with, which clients match to recognise a context overflow."""

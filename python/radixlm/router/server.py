@@ -54,7 +54,6 @@ SUMMED_INFO_KEYS = ("num_running_reqs", "num_waiting_reqs", "max_total_num_token
                     "num_retractions", "generated_tokens_total", "max_running_requests")
 
 
-
 def _worker_message(body: bytes) -> str:
     """A worker's error answer as text: its OpenAI-shaped message, else the body itself."""
     answer = json_or_none(body)
@@ -62,6 +61,7 @@ def _worker_message(body: bytes) -> str:
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         return error["message"]
     return body.decode("utf-8", "replace")[:200]
+
 
 class Router:
     def __init__(self, args: RouterArgs, info_overrides: dict[str, Any] | None = None) -> None:
