@@ -44,7 +44,7 @@ def test_bench_hicache_multi_turn(tmp_path, smollm_dir, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--part", "bogus"], "--part: unknown"),
     (["--part", "bandwidth"], "--bandwidth-model-path"),
-    (["--doc-len", "0"], "--doc-len: must be >= 1"),
+    (["--doc-len", "0"], "--doc-len must be >= 1"),
 ])
 def test_bench_hicache_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -77,11 +77,22 @@ def test_serving_module_entry_shared_prefix_text(server_url, tmp_path):
 
 
 def test_failed_requests_are_counted(server_url, tmp_path):
-    """Prompts longer than the context: every request fails with a 400, the run does not."""
+    """Prompts longer than the context: every request fails with a 400, the run does not
+    (it writes its results), but exits 1: nothing was measured."""
     out = tmp_path / "serving.json"
     assert serving.main(["--base-url", server_url, "--num-prompts", "2",
                          "--min-input-len", "9000", "--max-input-len", "9000",
-                         "--max-output-len", "2", "--output", str(out)]) == 0
+                         "--max-output-len", "2", "--output", str(out)]) == 1
     res = json.loads(out.read_text())
     assert res["completed"] == 0 and res["failed"] == 2
     assert "400" in res["errors"][0] and res["ttft_ms"]["median"] is None
+
+
+def test_unreachable_server_and_unwritable_output_are_one_line_errors(server_url, tmp_path):
+    with pytest.raises(SystemExit, match="cannot reach http://127.0.0.1:9 "):
+        serving.main(["--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="--output .*cannot write there"):
+        serving.main(["--base-url", server_url, "--num-prompts", "1",
+                      "--output", str(blocker / "x.json")])

@@ -527,6 +527,10 @@ EXACT_PARAMS = [
     ("chat/completions", {"messages": CHAT, "json_schema": 5}, "json_schema"),
     ("completions", {"prompt": [True]}, "prompt"),
     ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    # every message but an assistant's needs its content (a null one rendered an empty turn)
+    ("chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages.0"),
+    ("chat/completions", {"messages": [*CHAT, {"role": "tool", "tool_call_id": "c"}]},
+     "messages.1"),
     # checks past pydantic's: still the field the request used
     ("chat/completions", {"messages": CHAT, "chat_template_kwargs": {"messages": []}},
      "chat_template_kwargs"),

@@ -46,7 +46,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     RouterArgs.add_cli_args(router)
 
     bench = sub.add_parser("bench", help="benchmarks: radixlm bench NAME --help",
-                           add_help=False)
+                           description="Runs one of radixlm's benchmarks (each also runs as "
+                                       "`python -m radixlm.bench.NAME`); `radixlm bench NAME "
+                                       "--help` lists its flags.")
     bench.add_argument("name", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     return parser, {"serve": serve, "generate": gen, "router": router, "bench": bench}

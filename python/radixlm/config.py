@@ -8,33 +8,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
-from radixlm.utils.hub_ids import exists_or_could_be_hub_id
-from radixlm.utils.json_flag import parse_json_object
-from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
+# The values the flags take and the checks live in server_args_checks; the names stay
+# importable from here.
+from radixlm.server_args_checks import (  # noqa: F401
+    ATTENTION_BACKENDS, DTYPES, HICACHE_WRITE_POLICIES, KV_CACHE_DTYPES, LOAD_FORMATS,
+    LOG_LEVELS, QUANTIZATIONS, SCHEDULE_POLICIES, SPECULATIVE_ALGORITHMS, TOKENIZER_MODES,
+    check_server_args, parse_model_overrides)
+from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS
 
-
-def parse_model_overrides(text: str | None) -> dict[str, Any]:
-    """--json-model-override-args as a dict (ValueError when it is not a JSON object)."""
-    return parse_json_object(text, "config.json fields")
-
-
-SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
-# Weight quantization (SGLang's names): fp8 (online, or an FP8 checkpoint), awq / gptq (4-bit
-# checkpoints), w4a16 (online 4-bit round-to-nearest, group 128).
-QUANTIZATIONS = ("fp8", "awq", "gptq", "w4a16")
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
-ATTENTION_BACKENDS = ("triton", "torch_native")   # layers/attention/base.py's registry
-TOKENIZER_MODES = ("auto", "slow")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Flags that take one of a fixed set of values (argparse lists them in its error)
 CHOICES = {"schedule_policy": SCHEDULE_POLICIES, "load_format": LOAD_FORMATS,
            "quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES,
@@ -192,181 +176,7 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        def bad(flag: str, msg: str) -> ValueError:
-            return ValueError(f"--{flag}: {msg}")
-
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise bad(f.name.replace("_", "-"), f"must be a finite number, got {value}")
-        if self.tokenizer_path is not None and not exists_or_could_be_hub_id(self.tokenizer_path):
-            raise bad("tokenizer-path", f"{self.tokenizer_path!r} does not exist (and is not a "
-                                        f"Hugging Face id such as ORG/NAME)")
-        if self.load_format not in LOAD_FORMATS:
-            raise bad("load-format", f"must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise bad("quantization", f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise bad("kv-cache-dtype", f"must be one of {KV_CACHE_DTYPES}, "
-                                        f"got {self.kv_cache_dtype!r}")
-        if self.speculative_algorithm is not None:
-            # (SGLang takes the name in any case; the rest of the code sees it upper-case.)
-            object.__setattr__(self, "speculative_algorithm", self.speculative_algorithm.upper())
-            if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-                raise bad("speculative-algorithm", f"must be one of {SPECULATIVE_ALGORITHMS}, "
-                                                   f"got {self.speculative_algorithm!r}")
-        self._validate_draft_model(bad)
-        if self.cuda_graph_max_bs < 0:
-            raise bad("cuda-graph-max-bs", f"must be >= 0 (0: no CUDA graphs), got "
-                                           f"{self.cuda_graph_max_bs}")
-        if self.torch_compile_max_bs < 1:
-            raise bad("torch-compile-max-bs", f"must be >= 1, got {self.torch_compile_max_bs}")
-        if not 1 <= self.speculative_num_draft_tokens <= 64:
-            raise bad("speculative-num-draft-tokens", f"must be in 1..64, got "
-                                                      f"{self.speculative_num_draft_tokens}")
-        lo = self.speculative_ngram_min_match_window_size
-        hi = self.speculative_ngram_max_match_window_size
-        if lo < 1 or hi < lo:
-            raise bad("speculative-ngram-min-match-window-size",
-                      f"need 1 <= min ({lo}) <= max ({hi}) "
-                      f"(--speculative-ngram-max-match-window-size)")
-        self._validate_ngram_trees(bad)
-        if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise bad("schedule-policy", f"must be one of {SCHEDULE_POLICIES}, "
-                                         f"got {self.schedule_policy!r}")
-        if self.grammar_backend not in ("xgrammar", "none"):
-            raise bad("grammar-backend", f"must be xgrammar or none, got {self.grammar_backend!r}")
-        if self.hicache_ratio <= 1:
-            raise bad("hicache-ratio", f"must be > 1 (the host pool is larger than the "
-                                       f"device's), got {self.hicache_ratio}")
-        if self.hicache_size < 0:
-            raise bad("hicache-size", f"must be >= 0 GiB, got {self.hicache_size}")
-        if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
-            raise bad("hicache-write-policy", f"must be one of {HICACHE_WRITE_POLICIES}, "
-                                              f"got {self.hicache_write_policy!r}")
-        if self.hicache_storage_backend not in (None, "file"):
-            raise bad("hicache-storage-backend", f"must be file, got "
-                                                 f"{self.hicache_storage_backend!r}")
-        if self.hicache_storage_backend and not self.enable_hierarchical_cache:
-            raise bad("hicache-storage-backend", "needs --enable-hierarchical-cache")
-        if self.hicache_storage_dir is not None and self.hicache_storage_backend != "file":
-            raise bad("hicache-storage-dir", "needs --hicache-storage-backend file")
-        if self.enable_hierarchical_cache and self.disable_radix_cache:
-            raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
-                                                   "--disable-radix-cache)")
-        if self.page_size < 1:
-            raise bad("page-size", f"must be >= 1, got {self.page_size}")
-        if not -2 ** 63 <= self.random_seed < 2 ** 64:      # (what torch.manual_seed takes)
-            raise bad("random-seed", f"must fit in 64 bits, got {self.random_seed}")
-        if not (0.0 < self.mem_fraction_static < 1.0):
-            raise bad("mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
-        if self.max_total_tokens is not None and self.max_total_tokens < 2 * self.page_size:
-            raise bad("max-total-tokens", f"must be >= {2 * self.page_size}, "
-                                          f"got {self.max_total_tokens}")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise bad("max-running-requests", f"must be >= 1, got {self.max_running_requests}")
-        if self.chunked_prefill_size is not None and (
-                self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1):
-            raise bad("chunked-prefill-size", f"must be -1 (off) or >= 1, "
-                                              f"got {self.chunked_prefill_size}")
-        if self.max_prefill_tokens < 1:
-            raise bad("max-prefill-tokens", f"must be >= 1, got {self.max_prefill_tokens}")
-        # Checked here, not when the engine meets them after loading the model.
-        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
-            raise bad("attention-backend", f"must be one of {ATTENTION_BACKENDS}, "
-                                           f"got {self.attention_backend!r}")
-        if self.served_model_name is not None and not self.served_model_name.strip():
-            raise bad("served-model-name", "is empty (leave it out for the model path's name)")
-        if self.log_level.lower() not in LOG_LEVELS:
-            raise bad("log-level", f"must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise bad("device", f"must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.schedule_conservativeness <= 0:
-            raise bad("schedule-conservativeness", f"must be > 0, "
-                                                   f"got {self.schedule_conservativeness}")
-        if self.context_length is not None and self.context_length < 1:
-            raise bad("context-length", f"must be >= 1, got {self.context_length}")
-        if self.tp_size < 1:
-            raise bad("tp-size", f"must be >= 1, got {self.tp_size}")
-        if self.nnodes < 1:
-            raise bad("nnodes", f"must be >= 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise bad("node-rank", f"must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes}), "
-                                   f"got {self.node_rank}")
-        if self.tp_size % self.nnodes != 0:
-            raise bad("nnodes", f"--tp-size {self.tp_size} must be a multiple of it "
-                                f"({self.nnodes}): each node runs as many ranks")
-        if self.nnodes > 1 and self.dist_init_addr is None:
-            raise bad("dist-init-addr", f"is required with --nnodes {self.nnodes}: HOST:PORT of "
-                                        f"node 0, where the ranks meet")
-        if self.dist_timeout is not None and self.dist_timeout < 1:
-            raise bad("dist-timeout", f"must be >= 1 second, got {self.dist_timeout}")
-        if self.dist_init_addr is not None:
-            host, _, port = self.dist_init_addr.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise bad("dist-init-addr", f"must be HOST:PORT, got {self.dist_init_addr!r}")
-        if self.dp_size < 1:
-            raise bad("dp-size", f"must be >= 1, got {self.dp_size}")
-        if self.base_gpu_id < 0:
-            raise bad("base-gpu-id", f"must be >= 0, got {self.base_gpu_id}")
-        if self.max_request_body_mb <= 0:
-            raise bad("max-request-body-mb", f"must be > 0, got {self.max_request_body_mb}")
-        for name in ("max_n_per_request", "max_prompts_per_request", "max_stop_strings"):
-            if getattr(self, name) < 1:
-                raise bad(name.replace("_", "-"), f"must be >= 1, got {getattr(self, name)}")
-        if not (0 < self.port < 65536):
-            raise bad("port", f"must be in 1..65535, got {self.port}")
-        if not self.watchdog_timeout > 0:
-            raise bad("watchdog-timeout", f"must be > 0 seconds, got {self.watchdog_timeout}")
-        if self.decode_log_interval < 1:
-            raise bad("decode-log-interval", f"must be >= 1, got {self.decode_log_interval}")
-        if self.cuda_graph_bs is not None and (
-                not self.cuda_graph_bs or not all(isinstance(b, int) and not isinstance(b, bool)
-                                                  and b >= 1 for b in self.cuda_graph_bs)):
-            raise bad("cuda-graph-bs", f"must be batch sizes >= 1, got {self.cuda_graph_bs}")
-        if self.max_queued_requests is not None and self.max_queued_requests < 1:
-            raise bad("max-queued-requests", f"must be >= 1, got {self.max_queued_requests}")
-        if self.stream_interval < 1:
-            raise bad("stream-interval", f"must be >= 1, got {self.stream_interval}")
-        if self.chat_template is not None:
-            from radixlm.utils.chat_templates import load_chat_template   # stdlib-only
-            try:
-                load_chat_template(self.chat_template)
-            except ValueError as e:
-                raise bad("chat-template", str(e)) from None
-        if self.skip_tokenizer_init and self.chat_template is not None:
-            raise bad("chat-template", "renders chats into text for the tokenizer, which "
-                                       "--skip-tokenizer-init leaves out")
-        if self.json_model_override_args is not None:
-            try:
-                parse_model_overrides(self.json_model_override_args)
-            except ValueError as e:
-                raise bad("json-model-override-args", str(e)) from None
-        if self.tokenizer_mode not in TOKENIZER_MODES:
-            raise bad("tokenizer-mode", f"must be one of {list(TOKENIZER_MODES)}, "
-                                        f"got {self.tokenizer_mode!r}")
-        self._validate_sampling_defaults(bad)
-        from radixlm.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS  # stdlib-only
-        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
-            raise bad("tool-call-parser", f"must be one of {sorted(TOOL_CALL_PARSERS)}, "
-                                          f"got {self.tool_call_parser!r}")
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
-            raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
-                                          f"got {self.reasoning_parser!r}")
-
-    def _validate_sampling_defaults(self, bad) -> None:
-        if self.sampling_defaults not in SAMPLING_DEFAULTS:
-            raise bad("sampling-defaults", f"must be one of {list(SAMPLING_DEFAULTS)}, "
-                                           f"got {self.sampling_defaults!r}")
-        try:
-            preferred = parse_preferred(self.preferred_sampling_params)
-            if preferred:
-                from radixlm.sampling.params import SamplingParams   # torch-free
-                SamplingParams.from_dict(preferred).validate()
-        except ValueError as e:
-            raise bad("preferred-sampling-params", str(e)) from None
+        check_server_args(self)
 
     @property
     def uses_draft_trees(self) -> bool:
@@ -375,70 +185,6 @@ class ServerArgs:
         return ((algorithm == "NGRAM" and self.speculative_ngram_max_bfs_breadth > 1)
                 or (algorithm == "STANDALONE" and self.speculative_eagle_topk > 1))
 
-    def _validate_ngram_trees(self, bad) -> None:
-        lo, hi = self.speculative_ngram_min_bfs_breadth, self.speculative_ngram_max_bfs_breadth
-        if not 1 <= lo <= hi <= 64:
-            raise bad("speculative-ngram-min-bfs-breadth" if 1 <= hi <= 64 < lo or lo > hi >= 1
-                      else "speculative-ngram-max-bfs-breadth",
-                      f"need 1 <= min ({lo}) <= max ({hi}) <= 64 "
-                      f"(--speculative-ngram-min-bfs-breadth / --speculative-ngram-max-bfs-"
-                      f"breadth)")
-        if hi == 1:
-            return
-        # A verify row's tree mask has a bit per node (62 drafts + the last token fit an int64);
-        # the accepted nodes' slots are moved by renumbering, which pages would not allow.
-        for flag, problem in (
-                ("speculative-algorithm", None if self.speculative_algorithm == "NGRAM"
-                 else "draft trees need --speculative-algorithm NGRAM"),
-                ("speculative-num-draft-tokens", None if self.speculative_num_draft_tokens <= 62
-                 else "at most 62 with draft trees"),
-                ("page-size", None if self.page_size == 1 else "draft trees need page size 1"),
-                ("enable-torch-compile", None if not self.enable_torch_compile
-                 else "not supported with draft trees yet")):
-            if problem is not None:
-                raise bad(flag, f"{problem} (--speculative-ngram-max-bfs-breadth {hi})")
-
-    def _validate_draft_model(self, bad: Callable[[str, str], ValueError]) -> None:
-        """STANDALONE's flags, and what it does not support yet (each refused by name)."""
-        standalone = self.speculative_algorithm == "STANDALONE"
-        if self.speculative_draft_model_path is not None and not standalone:
-            raise bad("speculative-draft-model-path", "needs --speculative-algorithm STANDALONE")
-        if self.speculative_eagle_topk != 1 and not standalone:
-            raise bad("speculative-eagle-topk", "needs --speculative-algorithm STANDALONE (NGRAM's "
-                                                "trees: --speculative-ngram-max-bfs-breadth)")
-        if not 1 <= self.speculative_num_steps <= 16:
-            raise bad("speculative-num-steps", f"must be in 1..16, got "
-                                               f"{self.speculative_num_steps}")
-        if not standalone:
-            return
-        if self.speculative_draft_model_path is None:
-            raise bad("speculative-draft-model-path", "is required with "
-                                                      "--speculative-algorithm STANDALONE")
-        topk, steps = self.speculative_eagle_topk, self.speculative_num_steps
-        if not 1 <= topk <= 8:
-            raise bad("speculative-eagle-topk", f"must be in 1..8, got {topk}")
-        if topk > 1:
-            # A tree: every draft step expands the topk best nodes; all their fed nodes get a
-            # bit in the rows' tree masks (64 bits), and --speculative-num-draft-tokens nodes
-            # at most are verified.
-            if topk * (steps - 1) + 1 > 63:
-                raise bad("speculative-eagle-topk", f"{topk} x --speculative-num-steps "
-                                                    f"{steps} is too large a tree (at most 63 "
-                                                    f"nodes drafted: topk x (steps - 1) < 63)")
-            if self.speculative_num_draft_tokens > 62:
-                raise bad("speculative-num-draft-tokens", "at most 62 with draft trees "
-                                                          "(--speculative-eagle-topk > 1)")
-            if self.enable_torch_compile:
-                raise bad("enable-torch-compile", "not supported with draft trees yet "
-                                                  "(--speculative-eagle-topk > 1)")
-        # The draft model keeps its KV in the target's slots: one slot per token, on one rank,
-        # filled by every forward the target runs (a host tier would restore only the target's).
-        for flag, unsupported in (("page-size", self.page_size != 1),
-                                  ("tp-size", self.tp_size != 1),
-                                  ("enable-hierarchical-cache", self.enable_hierarchical_cache)):
-            if unsupported:
-                raise bad(flag, "is not supported with --speculative-algorithm STANDALONE yet "
-                                "(needs page size 1, one rank, no host tier)")
 
     # ------------------------------------------------------------------ CLI
 

@@ -3,11 +3,13 @@ one summary line each benchmark prints last."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -154,6 +156,28 @@ def environment(device: str | None) -> dict[str, Any]:
 
 def default_output_path(name: str, directory: str = "benchmarks") -> str:
     return os.path.join(directory, f"{name}_{time.strftime('%Y%m%d_%H%M%S')}.json")
+
+
+def require_positive(parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                     *names: str) -> None:
+    """parser.error naming the first of the flags `names` (attribute names) set below 1."""
+    for name in names:
+        if getattr(ns, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(ns, name)}")
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Exits naming `flag` when results could not be written to `path` (checked before a long
+    run, not after it): its directory is made now, and must take a new file."""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".radixlm_write_check_"):
+            pass
+    except OSError as e:
+        raise SystemExit(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    if os.path.isdir(path):
+        raise SystemExit(f"{flag} {path}: is a directory (give a file name)")
 
 
 def write_json(path: str, data: dict[str, Any]) -> str:

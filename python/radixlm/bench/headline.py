@@ -27,7 +27,8 @@ from typing import Sequence
 import httpx
 import torch
 
-from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.common import (default_output_path, environment, print_summary, require_positive,
+                                  write_json)
 from radixlm.bench.floor import check_floor_supports, measure_floor
 from radixlm.core.model_config import ModelConfig
 from radixlm.bench.progress import TokenProgress
@@ -147,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
+    require_positive(p, ns, 'batch_size', 'input_len', 'output_len')
     result = run(ns)
     result.update(environment(None), command="radixlm bench headline " + " ".join(argv))
     path = write_json(ns.output or default_output_path("headline"), result)

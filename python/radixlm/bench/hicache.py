@@ -195,11 +195,9 @@ def _model_path(server_args: str) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    for flag in ("max_total_tokens", "num_users", "num_turns", "system_prompt_len",
-                 "question_len", "output_len", "num_docs", "doc_len", "questions_per_doc",
-                 "bandwidth_tokens"):
-        if getattr(ns, flag) < 1:
-            _parser().error(f"--{flag.replace('_', '-')}: must be >= 1")
+    common.require_positive(_parser(), ns, "max_total_tokens", "num_users", "num_turns",
+                            "system_prompt_len", "question_len", "output_len", "num_docs",
+                            "doc_len", "questions_per_doc", "bandwidth_tokens")
     parts = [p.strip() for p in ns.part.split(",") if p.strip()]
     unknown = [p for p in parts if p not in (*WORKLOADS, "bandwidth")]
     if unknown or not parts:

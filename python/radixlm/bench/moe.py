@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from radixlm.bench.common import (default_output_path, environment, median, print_summary,
-                                  sync_device, write_json)
+                                  require_positive, sync_device, write_json)
 from radixlm.bench.moe_common import EXPERT_SHAPES, fp8_copy, graphed, time_fn
 
 # ---------------------------------------------------------------------- kernel
@@ -320,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    require_positive(p, args, 'mla_batch_size', 'mla_context', 'input_len', 'output_len')
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]

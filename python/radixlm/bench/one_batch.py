@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from radixlm.bench.common import (default_output_path, environment, median, print_summary,
-                                  sync_device, write_json)
+                                  require_positive, sync_device, write_json)
 from radixlm.bench.floor import check_floor_supports, measure_floor
 from radixlm.config import ServerArgs
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    require_positive(p, args, 'batch_size', 'input_len', 'output_len', 'max_prefill_tokens')
     result = run(args)
     result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(argv))
     path = write_json(args.output or default_output_path("one_batch"), result)

@@ -27,8 +27,8 @@ from typing import Sequence
 
 import torch
 
-from radixlm.bench.common import (default_output_path, environment, print_summary, sync_device,
-                                  write_json)
+from radixlm.bench.common import (default_output_path, environment, print_summary, require_positive,
+                                  sync_device, write_json)
 from radixlm.config import ServerArgs
 from radixlm.managers.messages import TokenizedGenerateReq
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
@@ -230,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
+    require_positive(p, ns, 'batch_size', 'input_len', 'steps')
     result = run(ns)
     result.update(environment(None), command="radixlm bench overlap " + " ".join(argv))
     path = write_json(ns.output or default_output_path("overlap"), result)

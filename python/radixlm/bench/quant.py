@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.bench.common import (default_output_path, environment, print_summary, require_positive,
+                                  write_json)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}              # (N, K) of Llama-3.1-8B's linear layers
@@ -198,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
+    require_positive(p, args, 'input_len', 'output_len')
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     unknown = set(parts) - {"kernel", "sweep", "gemv", "gemv-sweep", "model", "accuracy"}
     if unknown:

@@ -208,10 +208,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    for flag in ("num_engines", "num_groups", "prompts_per_group", "system_prompt_len",
-                 "question_len", "output_len", "num_requests", "concurrency"):
-        if getattr(ns, flag) < 1:
-            _parser().error(f"--{flag.replace('_', '-')}: must be >= 1")
+    common.require_positive(_parser(), ns, "num_engines", "num_groups", "prompts_per_group",
+                            "system_prompt_len", "question_len", "output_len", "num_requests",
+                            "concurrency")
     if ns.max_concurrency is not None and ns.max_concurrency < 1:
         _parser().error("--max-concurrency: must be >= 1")
     if ns.request_rate is not None and not ns.request_rate > 0:

@@ -238,7 +238,7 @@ async def run_load(s: Settings, requests: list[BenchRequest], tokenizer: Any, ra
                                           prompt=(requests[0].prompt or "")[:64] or None),
                              record=False)
             if not warm.ok:
-                raise RuntimeError(f"the warm-up request failed: {warm.error}")
+                raise WarmUpFailed(f"the warm-up request failed: {warm.error}")
             start = time.perf_counter()
             load = asyncio.ensure_future(send_all())
             stop = asyncio.ensure_future(interrupted.wait())
@@ -291,6 +291,19 @@ def metrics(results: list[RequestResult], duration: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- server discovery
+
+class WarmUpFailed(RuntimeError):
+    """The first request, sent before the load, got no answer: nothing could be measured."""
+
+
+def _check_reachable(url: str, headers: dict[str, str]) -> None:
+    """Exits with a message naming the URL when nothing answers there (any HTTP answer, even
+    an error, means a server is listening)."""
+    try:
+        httpx.get(url + "/v1/models", headers=headers, timeout=30)
+    except httpx.HTTPError as e:
+        raise SystemExit(f"radixlm bench serving: cannot reach {url} ({type(e).__name__}: {e}); "
+                         f"is the server running there? (--host, --port or --base-url)") from None
 
 def _get_json(url: str, headers: dict[str, str]) -> Any:
     try:
@@ -373,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = (ns.base_url or f"http://{ns.host}:{ns.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
 
+    _check_reachable(url, headers)
+    output = ns.output or common.default_output_path("serving")
+    common.check_writable(output, "--output")
     model_info = _get_json(url + "/get_model_info", headers)
     models = _get_json(url + "/v1/models", headers)
     model = ns.model or ((models or {}).get("data") or [{}])[0].get("id") or "default"
@@ -385,8 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = Settings(ns.backend, url, model, ns.temperature, not ns.disable_ignore_eos,
                         prompt_format, headers)
-    outcome = asyncio.run(run_load(settings, requests, tokenizer, ns.request_rate,
-                                   ns.max_concurrency, dargs.seed, ns.request_timeout))
+    try:
+        outcome = asyncio.run(run_load(settings, requests, tokenizer, ns.request_rate,
+                                       ns.max_concurrency, dargs.seed, ns.request_timeout))
+    except WarmUpFailed as e:
+        raise SystemExit(f"radixlm bench serving: {e}") from None
     results, duration = outcome.results, outcome.duration
     m = metrics(results, max(duration, 1e-9))
     errors = [r.error for r in results if not r.ok]
@@ -413,10 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "requests": [{k: v for k, v in asdict(r).items() if k != "itl"} | {"chunks": len(r.itl)
                      + (1 if r.ok else 0)} for r in results],
     }
-    path = common.write_json(ns.output or common.default_output_path("serving"), result)
+    path = common.write_json(output, result)
     print(f"results written to {path}", file=sys.stderr)
     common.print_summary(line)
-    return 130 if outcome.interrupted else 0
+    if outcome.interrupted:
+        return 130
+    return 0 if m["completed"] else 1   # nothing measured: a script must be able to tell
 
 
 if __name__ == "__main__":

@@ -413,9 +413,8 @@ def _summary(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
-    for flag in ("num_requests", "batch_size", "mask_tokens", "repeats", "workload_repeats"):
-        if getattr(ns, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    common.require_positive(parser, ns, "num_requests", "batch_size", "mask_tokens", "repeats",
+                            "workload_repeats")
     if not ns.workloads or set(ns.workloads) - set(WORKLOADS):
         parser.error(f"--workloads: choose from {', '.join(WORKLOADS)}")
     on = _phase(ns, jump_forward=True)

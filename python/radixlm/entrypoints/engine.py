@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -208,9 +207,8 @@ class Engine:
         self.startup_phases = phases.seconds
         if ready.error is not None:
             self._children.stop(timeout_s=5)
-            flag_error = re.fullmatch(r"ValueError: (--[a-z0-9-]+[ :].*)", ready.error, re.S)
-            if flag_error:      # a flag the scheduler could only judge once the model loaded
-                raise ValueError(flag_error.group(1))
+            if ready.flag_error:   # a flag the scheduler could only judge once the model loaded
+                raise ValueError(ready.error)
             raise RuntimeError(f"engine failed to start: {ready.error}")
         self.ready = ready
         # From here to ready, and where the scheduler's share of it went (/get_server_info).

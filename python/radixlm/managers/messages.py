@@ -101,6 +101,9 @@ class SchedulerReady:
     model_path: str
     tokenizer_path: str
     error: str | None = None         # set when start-up failed
+    # The error is a flag's ValueError ("--flag ..."), judged once the model loaded: the
+    # engine raises it as one (the CLI's exit 2 naming the flag), not as a start-up crash.
+    flag_error: bool = False
     speculative: bool = False        # --speculative-algorithm: meta_info gets spec_verify_ct
     # Seconds per start-up phase in the scheduler process (rank 0), in order: imports,
     # weights, kv_cache, cuda_graphs, ...
@@ -146,7 +149,11 @@ class FinishReason:
     length: int | None = None        # "length": the token budget that ended it (SGLang's key)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        # SGLang's shapes: "matched" only on a stop ({"type": "stop", "matched": id or
+        # string}), "length" on a budget cut, message/status_code on an abort.
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
         if self.length is not None:
             out["length"] = self.length
         if self.message is not None:

@@ -153,7 +153,10 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             logger.error("scheduler start-up failed: %s", e)
         else:
             logger.error("scheduler start-up failed:\n%s", traceback.format_exc())
-        send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "", error=f"{type(e).__name__}: {e}"))
+        flag_error = isinstance(e, ValueError) and str(e).startswith("--")
+        send(SchedulerReady(0, 0, 0, 0, [], "", "", "", "",
+                            error=str(e) if flag_error else f"{type(e).__name__}: {e}",
+                            flag_error=flag_error))
         if outbox is not None:
             outbox.close()
         ctx.term()

@@ -219,6 +219,14 @@ class ChatMessage(BaseModel):
     content: Union[str, list[TextPart], None] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
 
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        """OpenAI requires the content of every message but an assistant's (which may carry
+        tool calls instead): a missing or null one would render as an empty turn."""
+        if self.content is None and self.role != "assistant":
+            raise invalid(f"content is required for a {self.role} message")
+        return self
+
     @field_validator("tool_calls")
     @classmethod
     def _calls_name_a_function(cls, v: Optional[list[dict[str, Any]]]
