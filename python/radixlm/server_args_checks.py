@@ -8,14 +8,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from radixlm.utils.hub_ids import exists_or_could_be_hub_id
 from radixlm.utils.json_flag import parse_json_object
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS, parse_preferred
-
-if TYPE_CHECKING:
-    from radixlm.config import ServerArgs
 
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -38,9 +35,11 @@ def parse_model_overrides(text: str | None) -> dict:
     return parse_json_object(text, "config.json fields")
 
 
-def check_server_args(args: "ServerArgs") -> None:
-    """Raises ValueError("--flag: why") for the first flag whose value cannot be served.
-    Normalizes --speculative-algorithm to upper case (SGLang takes it in any case)."""
+def check_server_args(args: Any) -> None:
+    """`args`: a radixlm.config.ServerArgs (typed Any: config imports this module, and an
+    annotation back would make an import cycle). Raises ValueError("--flag: why") for the
+    first flag whose value cannot be served. Normalizes --speculative-algorithm to upper case
+    (SGLang takes it in any case)."""
     def bad(flag: str, msg: str) -> ValueError:
         return ValueError(f"--{flag}: {msg}")
 
@@ -206,7 +205,7 @@ def check_server_args(args: "ServerArgs") -> None:
                                       f"got {args.reasoning_parser!r}")
 
 
-def _check_sampling_defaults(args: "ServerArgs", bad: Bad) -> None:
+def _check_sampling_defaults(args: Any, bad: Bad) -> None:
     if args.sampling_defaults not in SAMPLING_DEFAULTS:
         raise bad("sampling-defaults", f"must be one of {list(SAMPLING_DEFAULTS)}, "
                                        f"got {args.sampling_defaults!r}")
@@ -218,7 +217,7 @@ def _check_sampling_defaults(args: "ServerArgs", bad: Bad) -> None:
     except ValueError as e:
         raise bad("preferred-sampling-params", str(e)) from None
 
-def _check_ngram_trees(args: "ServerArgs", bad: Bad) -> None:
+def _check_ngram_trees(args: Any, bad: Bad) -> None:
     lo, hi = args.speculative_ngram_min_bfs_breadth, args.speculative_ngram_max_bfs_breadth
     if not 1 <= lo <= hi <= 64:
         raise bad("speculative-ngram-min-bfs-breadth" if 1 <= hi <= 64 < lo or lo > hi >= 1
@@ -241,7 +240,7 @@ def _check_ngram_trees(args: "ServerArgs", bad: Bad) -> None:
         if problem is not None:
             raise bad(flag, f"{problem} (--speculative-ngram-max-bfs-breadth {hi})")
 
-def _check_draft_model(args: "ServerArgs", bad: Bad) -> None:
+def _check_draft_model(args: Any, bad: Bad) -> None:
     """STANDALONE's flags, and what it does not support yet (each refused by name)."""
     standalone = args.speculative_algorithm == "STANDALONE"
     if args.speculative_draft_model_path is not None and not standalone:
