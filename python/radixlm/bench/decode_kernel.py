@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
-    require_positive(p, ns, 'batch_size', 'context', 'num_heads', 'num_kv_heads', 'head_dim')
+    require_positive(p, ns, "batch_size", "context", "num_heads", "num_kv_heads", "head_dim")
     dev, dt = torch.device("cuda"), torch.bfloat16
     bs, ctx, hq, hk, d = ns.batch_size, ns.context, ns.num_heads, ns.num_kv_heads, ns.head_dim
     # As many copies of the batch's KV as it takes to pass 256 MB (the L2 holds a few tens of

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--output", default=None)
     ns = p.parse_args(argv)
-    common.require_positive(p, ns, 'batch_size', 'repeats')
+    common.require_positive(p, ns, "batch_size", "repeats")
     from radixlm.model_executor.weight_source import load_tokenizer
     tokenizer = load_tokenizer(ns.tokenizer_path)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

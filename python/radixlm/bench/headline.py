@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
-    require_positive(p, ns, 'batch_size', 'input_len', 'output_len')
+    require_positive(p, ns, "batch_size", "input_len", "output_len")
     result = run(ns)
     result.update(environment(None), command="radixlm bench headline " + " ".join(argv))
     path = write_json(ns.output or default_output_path("headline"), result)

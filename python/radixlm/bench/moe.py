@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
-    require_positive(p, args, 'mla_batch_size', 'mla_context', 'input_len', 'output_len')
+    require_positive(p, args, "mla_batch_size", "mla_context", "input_len", "output_len")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]

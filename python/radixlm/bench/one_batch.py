@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
-    require_positive(p, args, 'batch_size', 'input_len', 'output_len', 'max_prefill_tokens')
+    require_positive(p, args, "batch_size", "input_len", "output_len", "max_prefill_tokens")
     result = run(args)
     result.update(environment(args.device), command="radixlm bench one-batch " + " ".join(argv))
     path = write_json(args.output or default_output_path("one_batch"), result)

@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = p.parse_args(argv)
-    require_positive(p, ns, 'batch_size', 'input_len', 'steps')
+    require_positive(p, ns, "batch_size", "input_len", "steps")
     result = run(ns)
     result.update(environment(None), command="radixlm bench overlap " + " ".join(argv))
     path = write_json(ns.output or default_output_path("overlap"), result)

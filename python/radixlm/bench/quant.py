@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
-    require_positive(p, args, 'input_len', 'output_len')
+    require_positive(p, args, "input_len", "output_len")
     parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     unknown = set(parts) - {"kernel", "sweep", "gemv", "gemv-sweep", "model", "accuracy"}
     if unknown:

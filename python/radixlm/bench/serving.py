@@ -296,14 +296,20 @@ class WarmUpFailed(RuntimeError):
     """The first request, sent before the load, got no answer: nothing could be measured."""
 
 
-def _check_reachable(url: str, headers: dict[str, str]) -> None:
-    """Exits with a message naming the URL when nothing answers there (any HTTP answer, even
-    an error, means a server is listening)."""
+def _served_models(url: str, headers: dict[str, str]) -> Any:
+    """The server's /v1/models answer (None when it is not a 200 with JSON). Exits with a
+    message naming the URL when nothing answers there (any HTTP answer, even an error, means
+    a server is listening)."""
     try:
-        httpx.get(url + "/v1/models", headers=headers, timeout=30)
+        r = httpx.get(url + "/v1/models", headers=headers, timeout=30)
     except httpx.HTTPError as e:
         raise SystemExit(f"radixlm bench serving: cannot reach {url} ({type(e).__name__}: {e}); "
                          f"is the server running there? (--host, --port or --base-url)") from None
+    try:
+        return r.json() if r.status_code == 200 else None
+    except ValueError:
+        return None
+
 
 def _get_json(url: str, headers: dict[str, str]) -> Any:
     try:
@@ -386,11 +392,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = (ns.base_url or f"http://{ns.host}:{ns.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
 
-    _check_reachable(url, headers)
+    models = _served_models(url, headers)
     output = ns.output or common.default_output_path("serving")
     common.check_writable(output, "--output")
     model_info = _get_json(url + "/get_model_info", headers)
-    models = _get_json(url + "/v1/models", headers)
     model = ns.model or ((models or {}).get("data") or [{}])[0].get("id") or "default"
     tokenizer, tokenizer_path = _load_tokenizer(ns, model_info)
     text = prompt_format == "text"
