@@ -404,7 +404,7 @@ def test_profiler_bad_requests_are_400(url, body, needle):
 def test_pooling_endpoints_name_what_is_served(url):
     """SGLang's embedding / reward / rerank endpoints: a 400 saying the served model generates
     (OpenAI-shaped, param model), not a bare 404; a mistyped path stays a 404."""
-    for path in ("/v1/embeddings", "/encode", "/v1/rerank", "/classify", "/v1/score"):
+    for path in ("/v1/embeddings", "/encode", "/v1/rerank", "/classify"):
         r = httpx.post(url + path, json={"model": "m", "input": "hi", "text": "hi"})
         assert r.status_code == 400, (path, r.text)
         err = r.json()["error"]

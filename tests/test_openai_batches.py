@@ -159,6 +159,47 @@ def test_bad_batches_are_refused(client):
                               metadata={f"k{i}": "v" for i in range(17)})
 
 
+def test_uploads_are_checked(client):
+    """An upload can't claim the batches' own output purpose, and a cut-off multipart body or
+    one with two `file` parts is refused rather than half-read."""
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        client.files.create(file=_jsonl([_line("a", {})]), purpose="batch_output")
+    httpx = pytest.importorskip("httpx")
+    head = b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    part = (b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+            + json.dumps(_line("a", {})).encode() + b"\r\n")
+    url = str(client.base_url).rstrip("/") + "/files"
+    for body, why in ((head + part, "closing boundary"),
+                      (head + part + part + b"--XX--\r\n", "more than one")):
+        r = httpx.post(url, content=body,
+                       headers={"content-type": "multipart/form-data; boundary=XX"})
+        assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
+    after = client.files.create(file=_jsonl([_line("a", {})]), purpose="user_data").id
+    with pytest.raises(openai.NotFoundError, match="purpose 'batch'"):
+        client.files.list(purpose="batch", after=after)
+
+
+def test_failed_validation_counts_no_requests(client):
+    lines = [_line("a", {"model": "m", "messages": []}), _line("a", {})]
+    bad = client.files.create(file=_jsonl(lines), purpose="batch")
+    batch = client.batches.create(input_file_id=bad.id, endpoint=CHAT, completion_window="24h")
+    assert batch.status == "failed"
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (0, 0, 0)
+
+
+def test_a_stream_that_is_not_a_boolean_gets_the_endpoints_error(client):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "no"}
+    upload = client.files.create(file=_jsonl([_line("s", body)]), purpose="batch")
+    batch = _wait(client, client.batches.create(input_file_id=upload.id, endpoint=CHAT,
+                                                completion_window="24h").id)
+    assert batch.request_counts.failed == 1
+    error = _records(client, batch.error_file_id)["s"]["response"]
+    assert error["status_code"] == 400
+    message = error["body"]["error"]["message"]
+    assert "stream" in message and "not supported" not in message
+
+
 def test_lines_split_on_newlines_only(client):
     """U+2028 inside a string and a byte order mark are text, not line breaks (JSONL)."""
     body = {"model": "m", "messages": [{"role": "user", "content": "one\u2028two\u0085"}],

@@ -548,6 +548,10 @@ def test_small_draft_model_keeps_the_target_output(make_engine, smollm_dir, tmp_
     outs = {}
     with pytest.raises(Exception, match="--speculative-draft-model-path: .*lower --context-length"):
         make_engine(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft)
+    # (the draft's path named by its own flag, not the target's --model-path)
+    with pytest.raises(Exception, match="--speculative-draft-model-path '/nonexistent' does "):
+        make_engine(speculative_algorithm="STANDALONE",
+                    speculative_draft_model_path="/nonexistent")
     for spec in (False, True):
         extra = (dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                       speculative_num_steps=2) if spec else {})

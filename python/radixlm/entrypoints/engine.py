@@ -30,10 +30,12 @@ from radixlm.managers import ipc
 from radixlm.managers.generate_request import SGLANG_ONLY_FIELDS, GenerateReqInput
 from radixlm.managers.messages import (AbortReq, ProfileReq, ProfileResult, SchedulerReady,
                                        SchedulerStats, ShutdownReq, UpdateWeightsReq)
-from radixlm.managers.tokenizer_manager import EngineDeadError, TokenizerManager
+from radixlm.managers.tokenizer_manager import (EngineDeadError, RequestRefusedError,
+                                                TokenizerManager)
 from radixlm.model_executor.weight_source import (load_tokenizer, resolve_model_dir,
                                                   resolve_tokenizer_dir, set_trust_remote_code)
 from radixlm.entrypoints.ranks import start_ranks
+from radixlm.entrypoints.scoring import SCORE_SAMPLING, ScoringInputError, ScoringRequest
 from radixlm.entrypoints.server_info import server_info
 from radixlm.utils.chat_templates import load_chat_template
 from radixlm.managers.no_tokenizer import no_tokenizer_error
@@ -363,6 +365,47 @@ class Engine:
                 yield item
         finally:
             fut.cancel()
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, query: str | list[int], items: str | list[str] | list[list[int]],
+              label_token_ids: list[int], apply_softmax: bool = False,
+              item_first: bool = False) -> list[list[float]]:
+        """SGLang's Engine.score (scoring.py): per item, the probability of each label token
+        coming next after query + item (item + query with item_first); with apply_softmax,
+        renormalised over the labels."""
+        req = ScoringRequest(query, items, label_token_ids, apply_softmax, item_first)
+        return self._run(self._score(req, self.score_prompts(req)))
+
+    def score_prompts(self, req: ScoringRequest) -> list[list[int]]:
+        """The request checked and each item's prompt ids (in the caller's thread: tokenizing
+        many items must not hold up the engine's loop)."""
+        req.check(self.ready.vocab_size)
+        if req.is_text and self.tokenizer is None:
+            raise ScoringInputError("this server runs with --skip-tokenizer-init (no "
+                                    "tokenizer): send query and items as token ids", "query")
+        return req.prompts(self.tokenizer)
+
+    async def async_score(self, req: ScoringRequest, prompts: list[list[int]]
+                          ) -> list[list[float]]:
+        """score() for prompts from score_prompts(), from another event loop (the HTTP
+        server's); cancelling it aborts the requests."""
+        self._check_open()
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._score(req, prompts), self.loop))
+
+    async def _score(self, req: ScoringRequest, prompts: list[list[int]]) -> list[list[float]]:
+        obj = GenerateReqInput.from_dict({
+            "input_ids": prompts, "sampling_params": dict(SCORE_SAMPLING),
+            "return_logprob": True, "token_ids_logprob": list(req.label_token_ids)})
+        results = await self._collect(obj)
+        results = results if isinstance(results, list) else [results]
+        for r in results:
+            reason = r["meta_info"].get("finish_reason") or {}
+            if reason.get("type") == "abort":
+                raise RequestRefusedError(reason.get("message") or "the request was aborted",
+                                          reason.get("status_code") or 500)
+        return req.scores(results)
 
     # ------------------------------------------------------------------ control
 

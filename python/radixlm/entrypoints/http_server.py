@@ -29,7 +29,7 @@ logger = logging.getLogger("radixlm.server")
 
 
 def create_app(engine, args: ServerArgs) -> FastAPI:
-    from radixlm.entrypoints import native_api, parse_api
+    from radixlm.entrypoints import native_api, parse_api, score_api
     from radixlm.entrypoints.openai import batches, files, responses
     from radixlm.entrypoints.openai import routes as openai_routes
 
@@ -40,6 +40,7 @@ def create_app(engine, args: ServerArgs) -> FastAPI:
     app.state.preferred_sampling_params = parse_preferred(args.preferred_sampling_params)
     app.include_router(native_api.router)
     app.include_router(parse_api.router)
+    app.include_router(score_api.router)
     app.include_router(openai_routes.router)
     app.include_router(files.router)
     app.include_router(batches.router)

@@ -401,14 +401,15 @@ async def metrics(request: Request) -> Response:
 
 # What SGLang serves for embedding, reward and cross-encoder models (started with
 # --is-embedding): this server runs generation models only, so these name that, rather than
-# answering a bare 404 as for a mistyped path.
+# answering a bare 404 as for a mistyped path. (/v1/score, decoder-only scoring, is served by
+# generation models: score_api.py.)
 POOLING_PATHS = ("/v1/embeddings", "/encode", "/v1/rerank", "/rerank", "/classify",
-                 "/v1/classify", "/v1/score")
+                 "/v1/classify")
 
 
 async def _pooling_endpoint(request: Request) -> Response:
     return error_response(f"{request.url.path}: the served model is a generation model; this "
-                          f"server does not compute embeddings, rewards or scores", 400,
+                          f"server does not compute embeddings, rewards or rerank scores", 400,
                           param="model")
 
 

@@ -84,6 +84,15 @@ _DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", 
                       "*.py"]
 
 
+def path_error(e: BaseException, name: str) -> str:
+    """An error of loading a model (which names the path by the server's --model-path) for a
+    path the caller calls `name`: a draft model's flag, /update_weights_from_disk's field."""
+    message = str(e)
+    if "--model-path" in message:
+        return message.replace("--model-path", name)
+    return f"{name}: {message}"
+
+
 def _local_path(path: str, revision: str | None = None, download_dir: str | None = None,
                 flag: str = "model-path", patterns: list[str] = _DOWNLOAD_PATTERNS) -> str:
     """An existing local path, or a Hugging Face Hub id: from the local Hub cache, else

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.core.kv_quant import is_fp8
-from radixlm.model_executor.weight_source import (iter_safetensors_weights, read_hf_config,
-                                                  resolve_model_dir)
+from radixlm.model_executor.weight_source import (iter_safetensors_weights, path_error,
+                                                  read_hf_config, resolve_model_dir)
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def update_weights_from_disk(runner, model_path: str, load_format: str | None) -
             else:
                 refusal = _shape_mismatch(runner.hf_dir, new_dir)
     except Exception as e:      # an unreadable path, a missing config.json, ...
-        refusal = f"cannot read {model_path!r}: {e}"
+        refusal = f"cannot load {path_error(e, 'model_path')}"
     ok = runner.tp.min_over_ranks(int(refusal is None)) == 1
     if not ok:
         return WeightUpdate(False, refusal or "another tensor-parallel rank refused the update")
@@ -96,5 +96,5 @@ def _load(runner, hf_dir: str) -> str | None:
         runner.model.load_weights(iter_safetensors_weights(hf_dir))
     except Exception as e:
         logger.exception("loading weights from %s failed", hf_dir)
-        return f"{type(e).__name__}: {e}"
+        return path_error(e, "model_path")
     return None

@@ -42,7 +42,7 @@ logger = logging.getLogger("radixlm.router")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # serve --dp-size: how long stopped engines get to end their requests before the router goes
 ENGINE_STOP_TIMEOUT_S = 10.0
-# POSTs sent to one worker chosen by the policy. The embedding / reward / score ones are
+# POSTs sent to one worker chosen by the policy. The embedding / reward / rerank ones are
 # served by SGLang workers started with --is-embedding (radixlm workers answer them with a 400)
 ROUTED_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
                 "/encode", "/v1/rerank", "/rerank", "/classify", "/v1/classify", "/v1/score")

@@ -28,6 +28,7 @@ from radixlm.core.forward_batch import ForwardBatch
 from radixlm.mem_cache.kv_cache_manager import KVCacheManager
 from radixlm.model_executor.model_runner import ModelRunner
 from radixlm.model_executor.runner_config import RunnerConfig
+from radixlm.model_executor.weight_source import path_error
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.draft_tree import forward_on_scratch, propose_tree
@@ -79,7 +80,7 @@ class DraftModel:
             raise RuntimeError(f"{cls.FLAG}: no GPU memory left for the draft model ({e})"
                                ) from None
         except (OSError, ValueError) as e:
-            raise ValueError(f"{cls.FLAG}: {e}") from None
+            raise ValueError(path_error(e, cls.FLAG)) from None
         return cls(runner, args.speculative_num_steps, args.speculative_eagle_topk)
 
     @property

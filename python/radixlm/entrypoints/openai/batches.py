@@ -177,7 +177,7 @@ def _internal_request(app: Any, path: str) -> StarletteRequest:
 async def _answer(app: Any, endpoint: str, line: BatchLine) -> tuple[int, Any]:
     """One line's (HTTP status, JSON body), as the endpoint would have answered it; a line
     the engine's full queue refused (429) is sent again after a pause, until it is taken."""
-    if line.body.get("stream"):
+    if line.body.get("stream") is True:   # (a stream that is not a boolean: the endpoint's 400)
         return 400, error_body("stream is not supported in a batch", 400, param="stream")
     pause = 0.05
     while True:
@@ -295,6 +295,8 @@ async def create_batch(request: Request):
     job.lines, errors = parse_input(stored.data, endpoint)
     _jobs(request)[job.id] = job
     if errors:
+        # (a batch that fails validation runs none of its requests: it counts none, as OpenAI's)
+        job.lines = []
         job.errors = [e.record() for e in errors[:MAX_REPORTED_ERRORS]]
         job.enter("failed")
         return JSONResponse(job.card())

@@ -9,6 +9,7 @@ standard library's MIME parser instead.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ from radixlm.entrypoints.request_body import BodyError, read_body
 router = APIRouter()
 
 MAX_FILE_BYTES = 200 * 1024 * 1024     # OpenAI's limit for a batch input file
-PURPOSES = ("batch", "batch_output", "user_data", "fine-tune", "assistants", "vision", "evals")
+# What an upload may be for; "batch_output" is the purpose of the files a batch writes, never
+# of an upload (as in OpenAI's API).
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 
 
 @dataclass
@@ -83,11 +86,16 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | Non
         b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
     if not message.is_multipart():
         raise UploadError("the multipart body could not be parsed (no parts)")
+    if any(type(d).__name__ == "CloseBoundaryNotFoundDefect" for d in message.defects):
+        # (a cut-off upload: the last part may be missing its end, so nothing in it is trusted)
+        raise UploadError("the multipart body has no closing boundary (was the upload cut off?)")
     fields: dict[str, tuple[str | None, bytes]] = {}
     for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
         if not name:
             continue
+        if str(name) in fields:
+            raise UploadError(f"the upload has more than one `{name}` field", param=str(name))
         data = part.get_payload(decode=True)
         fields[str(name)] = (part.get_filename(), data if data is not None else b"")
     return fields
@@ -98,16 +106,21 @@ async def upload_file(request: Request):
     try:
         # (the file's limit, and room for the form's other parts and boundaries)
         body = await read_body(request, MAX_FILE_BYTES + 64 * 1024, "for an uploaded file")
-        fields = parse_multipart(request.headers.get("content-type", ""), body)
+        # (parsing a large upload takes seconds: off the event loop, which keeps serving)
+        fields = await asyncio.to_thread(
+            parse_multipart, request.headers.get("content-type", ""), body)
         if "file" not in fields:
             raise UploadError("the upload has no `file` field", param="file")
         if "purpose" not in fields:
             raise UploadError("the upload has no `purpose` field", param="purpose")
         purpose = fields["purpose"][1].decode("utf-8", "replace").strip()
-        if purpose not in PURPOSES:
-            raise UploadError(f"purpose must be one of {', '.join(PURPOSES)}, got {purpose!r}",
-                              param="purpose")
+        if purpose not in UPLOAD_PURPOSES:
+            raise UploadError(f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}, got "
+                              f"{purpose!r}", param="purpose")
         filename, data = fields["file"]
+        if len(data) > MAX_FILE_BYTES:
+            raise UploadError(f"the file is {len(data)} bytes; at most {MAX_FILE_BYTES}", 413,
+                              param="file")
     except UploadError as e:
         return error_response(str(e), e.status, param=e.param)
     except BodyError as e:
@@ -130,7 +143,8 @@ async def list_files(request: Request, purpose: str | None = None, limit: int = 
         files.reverse()
     page, more = paginate(files, limit, after)
     if page is None:
-        return error_response(f"no file with id {after!r}", 404, param="after")
+        among = "" if purpose is None else f" with purpose {purpose!r}"
+        return error_response(f"no file{among} has the id {after!r}", 404, param="after")
     return list_page([f.card() for f in page], more)
 
 

@@ -1,0 +1,127 @@
+"""Decoder-only scoring, SGLang's /v1/score and Engine.score: for every item, how likely each of
+a few label tokens is to come right after query + item (item + query with `item_first`).
+
+Each item is one prompt that generates a single token greedily, asking for the logprobs of the
+label ids at that first position (`token_ids_logprob`): the model's next-token distribution
+after the prompt, from the logits before any sampling transform. The prompts share the query,
+so the radix cache prefills it once. A score is the label's probability (exp of its logprob), or
+with `apply_softmax` the softmax over the labels' logprobs alone (the probabilities renormalised
+over the labels, which then sum to 1).
+
+Text input joins query and item as text and tokenizes the joined string (what a model would see
+had the user typed it); token input joins the id lists.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0}
+
+
+class ScoringInputError(ValueError):
+    """Bad scoring input; `param` names the field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class ScoringRequest:
+    query: str | list[int]
+    items: str | list[str] | list[list[int]]
+    label_token_ids: list[int]
+    apply_softmax: bool = False
+    item_first: bool = False
+
+    def item_list(self) -> list[Any]:
+        return [self.items] if isinstance(self.items, str) else list(self.items)
+
+    def check(self, vocab_size: int) -> None:
+        """The checks that need no tokenizer: shapes, types that agree, label ids in range."""
+        labels = self.label_token_ids
+        if not isinstance(labels, list) or not labels:
+            raise ScoringInputError("label_token_ids must be a non-empty list of token ids",
+                                    "label_token_ids")
+        for tid in labels:
+            if not _is_id(tid) or tid >= vocab_size:
+                raise ScoringInputError(f"label_token_ids: {tid!r} is not a token id of this "
+                                        f"model (0 to {vocab_size - 1})", "label_token_ids")
+        for name in ("apply_softmax", "item_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ScoringInputError(f"{name} must be true or false", name)
+        items = self.item_list()
+        if not items:
+            raise ScoringInputError("items must hold at least one item", "items")
+        if isinstance(self.query, str):
+            if not all(isinstance(x, str) for x in items):
+                raise ScoringInputError("items must be strings when query is a string", "items")
+        elif _is_ids(self.query):
+            if not all(_is_ids(x) for x in items):
+                raise ScoringInputError("items must be lists of token ids when query is a list "
+                                        "of token ids", "items")
+            for ids in [self.query, *items]:
+                bad = next((t for t in ids if t >= vocab_size), None)
+                if bad is not None:
+                    raise ScoringInputError(f"token id {bad} is out of the model's vocabulary "
+                                            f"(0 to {vocab_size - 1})",
+                                            "query" if ids is self.query else "items")
+        else:
+            raise ScoringInputError("query must be a string or a list of token ids", "query")
+
+    @property
+    def is_text(self) -> bool:
+        return isinstance(self.query, str)
+
+    def prompts(self, tokenizer: Any) -> list[list[int]]:
+        """Each item's prompt ids (check() first)."""
+        items = self.item_list()
+        if self.is_text:
+            texts = [f"{x}{self.query}" if self.item_first else f"{self.query}{x}"
+                     for x in items]
+            prompts = [list(tokenizer(t).input_ids) for t in texts]
+        else:
+            prompts = [list(x) + list(self.query) if self.item_first else
+                       list(self.query) + list(x) for x in items]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise ScoringInputError(f"item {i}: query and item together are empty",
+                                        "items")
+        return prompts
+
+    def scores(self, results: list[dict]) -> list[list[float]]:
+        """The engine's results (one per prompt) -> each item's label scores."""
+        return [self._label_scores(r["meta_info"]["output_token_ids_logprobs"][0])
+                for r in results]
+
+    def _label_scores(self, entries: list[list]) -> list[float]:
+        logprob = {tid: lp for lp, tid, *_ in entries}
+        lps = [logprob[tid] for tid in self.label_token_ids]
+        if not self.apply_softmax:
+            return [math.exp(lp) for lp in lps]
+        top = max(lps)
+        if top == -math.inf:          # (every label impossible: no distribution over them)
+            return [0.0] * len(lps)
+        weights = [math.exp(lp - top) for lp in lps]
+        total = sum(weights)
+        return [w / total for w in weights]
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and all(_is_id(t) for t in x)
+
+
+def scoring_response(scores: list[list[float]], prompts: list[list[int]],
+                     model: str) -> dict[str, Any]:
+    """SGLang's ScoringResponse."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {"object": "scoring", "model": model, "scores": scores,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                      "total_tokens": prompt_tokens}}

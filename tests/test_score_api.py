@@ -1,0 +1,123 @@
+"""Decoder-only scoring (SGLang's /v1/score and Engine.score) on the bundled model: the scores
+equal HF transformers' next-token probabilities of the label tokens after query + item (or
+item + query), raw or renormalised over the labels; token input scores as its text; bad input
+is a 400 naming the field, after which the server keeps serving and holds no KV."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from helpers import assert_pool_empty
+from radixlm.utils.server_process import free_port
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from radixlm.entrypoints.engine import Engine
+    e = Engine(device="cpu", log_level="warning", max_total_tokens=4096)
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    import uvicorn
+
+    from radixlm.entrypoints.http_server import create_app
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, engine.server_args),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _label_ids(tokenizer, words: list[str]) -> list[int]:
+    return [tokenizer(w, add_special_tokens=False).input_ids[0] for w in words]
+
+
+def _hf_probs(hf_model, tokenizer, text: str, labels: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([tokenizer(text).input_ids])).logits[0, -1]
+    return torch.softmax(logits.float(), -1)[labels].tolist()
+
+
+@pytest.mark.parametrize("query,items,item_first", [
+    ("I pledge allegiance", ["", " to", " to the flag of"], False),
+    (" is a city", ["Tokyo", "Japan"], True),
+])
+def test_scores_match_hf(engine, hf_model, tokenizer, query, items, item_first):
+    labels = _label_ids(tokenizer, [" to", " the", " of"])
+    raw = engine.score(query, items, labels, item_first=item_first)
+    soft = engine.score(query, items, labels, apply_softmax=True, item_first=item_first)
+    assert len(raw) == len(soft) == len(items)
+    for item, got_raw, got_soft in zip(items, raw, soft):
+        want = _hf_probs(hf_model, tokenizer, item + query if item_first else query + item,
+                         labels)
+        assert got_raw == pytest.approx(want, rel=2e-3, abs=1e-6)
+        total = sum(want)
+        assert got_soft == pytest.approx([p / total for p in want], rel=2e-3, abs=1e-6)
+        assert math.isclose(sum(got_soft), 1.0, rel_tol=1e-9)
+    assert_pool_empty(engine)
+
+
+def test_token_input_scores_as_its_text(engine, tokenizer):
+    labels = _label_ids(tokenizer, [" Paris", " London"])
+    query = tokenizer("The capital of France is").input_ids
+    by_ids = engine.score(query, [[]], labels)
+    by_text = engine.score("The capital of France is", "", labels)
+    assert by_ids[0] == pytest.approx(by_text[0], rel=1e-4)
+    assert by_ids[0][0] > by_ids[0][1]          # (the model knows its capitals)
+
+
+def test_http_score(url, tokenizer):
+    labels = _label_ids(tokenizer, [" yes", " no"])
+    body = {"model": "m", "query": "Is the sky blue? Answer:", "items": ["", " Well,"],
+            "label_token_ids": labels, "apply_softmax": True}
+    r = httpx.post(url + "/v1/score", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "scoring" and out["model"] == "m"
+    assert [len(s) for s in out["scores"]] == [2, 2]
+    assert all(math.isclose(sum(s), 1.0, rel_tol=1e-9) for s in out["scores"])
+    prompt_tokens = sum(len(tokenizer(body["query"] + i).input_ids) for i in body["items"])
+    assert out["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                            "total_tokens": prompt_tokens}
+
+
+@pytest.mark.parametrize("change,param", [
+    ({"label_token_ids": []}, "label_token_ids"),
+    ({"label_token_ids": [10 ** 9]}, "label_token_ids"),
+    ({"label_token_ids": ["a"]}, "label_token_ids"),
+    ({"label_token_ids": None}, "label_token_ids"),
+    ({"items": []}, "items"),
+    ({"items": [[1, 2]]}, "items"),          # token items with a text query
+    ({"query": [1, 2], "items": ["x"]}, "items"),
+    ({"query": [1, -2], "items": [[3]]}, "query"),
+    ({"query": 5}, "query"),
+    ({"query": "", "items": [""]}, "items"),
+    ({"apply_softmax": "yes"}, "apply_softmax"),
+    ({"item_first": 1}, "item_first"),
+    ({"query": "word " * 5000}, "items"),      # past the context
+])
+def test_http_score_refuses_bad_input(url, engine, change, param):
+    body = {"query": "Hello", "items": [" world"], "label_token_ids": [5], **change}
+    r = httpx.post(url + "/v1/score", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    ok = httpx.post(url + "/v1/score", json={"query": "Hello", "items": [" world"],
+                                             "label_token_ids": [5]}, timeout=120)
+    assert ok.status_code == 200
+    assert_pool_empty(engine)
