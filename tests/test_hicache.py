@@ -199,6 +199,19 @@ def test_bad_hicache_flags(make_engine):
         ServerArgs(enable_hierarchical_cache=True, hicache_storage_dir="/tmp/kv")
 
 
+
+def test_a_bad_storage_dir_is_refused_with_the_flags(tmp_path):
+    """Found when the flags are read, before any model loads."""
+    from radixlm.config import ServerArgs
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    flags = dict(enable_hierarchical_cache=True, hicache_storage_backend="file")
+    for bad, why in ((a_file, "is not a directory"), (a_file / "below", "is not a directory")):
+        with pytest.raises(ValueError, match=f"--hicache-storage-dir: .*{why}"):
+            ServerArgs(**flags, hicache_storage_dir=str(bad))
+    ServerArgs(**flags, hicache_storage_dir=str(tmp_path / "new" / "dir"))   # can be made
+
+
 @pytest.mark.parametrize("ratio", [0.5, 1.0])
 def test_a_host_pool_no_larger_than_the_device_pool_is_refused(ratio):
     from radixlm.config import ServerArgs
@@ -232,6 +245,10 @@ def test_file_storage_checksums_and_failures(tmp_path, monkeypatch):
     assert store.get("ab" * 32) is None and store.corrupt == 2
     assert not store.exists("ab" * 32)    # removed: the block is written again
     store.set("ab" * 32, b"payload")
+    # A directory where a block's file goes is not a block, and the next write replaces it.
+    os.makedirs(store._path("ef" * 32) + "/junk")
+    assert not store.exists("ef" * 32) and store.get("ef" * 32) is None
+    assert store.set("ef" * 32, b"y") and store.get("ef" * 32) == b"y"
 
     def disk_full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")

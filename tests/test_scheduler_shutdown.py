@@ -37,3 +37,22 @@ def test_abort_all_ends_every_request_and_frees_its_kv():
     cache = sched.prefix_cache
     assert cache.protected_size() == 0
     assert kv.available_size() == kv.allocator.total_size
+
+
+def test_a_crashed_scheduler_is_named_not_the_detokenizer_it_stopped():
+    """A scheduler going down stops the detokenizer first (code 0), then exits itself: the
+    engine's reason names the scheduler and its code."""
+    import subprocess
+    import sys
+
+    from radixlm.entrypoints.engine import _Children
+
+    children = object.__new__(_Children)
+    scheduler = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); "
+                                  "sys.exit(3)"])
+    detokenizer = subprocess.Popen([sys.executable, "-c", "pass"])
+    detokenizer.wait()
+    children.processes = [("scheduler (TP rank 0)", scheduler), ("detokenizer", detokenizer)]
+    reason = children.dead_child()
+    assert reason == "the scheduler (TP rank 0) process exited with code 3", reason
+    scheduler.wait()

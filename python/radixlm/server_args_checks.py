@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from typing import Any, Callable
 
@@ -101,6 +102,10 @@ def check_server_args(args: Any) -> None:
         raise bad("hicache-storage-backend", "needs --enable-hierarchical-cache")
     if args.hicache_storage_dir is not None and args.hicache_storage_backend != "file":
         raise bad("hicache-storage-dir", "needs --hicache-storage-backend file")
+    if args.hicache_storage_dir is not None:
+        problem = _directory_problem(args.hicache_storage_dir)
+        if problem:      # (found now, not after the model has loaded)
+            raise bad("hicache-storage-dir", problem)
     if args.enable_hierarchical_cache and args.disable_radix_cache:
         raise bad("enable-hierarchical-cache", "needs the radix cache (drop "
                                                "--disable-radix-cache)")
@@ -203,6 +208,22 @@ def check_server_args(args: Any) -> None:
     if args.reasoning_parser is not None and args.reasoning_parser not in REASONING_PARSERS:
         raise bad("reasoning-parser", f"must be one of {sorted(REASONING_PARSERS)}, "
                                       f"got {args.reasoning_parser!r}")
+
+
+def _directory_problem(path: str) -> str | None:
+    """Why `path` cannot be (or be made) a writable directory, or None."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{path} exists and is not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{path} cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {parent} is not writable"
+    return None
 
 
 def _check_sampling_defaults(args: Any, bad: Bad) -> None:

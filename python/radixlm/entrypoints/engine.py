@@ -98,11 +98,25 @@ class _Children:
         with self._send_lock:  # zmq sockets are not thread-safe
             ipc.send(self.to_scheduler, msg)
 
-    def dead_child(self) -> str | None:
-        for name, proc in self.processes:
-            if proc.poll() is not None:
-                return f"the {name} process exited with code {proc.returncode}"
-        return None
+    def dead_child(self, grace_s: float = 5.0) -> str | None:
+        """Why the children cannot go on: the first that exited. A detokenizer that exited
+        cleanly was stopped by a scheduler on its way down (e.g. a lost tensor-parallel peer
+        broke a collective): that scheduler's exit, once it comes (up to `grace_s`), is the
+        reason given."""
+        dead = [(name, proc) for name, proc in self.processes if proc.poll() is not None]
+        if not dead:
+            return None
+        name, proc = dead[0]
+        if name == "detokenizer" and proc.returncode == 0:
+            deadline = time.monotonic() + grace_s
+            schedulers = self.processes[:-1]
+            while time.monotonic() < deadline:
+                gone = [(n, p) for n, p in schedulers if p.poll() is not None]
+                if gone:
+                    name, proc = gone[0]
+                    break
+                time.sleep(0.05)
+        return f"the {name} process exited with code {proc.returncode}"
 
     def request_shutdown(self) -> None:
         """Ask the scheduler to abort everything and exit (it then stops the detokenizer)."""
@@ -477,7 +491,7 @@ class Engine:
         # finished, not gone: a caller that stopped reading never removes its state.
         deadline = time.monotonic() + 5
         while (self.tokenizer_manager.has_unfinished() and time.monotonic() < deadline
-               and self._children.dead_child() is None):
+               and self._children.dead_child(grace_s=0) is None):
             time.sleep(0.05)
         self._closed = True
         self._receiver.join(timeout=5)

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import queue
 import tempfile
 import threading
@@ -184,7 +185,8 @@ class FileStorage(KVStorage):
         return os.path.join(self.directory, name[:2], name + ".kv")
 
     def exists(self, name: str) -> bool:
-        return os.path.exists(self._path(name))
+        # (a file: anything else at a block's path, say a directory, is written over by set)
+        return os.path.isfile(self._path(name))
 
     def remove(self, name: str) -> None:
         try:
@@ -241,6 +243,8 @@ class FileStorage(KVStorage):
         path = self._path(name)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)   # (not a block: it would stay a miss forever)
             checksum = FILE_FORMAT.checksum(pieces)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
             try:

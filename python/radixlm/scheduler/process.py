@@ -104,6 +104,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
                 if local_gpu is not None:   # a TP rank: its node's GPUs are all visible
                     torch.cuda.set_device(local_gpu)
                 torch.zeros(1, device="cuda")
+            if args.nnodes > 1:   # (the other nodes may not be up yet: say what we wait for)
+                logger.info("TP rank %d of %d: waiting for the ranks of all %d nodes at %s",
+                            tp_rank, args.tp_size, args.nnodes, args.dist_init_addr)
             tp = init_tensor_parallel(tp_rank, args.tp_size, args.dist_init_addr or "",
                                       "cuda" if on_gpu else "cpu", args.dist_timeout,
                                       custom_all_reduce=(not args.disable_custom_all_reduce
