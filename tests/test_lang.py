@@ -248,7 +248,7 @@ def test_runtime_starts_and_stops_its_own_server():
     RuntimeEndpoint of it, and shutdown() stops it with its children."""
     from helpers import child_pids, is_alive
 
-    runtime = rl.Runtime(max_total_tokens=4096, context_length=512)
+    runtime = rl.Runtime(max_total_tokens=4096, context_length=512, launch_timeout=600)
     try:
         assert runtime.get_server_info()["context_length"] == 512
 
@@ -289,6 +289,33 @@ def test_openai_backend_against_v1(url):
     state = plain.run(backend=oa, temperature=0)
     assert state["x"] and state["y"] in (" Paris", " London")
     assert chat.run(backend=oa, temperature=0)["x"]
+
+
+def test_endpoint_options_and_a_slow_answer(url):
+    """SGLang's RuntimeEndpoint(chat_template_name=...) and get_model_name(); a request that
+    outlives the client's timeout is reported as that, not as an unreachable server."""
+    with pytest.raises(ValueError, match="chat_template_name"):
+        rl.RuntimeEndpoint(url, chat_template_name="no-such-template")
+    be = rl.RuntimeEndpoint(url, chat_template_name="llama-3-instruct", timeout=2.0)
+    try:
+        assert be.get_model_name() == httpx.get(url + "/get_model_info").json()["model_path"]
+
+        @rl.function
+        def chat(s):
+            s += rl.user("Hi")
+            s += rl.assistant(rl.gen("x", max_tokens=2))
+
+        assert "<|start_header_id|>user<|end_header_id|>" in chat.run(backend=be).text()
+
+        @rl.function
+        def long(s):
+            s += "Count:" + rl.gen("x", max_tokens=1500, ignore_eos=True)
+
+        with pytest.raises(rl.BackendError, match="did not answer") as e:
+            long.run(backend=be)
+        assert not isinstance(e.value, rl.BackendUnavailableError)
+    finally:
+        be.shutdown()
 
 
 def test_gen_after_the_server_died(server, backend):

@@ -3,6 +3,7 @@ decision rules and chat-role rendering, on a scripted backend (fast; no server).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -182,7 +183,7 @@ def test_dtype_int_constrains_and_keeps_the_text():
 
 
 def test_dtype_names_and_bool():
-    replies = iter(["7", "2.5", "False"])
+    replies = iter(["7", "2.5", "False", '"a \\"b\\""', '"c"'])
     seen = []
 
     def reply(ctx, args):
@@ -192,10 +193,16 @@ def test_dtype_names_and_bool():
     @rl.function
     def prog(s):
         s += rl.gen("i", dtype="int") + rl.gen("f", dtype="float") + rl.gen("b", dtype=bool)
+        s += rl.gen("s", dtype="str") + rl.gen_string("t")
 
     state = prog.run(backend=ScriptedBackend(reply=reply))
     assert (state["i"], state["f"], state["b"]) == ("7", "2.5", "False")
-    assert seen == [r"-?[0-9]+", r"-?[0-9]+(\.[0-9]+)?", "(True|False)"]
+    assert (state["s"], state["t"]) == ('"a \\"b\\""', '"c"')    # (with the quotes)
+    assert seen[:3] == [r"-?[0-9]+", r"-?[0-9]+(\.[0-9]+)?", "(True|False)"]
+    assert seen[3] == seen[4] and seen[3] is not None
+    string = re.compile(seen[3])
+    assert string.fullmatch('"a \\"b\\""') and string.fullmatch('""')
+    assert not any(string.fullmatch(t) for t in ('abc', '"a"b"', '"a', '"x\ny"'))
     with pytest.raises(ValueError, match="gen dtype"):
         rl.gen("x", dtype="list")
 

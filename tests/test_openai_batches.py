@@ -177,6 +177,8 @@ def test_uploads_are_checked(client):
     after = client.files.create(file=_jsonl([_line("a", {})]), purpose="user_data").id
     with pytest.raises(openai.NotFoundError, match="purpose 'batch'"):
         client.files.list(purpose="batch", after=after)
+    r = httpx.get(url, params={"limit": "abc"})     # (a query parameter is named as it is sent)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
 
 
 def test_failed_validation_counts_no_requests(client):

@@ -45,9 +45,9 @@ def test_a_crashed_scheduler_is_named_not_the_detokenizer_it_stopped():
     import subprocess
     import sys
 
-    from radixlm.entrypoints.engine import _Children
+    from radixlm.entrypoints.engine_children import EngineChildren
 
-    children = object.__new__(_Children)
+    children = object.__new__(EngineChildren)
     scheduler = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); "
                                   "sys.exit(3)"])
     detokenizer = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -20,7 +20,9 @@ from radixlm.utils.server_process import free_port
 @pytest.fixture(scope="module")
 def engine():
     from radixlm.entrypoints.engine import Engine
-    e = Engine(device="cpu", log_level="warning", max_total_tokens=4096)
+    # (--allow-auto-truncate on: scoring must refuse an over-long prompt all the same)
+    e = Engine(device="cpu", log_level="warning", max_total_tokens=4096,
+               allow_auto_truncate=True)
     yield e
     e.shutdown()
 
@@ -82,6 +84,19 @@ def test_token_input_scores_as_its_text(engine, tokenizer):
     assert by_ids[0][0] > by_ids[0][1]          # (the model knows its capitals)
 
 
+def test_async_score_has_sglangs_signature(engine, tokenizer):
+    import asyncio
+    labels = _label_ids(tokenizer, [" Paris", " London"])
+    got = asyncio.run(engine.async_score("The capital of France is", ["", " not"], labels,
+                                         apply_softmax=True))
+    want = engine.score("The capital of France is", ["", " not"], labels, apply_softmax=True)
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, rel=1e-6)
+    with pytest.raises(ValueError, match="label_token_ids"):
+        asyncio.run(engine.async_score("x", ["y"], []))
+
+
 def test_http_score(url, tokenizer):
     labels = _label_ids(tokenizer, [" yes", " no"])
     body = {"model": "m", "query": "Is the sky blue? Answer:", "items": ["", " Well,"],
@@ -110,13 +125,16 @@ def test_http_score(url, tokenizer):
     ({"query": "", "items": [""]}, "items"),
     ({"apply_softmax": "yes"}, "apply_softmax"),
     ({"item_first": 1}, "item_first"),
-    ({"query": "word " * 5000}, "items"),      # past the context
+    ({"query": "word " * 9000}, "query"),      # past the context
+    ({"items": ["word " * 9000]}, "items"),
+    ({"query": "word " * 3000, "items": ["word " * 3000]}, "items"),   # past the KV cache
 ])
 def test_http_score_refuses_bad_input(url, engine, change, param):
     body = {"query": "Hello", "items": [" world"], "label_token_ids": [5], **change}
     r = httpx.post(url + "/v1/score", json=body, timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+    assert "truncate" not in r.json()["error"]["message"]
     ok = httpx.post(url + "/v1/score", json={"query": "Hello", "items": [" world"],
                                              "label_token_ids": [5]}, timeout=120)
     assert ok.status_code == 200

@@ -61,11 +61,12 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "bytes", "list", "dict", "tuple", "
 
 def field_loc(loc: tuple) -> str:
     """pydantic's error location -> the request field as OpenAI names it (`messages.0.content`),
-    without the body marker or union member tags. (Request fields are snake_case; pydantic's
-    tags are type names, CamelCase model names, or hold brackets, quotes or dashes.)"""
+    without the body / query / path marker or union member tags. (Request fields are
+    snake_case; pydantic's tags are type names, CamelCase model names, or hold brackets,
+    quotes or dashes.)"""
     keep = []
-    for x in loc:
-        if x == "body" and not keep:
+    for i, x in enumerate(loc):
+        if i == 0 and x in ("body", "query", "path"):
             continue
         if isinstance(x, int) or (x not in _TYPE_TAGS and x[:1].islower()
                                   and not any(c in x for c in "[]'-,= ")):

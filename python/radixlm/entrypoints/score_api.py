@@ -4,6 +4,8 @@ per item, one score per label, "object": "scoring", "model", "usage"}."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -35,14 +37,14 @@ async def score(request: Request):
     engine = request.app.state.engine
     try:
         check_request_limits(request.app.state.server_args, len(req.item_list()), [], [])
-        prompts = engine.score_prompts(req)
+        prompts = await asyncio.to_thread(engine.score_prompts, req)
     except LimitExceeded as e:
         return error_response(str(e), 400, param="items")
     except ScoringInputError as e:
         return error_response(str(e), 400, param=e.param)
     model = obj.get("model")
     try:
-        scores = await unless_disconnected(request, engine.async_score(req, prompts))
+        scores = await unless_disconnected(request, engine.score_request_async(req, prompts))
     except ClientDisconnected:
         return error_response("the client disconnected", 499)
     except Exception as e:

@@ -76,8 +76,11 @@ class ScoringRequest:
     def is_text(self) -> bool:
         return isinstance(self.query, str)
 
-    def prompts(self, tokenizer: Any) -> list[list[int]]:
-        """Each item's prompt ids (check() first)."""
+    def prompts(self, tokenizer: Any, max_len: int) -> list[list[int]]:
+        """Each item's prompt ids (check() first); `max_len` is the longest prompt the server
+        takes (the context less the scored position, at most what the KV cache holds). An
+        over-long prompt is refused whatever the server's --allow-auto-truncate: a truncated
+        prompt would score a different text."""
         items = self.item_list()
         if self.is_text:
             texts = [f"{x}{self.query}" if self.item_first else f"{self.query}{x}"
@@ -90,6 +93,15 @@ class ScoringRequest:
             if not ids:
                 raise ScoringInputError(f"item {i}: query and item together are empty",
                                         "items")
+            if len(ids) > max_len:
+                query_len = (len(tokenizer(self.query).input_ids) if self.is_text
+                             else len(self.query))
+                param = "query" if query_len > max_len else "items"
+                what = "the query" if param == "query" else f"item {i} with the query"
+                raise ScoringInputError(
+                    f"{what} is {len(ids)} tokens; this server scores prompts of at most "
+                    f"{max_len} tokens (the model's context less the scored position, "
+                    f"within the KV cache)", param)
         return prompts
 
     def scores(self, results: list[dict]) -> list[list[float]]:

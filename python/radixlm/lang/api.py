@@ -38,8 +38,9 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         choices_method: ChoicesMethod | str | None = None, regex: str | None = None,
         json_schema: str | dict | None = None) -> Expr:
     """Generate text into variable `name`. Unset settings take the run's defaults.
-    dtype=int / float / bool (or "int", "float", "bool") constrains the text to a number (or
-    True / False); the variable holds the text, as in SGLang (int(s["n"]) converts it);
+    dtype=int / float / bool / str (or "int", "float", "bool", "str") constrains the text to a
+    number, True / False, or a double-quoted string; the variable holds the text, as in
+    SGLang (int(s["n"]) converts it);
     choices=[...] is select(name, choices) (temperature 0 unless given);
     n > 1 draws n samples in one request: the variable holds the list of them, and the
     program's text goes on with the first."""

@@ -23,9 +23,10 @@ from radixlm.lang.ir import (Expr, ExprList, Gen, RoleBegin, RoleEnd, SamplingAr
 from radixlm.lang.errors import UnsupportedByBackendError
 from radixlm.lang.speculative import ApiSpeculator, chat_call_args, match_chat_template
 
-# Regexes that make a gen's text parse as the requested type.
+# Regexes that make a gen's text parse as the requested type (str: a double-quoted string
+# with JSON's escapes, quotes included, as SGLang's gen_string keeps them).
 DTYPE_REGEX: dict[type, str] = {int: r"-?[0-9]+", float: r"-?[0-9]+(\.[0-9]+)?",
-                                 bool: r"(True|False)"}
+                                 bool: r"(True|False)", str: r'"([^"\\\x00-\x1f]|\\.)*"'}
 
 
 class StreamExecutor:

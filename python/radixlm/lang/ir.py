@@ -95,7 +95,7 @@ class Text(Expr):
 class Gen(Expr):
     name: str | None
     sampling: SamplingArgs
-    dtype: type | None = None        # int / float / bool: the text constrained to one
+    dtype: type | None = None        # int / float / bool / str: the text constrained to one
 
     def defined_vars(self) -> list[str]:
         return [self.name] if self.name else []

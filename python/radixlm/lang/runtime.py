@@ -22,10 +22,15 @@ from radixlm.lang.backends.runtime_endpoint import RuntimeEndpoint
 
 class Runtime(RuntimeEndpoint):
     def __init__(self, model_path: str | None = None, log_level: str = "error",
-                 timeout_s: float = 600.0, **server_args: Any):
+                 timeout_s: float = 600.0, launch_timeout: float | None = None,
+                 **server_args: Any):
+        """`launch_timeout` (SGLang's name) is `timeout_s`: how long the server may take to
+        start."""
         from radixlm.config import ServerArgs
         from radixlm.utils.server_process import free_port, wait_healthy
 
+        if launch_timeout is not None:
+            timeout_s = launch_timeout
         server_args.setdefault("port", free_port())
         # (checked here: a bad setting fails in this process, naming its flag)
         args = ServerArgs.from_kwargs(model_path=model_path, log_level=log_level,

@@ -129,5 +129,9 @@ class Backend(ABC):
     def get_server_info(self) -> dict[str, Any]:
         return {}
 
+    def get_model_name(self) -> str:
+        """The served model (SGLang's backend.get_model_name(): the model path)."""
+        return ""
+
     def shutdown(self) -> None:
         """Release what the backend owns (an in-process engine, connections)."""

@@ -71,6 +71,9 @@ class EngineBackend(NativeBackend):
     def flush_cache(self) -> None:
         self.engine.flush_cache()
 
+    def get_model_name(self) -> str:
+        return self.engine.ready.model_path
+
     def get_server_info(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.engine.server_args),
                 **dataclasses.asdict(self.engine.get_stats())}

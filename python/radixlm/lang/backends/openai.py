@@ -92,6 +92,9 @@ class OpenAI(Backend):
 
     def _translate(self, e: Exception) -> Exception:
         oa = self._openai
+        if isinstance(e, oa.APITimeoutError):
+            return BackendError(f"{self.client.base_url} did not answer within the client's "
+                                f"timeout: {e}")
         if isinstance(e, oa.APIConnectionError):
             return BackendUnavailableError(f"cannot reach {self.client.base_url}: {e}")
         if isinstance(e, (oa.BadRequestError, oa.UnprocessableEntityError)):

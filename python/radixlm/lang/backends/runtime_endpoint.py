@@ -19,12 +19,21 @@ class RuntimeEndpoint(NativeBackend):
     first gen. Chat roles are rendered with the server's tokenizer's chat template, loaded
     locally from the `tokenizer_path` the server reports (or the one given here); where that
     path is not readable from this machine, roles fall back to a plain format with a warning.
+    `chat_template_name` renders them with another template instead: a built-in name
+    ("chatml", "llama-3-instruct", "gemma-it"), a Jinja file or a Jinja template.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Any = None,
-                 tokenizer_path: str | None = None, timeout: float | None = None,
-                 max_connections: int = 512):
+                 chat_template_name: str | None = None, tokenizer_path: str | None = None,
+                 timeout: float | None = None, max_connections: int = 512):
         super().__init__()
+        self._chat_template: str | None = None
+        if chat_template_name is not None:
+            from radixlm.utils.chat_templates import load_chat_template
+            try:
+                self._chat_template = load_chat_template(chat_template_name)
+            except ValueError as e:
+                raise ValueError(f"chat_template_name: {e}") from None
         self.base_url = base_url.rstrip("/")
         self._shut_down = False
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -55,7 +64,12 @@ class RuntimeEndpoint(NativeBackend):
         ctype = resp.headers.get("content-type", "")
         return resp.json() if "json" in ctype else resp.text
 
-    def _unreachable(self, e: Exception) -> BackendUnavailableError:
+    def _unreachable(self, e: Exception) -> BackendError:
+        if isinstance(e, (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout)):
+            # (connected, but no answer in time: the server is there, the request is slow)
+            return BackendError(
+                f"the radixlm server at {self.base_url} did not answer within the client's "
+                f"timeout ({type(e).__name__}); raise RuntimeEndpoint(timeout=...)")
         return BackendUnavailableError(
             f"cannot reach the radixlm server at {self.base_url} ({type(e).__name__}: {e}); "
             f"is it still running?")
@@ -108,8 +122,9 @@ class RuntimeEndpoint(NativeBackend):
     def chat_renderer(self) -> ChatRenderer:
         with self._renderer_lock:  # loading a tokenizer takes a while; do it once
             if self._renderer is None:
-                self._renderer = load_renderer(self._tokenizer_path,
-                                               self.model_info.get("chat_template"))
+                self._renderer = load_renderer(
+                    self._tokenizer_path,
+                    self._chat_template or self.model_info.get("chat_template"))
             return self._renderer
 
     def flush_cache(self) -> None:
@@ -117,6 +132,9 @@ class RuntimeEndpoint(NativeBackend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
+
+    def get_model_name(self) -> str:
+        return self.model_info.get("model_path", "")
 
     def shutdown(self) -> None:
         self._shut_down = True
