@@ -517,3 +517,29 @@ def test_log_requests_logs_prompt_params_and_output(make_engine, caplog):
     text = caplog.text
     assert "Receive: rid=" in text and "'Say hi'" in text and "max_new_tokens=3" in text, text
     assert "Finish: rid=" in text and "completion_tokens=3" in text and repr(out["text"]) in text
+
+
+def test_every_serve_flag_is_explained_in_help():
+    """`radixlm serve --help`: each flag with its field's comments from config.py (and its
+    default), in the sections of the dataclass."""
+    import argparse
+    import dataclasses
+
+    from radixlm.utils.field_comments import field_comments
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    for f in dataclasses.fields(ServerArgs):
+        action = by_flag["--" + f.name.replace("_", "-")]
+        assert action.help and len(action.help) > 10, f.name
+    assert "KV capacity in tokens" in by_flag["--max-total-tokens"].help
+    text = parser.format_help()
+    assert "(default: 0.85)" in text          # --mem-fraction-static
+    titles = [g.title for g in parser._action_groups]
+    assert {"Model", "Memory", "Scheduling", "Speculative decoding", "Server"} <= set(titles)
+    # (a comment block over two fields explains both; a continued trailing comment is joined)
+    help_of = field_comments(ServerArgs).help
+    assert (help_of["speculative_ngram_max_match_window_size"]
+            == help_of["speculative_ngram_min_match_window_size"])
+    assert help_of["speculative_num_steps"].endswith("a tree's depth)")

@@ -17,6 +17,7 @@ from radixlm.server_args_checks import (  # noqa: F401
     ATTENTION_BACKENDS, DTYPES, HICACHE_WRITE_POLICIES, KV_CACHE_DTYPES, LOAD_FORMATS,
     LOG_LEVELS, QUANTIZATIONS, SCHEDULE_POLICIES, SPECULATIVE_ALGORITHMS, TOKENIZER_MODES,
     check_server_args, parse_model_overrides)
+from radixlm.utils.field_comments import field_comments
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS
 
 # Flags that take one of a fixed set of values (argparse lists them in its error)
@@ -33,8 +34,10 @@ CLI_ALIASES = {"model_path": ("--model",), "tp_size": ("--tp", "--tensor-paralle
 @dataclass(frozen=True)
 class ServerArgs:
     # Model
-    model_path: str | None = None          # None: the bundled SmolLM2-135M-Instruct GGUF
-    tokenizer_path: str | None = None
+    # A checkpoint directory, a GGUF file or a Hugging Face Hub id (default: the bundled
+    # SmolLM2-135M-Instruct GGUF)
+    model_path: str | None = None
+    tokenizer_path: str | None = None      # the tokenizer (default: the model's)
     # "slow" loads transformers' Python tokenizer where the checkpoint has one (the HTTP
     # process's, which tokenizes prompts); "auto" the fast one
     tokenizer_mode: str = "auto"
@@ -46,12 +49,15 @@ class ServerArgs:
     # No tokenizer anywhere: prompts come as input_ids, outputs go back as output_ids only
     # (as SGLang's flag; what needs text is refused: managers/no_tokenizer.py)
     skip_tokenizer_init: bool = False
+    # How the weights are read; dummy: random weights of the model's shapes (benchmarks)
     load_format: str = "auto"
+    # Weights' and activations' dtype; auto: the checkpoint's on GPU (float32 checkpoints in
+    # bfloat16), float32 on CPU
     dtype: str = "auto"
-    context_length: int | None = None
-    served_model_name: str | None = None
+    context_length: int | None = None      # the longest sequence (default: the model config's)
+    served_model_name: str | None = None   # the model name the APIs report (default: the path)
     device: str | None = None              # None: cuda when available, else cpu
-    random_seed: int = 0
+    random_seed: int = 0                   # seeds requests that give none, and dummy weights
     quantization: str | None = None        # None: as the checkpoint says (unquantized if silent)
     # A Hub id not in the local cache is downloaded (at --revision, into --download-dir)
     revision: str | None = None            # branch, tag or commit of a Hub model
@@ -69,35 +75,39 @@ class ServerArgs:
     # Memory
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
     max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
-    max_running_requests: int | None = None
+    max_running_requests: int | None = None   # requests decoding at once (default: KV-bound)
     # Requests waiting for admission beyond this many are refused at once: HTTP 429 (not 503,
     # which tells a router the engine is dead)
     max_queued_requests: int | None = None
-    page_size: int = 1
+    page_size: int = 1                     # tokens a KV page holds (the radix cache's unit)
     kv_cache_dtype: str = "auto"           # fp8_e4m3: 1-byte K/V (per-tensor scales), 2x tokens
-    disable_radix_cache: bool = False
+    disable_radix_cache: bool = False      # no prefix reuse between requests
     # Hierarchical cache (HiCache): a host-memory tier under the radix cache
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0             # host pool size / device KV pool size
     hicache_size: float = 0.0              # host pool size in GiB (0: use --hicache-ratio)
     # write_back: copy to the host only on eviction (write_through measured 0.66x on a workload
     # that fits the GPU, write_back 1.04x: benchmarks/RESULTS.md, issue 15)
-    hicache_write_policy: str = "write_back"      # | write_through | write_through_selective
+    hicache_write_policy: str = "write_back"
     hicache_storage_backend: str | None = None     # "file": a third tier (L3) on disk
     hicache_storage_dir: str | None = None         # its directory (default: under the cache dir)
 
     # Scheduling
     chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
-    max_prefill_tokens: int = 16384
+    max_prefill_tokens: int = 16384        # prompt tokens one prefill batch takes at most
     # A prompt longer than the context keeps its first context-1 tokens instead of a 400
     allow_auto_truncate: bool = False
+    # The order of the waiting queue: fcfs (arrival), lpm (longest cached prefix first),
+    # dfs-weight (requests sharing a prefix together), lof (longest output first), random
     schedule_policy: str = "fcfs"
+    # How much of running requests' remaining max_new_tokens admission keeps free for them
+    # (larger: fewer requests admitted, fewer retractions)
     schedule_conservativeness: float = 1.0
 
-    # Kernels (the GPU issue fills these in)
+    # Kernels
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 256
+    disable_cuda_graph: bool = False       # decode steps launch their kernels one by one
+    cuda_graph_max_bs: int = 256           # the largest decode batch run from a CUDA graph
     # The decode batch sizes to capture graphs for (default: 1, 2, 4, 8, 16, ... up to
     # --cuda-graph-max-bs); a batch runs in the smallest graph it fits
     cuda_graph_bs: list[int] | None = None
@@ -105,33 +115,38 @@ class ServerArgs:
     # up to --torch-compile-max-bs rows (model_executor/torch_compile.py)
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    # The scheduler prepares the next batch while the GPU runs this one; with the flag, in turn
     disable_overlap_schedule: bool = False
-    grammar_backend: str = "xgrammar"
+    grammar_backend: str = "xgrammar"      # structured outputs: xgrammar, or none (refused)
+    # Constrained requests append the text their grammar forces without decoding it token by
+    # token; with the flag, token by token
     disable_jump_forward: bool = False
     # Constrained decode rows sample without the grammar mask; a token the grammar rejects is
     # sampled again under it (same tokens, fewer masks: scheduler/grammar_sampling.py)
     disable_optimistic_grammar: bool = False
 
-    # Speculative decoding (SGLang's flags): NGRAM drafts from the request's own text,
-    # STANDALONE drafts from a smaller model (--speculative-draft-model-path)
+    # Speculative decoding (SGLang's flags)
+    # NGRAM drafts from the request's own text, STANDALONE from a smaller model
+    # (--speculative-draft-model-path); default: no speculation
     speculative_algorithm: str | None = None
     # Draft tokens verified per step at most: NGRAM's, and the node budget of a tree
     # (NGRAM's, or a draft model's with --speculative-eagle-topk > 1)
     speculative_num_draft_tokens: int = 4
+    # NGRAM: the shortest and longest suffix of the text looked up for a continuation
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
     # NGRAM drafts a tree when > 1: up to this many children under the last token, one fewer
     # per level below, never under the min (speculative/ngram.weighted_tree)
     speculative_ngram_min_bfs_breadth: int = 1
-    speculative_ngram_max_bfs_breadth: int = 1
-    speculative_draft_model_path: str | None = None
+    speculative_ngram_max_bfs_breadth: int = 1     # NGRAM: the most children under a token
+    speculative_draft_model_path: str | None = None   # STANDALONE: the draft model (same vocab)
     speculative_num_steps: int = 3                 # STANDALONE: draft model steps (a chain's
     #                                                tokens, a tree's depth)
     speculative_eagle_topk: int = 1                # STANDALONE: candidates kept a step (1: a chain)
 
     # Server
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = "127.0.0.1"                # the HTTP server's address (0.0.0.0: every interface)
+    port: int = 30000                      # the HTTP server's port
     api_key: str | None = None             # also RADIXLM_API_KEY in the environment (serve)
     tp_size: int = 1                       # ranks (processes, one per GPU) sharding the model
     dist_init_addr: str | None = None      # HOST:PORT where the ranks meet (default: a free port)
@@ -147,13 +162,13 @@ class ServerArgs:
     # Streamed /generate chunks carry only the output_ids new since the previous chunk (the
     # text stays cumulative), as SGLang's --stream-output
     stream_output: bool = False
-    log_level: str = "info"
-    log_requests: bool = False
+    log_level: str = "info"                # debug | info | warning | error | critical
+    log_requests: bool = False             # log each HTTP request's method, path and status
     decode_log_interval: int = 40          # decode steps between two "decode batch" log lines
     # A scheduler that makes no progress for this long while it has requests ends its process
     # (the server then exits, to be restarted) instead of hanging them (scheduler/watchdog.py)
     watchdog_timeout: float = 300.0
-    enable_metrics: bool = False
+    enable_metrics: bool = False           # Prometheus metrics at /metrics
     # SGLang's: do not send a warm-up request after start-up. radixlm sends none (its CUDA graphs
     # and kernels are warmed while the engine starts), so the flag holds either way; accepted so
     # that SGLang launch commands run unchanged.
@@ -190,20 +205,33 @@ class ServerArgs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field, in argument groups by the sections of the source above; a
+        flag's help is its field's comments (utils/field_comments.py)."""
         hints = get_type_hints(cls)
+        comments = field_comments(cls)
+        groups = {}
+        for section in comments.sections:
+            group = parser.add_argument_group(section.title or None,
+                                              section.description or None)
+            groups.update(dict.fromkeys(section.fields, group))
         for f in dataclasses.fields(cls):
             flags = ["--" + f.name.replace("_", "-"), *CLI_ALIASES.get(f.name, ())]
             typ = hints[f.name]
+            group = groups.get(f.name, parser)
+            text = comments.help.get(f.name, "").replace("%", "%%")
             if typ is bool:
-                parser.add_argument(*flags, action="store_true", default=f.default)
+                group.add_argument(*flags, action="store_true", default=f.default,
+                                   help=text or None)
                 continue
+            if f.default is not None:
+                text = f"{text} (default: %(default)s)".lstrip()
             base = _base_type(typ)
-            kwargs: dict[str, Any] = {"type": base, "default": f.default}
+            kwargs: dict[str, Any] = {"type": base, "default": f.default, "help": text or None}
             if getattr(base, "__origin__", None) is list:     # --cuda-graph-bs 1 2 4 8
-                kwargs = {"type": base.__args__[0], "nargs": "+", "default": f.default}
+                kwargs.update(type=base.__args__[0], nargs="+")
             if f.name in CHOICES:
                 kwargs["choices"] = CHOICES[f.name]
-            parser.add_argument(*flags, **kwargs)
+            group.add_argument(*flags, **kwargs)
 
     def to_cli_args(self, **changes: Any) -> list[str]:
         """The flags that give these args (with `changes`) back: non-default fields only."""
