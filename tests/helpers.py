@@ -89,6 +89,29 @@ def cli_error(argv: list[str], capsys) -> tuple[int, str]:
     return e.value.code, capsys.readouterr().err
 
 
+def serve_app_in_thread(engine, server_args):
+    """Generator for a fixture: the HTTP app of `engine` (real or fake) served by uvicorn in a
+    thread of this process; yields the base URL, stops the server after."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from radixlm.entrypoints.http_server import create_app
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, server_args), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
 def openai_client(url: str, timeout: float = 120):
     """The official client against a test server's /v1: no retries, so a failure shows as one."""
     import openai

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from helpers import free_port, launch_server, openai_client, stop_server
+from helpers import (launch_server, openai_client, serve_app_in_thread,
+                     stop_server)
 
 openai = pytest.importorskip("openai")
 try:
@@ -648,27 +649,11 @@ class _FakeEngine:
 
 @pytest.fixture
 def fake_server(tokenizer):
-    import threading
-
-    import uvicorn
-
     from radixlm.config import ServerArgs
-    from radixlm.entrypoints.http_server import create_app
 
     engine = _FakeEngine(tokenizer)
-    port = free_port()
-    config = uvicorn.Config(create_app(engine, ServerArgs(model_path="/models/fake-model")), host="127.0.0.1", port=port,
-                            log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    for url in serve_app_in_thread(engine, ServerArgs(model_path="/models/fake-model")):
+        yield url, engine
 
 
 def test_midstream_error_and_abort(fake_server):

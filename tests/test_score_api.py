@@ -6,15 +6,12 @@ is a 400 naming the field, after which the server keeps serving and holds no KV.
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import httpx
 import pytest
 import torch
 
-from helpers import assert_pool_empty
-from radixlm.utils.server_process import free_port
+from helpers import assert_pool_empty, serve_app_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -29,21 +26,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def url(engine):
-    import uvicorn
-
-    from radixlm.entrypoints.http_server import create_app
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, engine.server_args),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    yield from serve_app_in_thread(engine, engine.server_args)
 
 
 def _label_ids(tokenizer, words: list[str]) -> list[int]:
@@ -92,7 +75,7 @@ def test_async_score_has_sglangs_signature(engine, tokenizer):
     want = engine.score("The capital of France is", ["", " not"], labels, apply_softmax=True)
     assert len(got) == 2
     for g, w in zip(got, want):
-        assert g == pytest.approx(w, rel=1e-6)
+        assert g == pytest.approx(w, rel=1e-4)     # (cached prefix vs fresh: float32 sums)
     with pytest.raises(ValueError, match="label_token_ids"):
         asyncio.run(engine.async_score("x", ["y"], []))
 
