@@ -4,47 +4,16 @@ decision rules and chat-role rendering, on a scripted backend (fast; no server).
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import pytest
 
 import radixlm as rl
-from radixlm.lang.backends.base import Backend, GenResult, StreamChunk
+from radixlm.lang.backends.base import GenResult
 from radixlm.lang.chat import TemplateRenderer
 from radixlm.lang.choices import greedy_token_selection, token_length_normalized
 
-
-class ScriptedBackend(Backend):
-    """Answers every gen with `reply` (after `delay` s), records calls and their times."""
-
-    def __init__(self, reply: str = "ok", delay: float = 0.0, renderer=None):
-        super().__init__()
-        self.reply, self.delay, self.renderer = reply, delay, renderer
-        self.prompts: list[str] = []
-        self.intervals: list[tuple[float, float]] = []
-        self.cached: list[str] = []
-        self._lock = threading.Lock()
-
-    def generate(self, ctx, args):
-        start = time.monotonic()
-        time.sleep(self.delay)
-        with self._lock:
-            self.prompts.append(ctx.text)
-            self.intervals.append((start, time.monotonic()))
-        reply = self.reply(ctx, args) if callable(self.reply) else self.reply
-        return GenResult(reply, {"max_new_tokens": args.max_new_tokens})
-
-    def generate_stream(self, ctx, args):
-        for ch in self.generate(ctx, args).text:
-            yield StreamChunk(ch)
-        yield StreamChunk("", {"done": True})
-
-    def cache_prefix(self, text):
-        self.cached.append(text)
-
-    def chat_renderer(self):
-        return self.renderer or super().chat_renderer()
+from lang_scripted import ScriptedBackend
 
 
 def test_gens_run_in_order_and_see_the_whole_prompt():
@@ -530,3 +499,6 @@ def test_select_without_prompt_text_is_refused():
     with pytest.raises(ValueError, match="select needs prompt text before it"):
         CharTokens().select(PromptContext(text="", messages=[]), ["A", "B"],
                             token_length_normalized, 0.0)
+
+
+# ---------------------------------------------------------------------- SGLang parity

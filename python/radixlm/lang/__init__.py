@@ -23,7 +23,8 @@ from radixlm.lang.api import (assistant, assistant_begin, assistant_end, flush_c
                               separate_reasoning, system, system_begin, system_end, user,
                               user_begin, user_end, video)
 from radixlm.lang.backends.base import Backend
-from radixlm.lang.choices import greedy_token_selection, token_length_normalized
+from radixlm.lang.choices import (greedy_token_selection, token_length_normalized,
+                                  unconditional_likelihood_normalized)
 from radixlm.lang.default_backend import get_default_backend, set_default_backend
 from radixlm.lang.errors import (BackendError, BackendUnavailableError, LangError,
                                  RequestRejectedError, UnsupportedByBackendError,
@@ -44,7 +45,8 @@ __all__ = [
     "video", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
-    "token_length_normalized", "greedy_token_selection", "Program", "ProgramState",
+    "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
+    "Program", "ProgramState",
     "ProgramStateGroup", "Backend", "LangError", "VariableNotFoundError", "BackendError",
     "BackendUnavailableError", "RequestRejectedError", "UnsupportedByBackendError",
     *_LAZY_BACKENDS,

@@ -161,9 +161,17 @@ def assistant_end() -> Expr:
 
 # ---------------------------------------------------------------------- backends
 
-def flush_cache(backend: Any = None) -> None:
-    resolve_backend(backend).flush_cache()
+def flush_cache(backend: Any = None, empty_cache: bool = True) -> Any:
+    """Drop the prefix cache of `backend` (default: the default backend), as SGLang's: False
+    when there is no backend at all. empty_cache is sent on to a server that takes it
+    (SGLang's /flush_cache; radixlm's ignores it)."""
+    if backend is None and get_default_backend() is None:
+        return False
+    return resolve_backend(backend).flush_cache(empty_cache=empty_cache)
 
 
-def get_server_info(backend: Any = None) -> dict[str, Any]:
+def get_server_info(backend: Any = None) -> dict[str, Any] | None:
+    """The server's settings and state; None when there is no backend at all (SGLang's)."""
+    if backend is None and get_default_backend() is None:
+        return None
     return resolve_backend(backend).get_server_info()

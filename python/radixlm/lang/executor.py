@@ -63,7 +63,8 @@ class StreamExecutor:
         # thread waits for the program to get that far (the program may not have queued the
         # gen yet), not just for what is queued.
         self.program_thread: threading.Thread | None = None
-        self._chunks: list[tuple[str | None, str]] = []   # (variable or None, text), for text_iter
+        # (variable or None, text, its gen's meta_info so far or None), for text_iter
+        self._chunks: list[tuple[str | None, str, dict[str, Any] | None]] = []
 
     # ------------------------------------------------------------------ the program's side
 
@@ -156,8 +157,12 @@ class StreamExecutor:
         child.program_thread = self.program_thread
         return child
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Text as it is appended (only `var_name`'s when given), until the program ends."""
+    def text_iter(self, var_name: str | None = None,
+                  return_meta_data: bool = False) -> Iterator[Any]:
+        """Text as it is appended (only `var_name`'s when given), until the program ends.
+        With `var_name` and `return_meta_data`: (text, meta_info) pairs, meta_info being the
+        gen's as of that piece (SGLang's text_async_iter; {} where the backend has none yet)."""
+        pairs = return_meta_data and var_name is not None
         seen = 0
         while True:
             with self._cond:
@@ -165,9 +170,9 @@ class StreamExecutor:
                                     or self.error is not None)
                 new, seen = self._chunks[seen:], len(self._chunks)
                 done, error = self._finished(), self.error
-            for var, piece in new:
+            for var, piece, meta in new:
                 if piece and (var_name is None or var == var_name):
-                    yield piece
+                    yield (piece, meta or {}) if pairs else piece
             if error is not None:
                 raise error
             if done:
@@ -230,14 +235,15 @@ class StreamExecutor:
         else:
             raise TypeError(f"unknown expression {expr!r}")
 
-    def _append(self, text: str, var: str | None = None, speculated: bool = False) -> None:
+    def _append(self, text: str, var: str | None = None, speculated: bool = False,
+                meta: dict[str, Any] | None = None) -> None:
         # Text from the kept speculative text was consumed when it was taken; anything else
         # must match what is kept, or the kept text is dropped.
         if self._spec is not None and not speculated:
             self._spec.on_append(text)
         with self._cond:
             self.text += text
-            self._chunks.append((var, text))
+            self._chunks.append((var, text, meta))
             self._cond.notify_all()
 
     def _context(self) -> PromptContext:
@@ -261,7 +267,7 @@ class StreamExecutor:
             if self._spec is not None:
                 self._spec.reset()
             res = self.backend.generate(ctx, args)
-            self._append(res.text, expr.name)
+            self._append(res.text, expr.name, meta=res.meta_info)
             self._set_result(expr.name, res.samples, res.sample_meta)  # type: ignore[arg-type]
             return
         if self.stream:
@@ -269,19 +275,19 @@ class StreamExecutor:
             meta: dict[str, Any] = {}
             for chunk in self.backend.generate_stream(ctx, args):
                 parts.append(chunk.delta)
-                self._append(chunk.delta, expr.name)
                 meta = chunk.meta_info or meta
+                self._append(chunk.delta, expr.name, meta=meta)
             text = "".join(parts)
         elif self._spec is not None and self.backend.api_speculation(ctx) == "completion":
             res = self._spec.generate(self.backend, ctx, args)
             text, meta = res.text, res.meta_info
-            self._append(text, expr.name, speculated=True)
+            self._append(text, expr.name, speculated=True, meta=meta)
         else:
             if self._spec is not None:
                 self._spec.reset()
             res = self.backend.generate(ctx, args)
             text, meta = res.text, res.meta_info
-            self._append(text, expr.name)
+            self._append(text, expr.name, meta=meta)
         self._set_result(expr.name, text, meta)
 
     def _separate_reasoning(self, expr: SeparateReasoning) -> None:
@@ -304,9 +310,9 @@ class StreamExecutor:
 
     def _select(self, expr: Select) -> None:
         res = self.backend.select(self._context(), expr.choices, expr.method, expr.temperature)
-        self._append(res.choice, expr.name)
-        self._set_result(expr.name, res.choice,
-                         {**res.meta_info, "scores": res.scores, "index": res.index})
+        meta = {**res.meta_info, "scores": res.scores, "index": res.index}
+        self._append(res.choice, expr.name, meta=meta)
+        self._set_result(expr.name, res.choice, meta)
 
     def _renderer_(self) -> ChatRenderer:
         if self._renderer is None:
@@ -354,9 +360,9 @@ class StreamExecutor:
                 self._append(item.text)
                 continue
             value = next(values_iter)
-            self._append(value, item.name)
-            self._set_result(item.name, value,
-                             {**res.meta_info, "speculative_call": True})
+            meta = {**res.meta_info, "speculative_call": True}
+            self._append(value, item.name, meta=meta)
+            self._set_result(item.name, value, meta)
 
     def _role_end(self, role: str) -> None:
         if self._chat_items is not None and role == self._role:

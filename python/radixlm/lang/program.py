@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 
 from radixlm.lang.backends.base import Backend
 from radixlm.lang.default_backend import resolve_backend
+from radixlm.lang.errors import BackendError
 from radixlm.lang.executor import StreamExecutor
 from radixlm.lang.ir import SamplingArgs
 from radixlm.lang.prefix import _Reached, common_prefix, prompt_before_first_call
@@ -50,7 +51,7 @@ class Program:
                                                 or num_api_spec_tokens < 1):
             raise ValueError(f"num_api_spec_tokens must be a positive integer, got "
                              f"{num_api_spec_tokens!r}")
-        self.num_api_spec_tokens = num_api_spec_tokens   # API speculative execution (speculative.py)
+        self.num_api_spec_tokens = num_api_spec_tokens  # API speculation (speculative.py)
         self.bind_arguments = dict(bind_arguments or {})
         self.arg_names = list(inspect.signature(func).parameters)[1:]
         functools.update_wrapper(self, func)
@@ -87,13 +88,18 @@ class Program:
         return ProgramState(StreamExecutor(backend, defaults, stream, self.num_api_spec_tokens))
 
     def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any],
-                 raise_errors: bool) -> None:
+                 raise_errors: bool, raise_program_errors: bool = False) -> None:
+        """Run the program function on `state`. raise_errors: raise any error (run());
+        raise_program_errors: raise only those of the program's own code, not the backend
+        errors the state records (run_batch, as SGLang)."""
         ex = state._ex
         try:
             state.ret_value = self.func(state, *args, **{**self.bind_arguments, **kwargs})
         except BaseException as e:
+            backend_error = _is_backend_error(ex, e)
             ex.fail(e)
-            if raise_errors and not isinstance(e, _Reached):
+            if not isinstance(e, _Reached) and (
+                    raise_errors or (raise_program_errors and not backend_error)):
                 raise
         finally:
             ex.close()
@@ -106,7 +112,10 @@ class Program:
                   generator_style: bool = False, warmup: bool = True,
                   **sampling: Any) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per argument dict, `num_threads` at a time. Returns the states
-        in input order; a program that failed has `state.error()` set (the batch goes on).
+        in input order. A backend error (server down, rejected request, ...) stops only its
+        program: its state's `error()` holds it and the batch goes on. An exception of the
+        program's own code is raised from run_batch, as in SGLang: once every program has run
+        (the first failed one in input order; with generator_style, when its turn comes).
         With warmup, the prompt prefix all programs share is cached once first."""
         unknown = set(sampling) - set(_DEFAULT_NAMES)
         if unknown:
@@ -129,10 +138,7 @@ class Program:
     def _run_one(self, kwargs: dict[str, Any], backend: Backend,
                  defaults: SamplingArgs) -> ProgramState:
         state = self._start(backend, defaults, stream=False)
-        try:
-            self._execute(state, (), kwargs, raise_errors=False)
-        except BaseException as e:  # pragma: no cover - _execute records errors itself
-            state._ex.fail(e)
+        self._execute(state, (), kwargs, raise_errors=False, raise_program_errors=True)
         if state._ex.error is not None:
             logger.warning("a program of the batch failed: %s", state._ex.error)
         return state
@@ -174,3 +180,19 @@ class Program:
         prefix = common_prefix(prompts)
         if prefix.strip():
             backend.cache_prefix(prefix)
+
+
+def _is_backend_error(ex: StreamExecutor, e: BaseException) -> bool:
+    """Whether the program function raised a backend's error rather than one of its own code:
+    the error the state or one of its forks met running an expression (re-raised by a read
+    such as s["x"] or by join()), or one a backend call made from the program's thread raised
+    (fork's prefix commit)."""
+    if isinstance(e, BackendError):
+        return True
+    pending = [ex]
+    while pending:
+        node = pending.pop()
+        if node.error is e:   # (set by its worker: fail() has not recorded e yet)
+            return True
+        pending.extend(node.children)
+    return False

@@ -118,13 +118,19 @@ class ProgramState:
 
     # ------------------------------------------------------------------ streaming
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+    def text_iter(self, var_name: str | None = None,
+                  return_meta_data: bool = False) -> Iterator[Any]:
         """Text pieces as they are produced (run with stream=True to get generations token by
-        token); with `var_name`, only that variable's pieces."""
-        return self._ex.text_iter(var_name)
+        token); with `var_name`, only that variable's pieces, and with `return_meta_data`
+        as (piece, meta_info) pairs: the gen's meta_info as of that piece (token counts,
+        logprobs so far when asked; {} until the backend sends any). As in SGLang,
+        return_meta_data applies to a variable's pieces only (without `var_name`, text)."""
+        return self._ex.text_iter(var_name, return_meta_data)
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        it = self._ex.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None,
+                              return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """text_iter for asyncio (SGLang's `async for x in state.text_async_iter(...)`)."""
+        it = self._ex.text_iter(var_name, return_meta_data)
         end = object()
         while (piece := await asyncio.to_thread(next, it, end)) is not end:
             yield piece
@@ -184,9 +190,11 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every fork. Then, by mode:
-        - "gather_variable": each variable a fork set becomes a list on the parent state
-          (`s["judgement"] == [fork0's, fork1's, ...]`, None where a fork did not set it),
-          and `s.get_meta_info("judgement")` the list of the forks' meta_info;
+        - "gather_variable" (SGLang's rule): each variable that forks set and the parent does
+          not have becomes a list on the parent, of the values of the forks that set it, in
+          fork order (`s["judgement"] == [fork0's, fork1's, ...]`; a fork that did not set it
+          adds nothing), and `s.get_meta_info("judgement")` the list of their meta_info. A
+          variable the parent already has keeps its value, even where forks set it again;
         - "concate_and_append": each fork's new text is appended to the parent, in order.
         The forks stay readable afterwards (`forks[i]["judgement"]`).
         """
@@ -197,15 +205,20 @@ class ProgramStateGroup:
             state.sync()
         executors = [state._ex for state in self.states]
         if mode == "gather_variable":
-            base = self.src._ex.variables
-            names: list[str] = []
-            for ex in executors:
-                names += [n for n, v in ex.variables.items()
-                          if n not in names and (n not in base or base[n] is not v)]
-            for name in names:
-                # Each fork's meta_info too, so that get_meta_info(name) shows every branch.
-                self.src._ex.set_var(name, [ex.variables.get(name) for ex in executors],
-                                     meta=[ex.meta_info.get(name) for ex in executors])
+            self._gather_variables(executors)
         else:
             for ex in executors:
                 self.src += ex.text[ex.fork_point:]
+
+    def _gather_variables(self, executors: list[StreamExecutor]) -> None:
+        # The parent's variables as of the join (what it queued before the join has run).
+        self.src._ex.sync(raise_error=False)
+        base = set(self.src._ex.variables)
+        names: list[str] = []
+        for ex in executors:
+            names += [n for n in ex.variables if n not in base and n not in names]
+        for name in names:
+            setters = [ex for ex in executors if name in ex.variables]
+            # Each fork's meta_info too, so that get_meta_info(name) shows every branch.
+            self.src._ex.set_var(name, [ex.variables[name] for ex in setters],
+                                 meta=[ex.meta_info.get(name, {}) for ex in setters])

@@ -123,8 +123,9 @@ class Backend(ABC):
     def chat_renderer(self) -> ChatRenderer:
         return PlainRenderer()
 
-    def flush_cache(self) -> None:
-        """Drop the server's prefix cache (no-op where there is none)."""
+    def flush_cache(self, empty_cache: bool = True) -> None:
+        """Drop the server's prefix cache (no-op where there is none). empty_cache: SGLang's
+        flag for a server that also frees its allocator's cached memory."""
 
     def get_server_info(self) -> dict[str, Any]:
         return {}

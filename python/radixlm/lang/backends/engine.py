@@ -68,8 +68,8 @@ class EngineBackend(NativeBackend):
                 else PlainRenderer()
         return self._renderer
 
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
+    def flush_cache(self, empty_cache: bool = True) -> None:
+        self.engine.flush_cache()       # (the engine frees no allocator memory: flag unused)
 
     def get_model_name(self) -> str:
         return self.engine.ready.model_path

@@ -11,7 +11,9 @@ How select scores choices. For prompt P and choices c_1..c_n:
    prefix in the radix cache instead of computing it n times;
 4. one batched request: input_ids = [ids(P + c_i)], logprob_start_len = [k_i], no new tokens;
    the prompt logprobs from position k_i are c_i's token logprobs;
-5. the choices method (mean logprob by default) picks.
+5. unconditional_likelihood_normalized only: one more batched request, input_ids = each
+   choice's scored tokens alone, for their logprobs without the prompt;
+6. the choices method (mean logprob by default) picks.
 """
 
 from __future__ import annotations
@@ -119,21 +121,49 @@ class NativeBackend(Backend):
                                "return_logprob": True, "logprob_start_len": starts})
         if not isinstance(outs, list) or len(outs) != len(choices):
             raise BackendError(f"expected {len(choices)} results for the select batch")
-        entries, logprobs = [], []
+        entries, outputs, logprobs = [], [], []
         for out, f, k in zip(outs, full, starts):
             meta = check_result(out)["meta_info"]
             self.usage.add(meta)
             lps = meta.get("input_token_logprobs") or []
             entries.append(lps)
+            outputs.append(meta.get("output_token_logprobs") or [])   # (no new tokens: empty)
             scored = [e[0] for e in lps if e[0] is not None]
             expected = len(f) - max(k, 1)  # position 0 never has a logprob
             if len(scored) != expected:
                 raise BackendError(f"the backend returned {len(scored)} prompt logprobs for a "
                                    f"choice of {expected} scored tokens")
             logprobs.append(scored)
-        decision = method(logprobs, temperature)
+        token_ids = [f[k:] for f, k in zip(full, starts)]
+        extra: dict[str, Any] = {}
+        unconditional = None
+        if method.requires_unconditional_logprobs:
+            uncond_entries = self._unconditional_logprobs(token_ids)
+            unconditional = [[e[0] for e in lps] for lps in uncond_entries]
+            extra["unconditional_token_logprobs"] = uncond_entries
+        decision = method(logprobs, temperature, unconditional)
+        # SGLang's select meta_info keys, then what the method decided by, then ours.
         meta_info = {"normalized_prompt_logprobs": decision.scores,
-                     "input_token_logprobs": entries,
-                     "choice_token_ids": [f[k:] for f, k in zip(full, starts)],
-                     "choices_method": method.name}
+                     "input_token_logprobs": entries, "output_token_logprobs": outputs,
+                     **decision.meta, **extra,
+                     "choice_token_ids": token_ids, "choices_method": method.name}
         return SelectResult(decision.index, choices[decision.index], decision.scores, meta_info)
+
+    def _unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list[Any]]:
+        """Each choice's tokens scored on their own (no prompt): SGLang's unconditional token
+        logprobs. The first has nothing before it, so its logprob is None."""
+        outs = self._generate({"input_ids": token_ids, "sampling_params": {"max_new_tokens": 0},
+                               "return_logprob": True, "logprob_start_len": 0})
+        if not isinstance(outs, list) or len(outs) != len(token_ids):
+            raise BackendError(f"expected {len(token_ids)} results for the unconditional "
+                               f"logprobs of the select")
+        result = []
+        for out, ids in zip(outs, token_ids):
+            meta = check_result(out)["meta_info"]
+            self.usage.add(meta)
+            lps = meta.get("input_token_logprobs") or []
+            if len(lps) != len(ids):
+                raise BackendError(f"the backend returned {len(lps)} unconditional logprobs "
+                                   f"for a choice of {len(ids)} tokens")
+            result.append(lps)
+        return result

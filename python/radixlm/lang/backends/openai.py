@@ -155,6 +155,13 @@ class OpenAI(Backend):
         if not ctx.text:
             raise ValueError("select needs prompt text before it: a choice's first token has "
                              "nothing before it to be scored on")
+        if method.requires_unconditional_logprobs:
+            # Its echo logprobs come per text token, with no token ids: the choice's tokens
+            # cannot be scored alone exactly as they were tokenized after the prompt.
+            raise UnsupportedByBackendError(
+                f"choices_method={method.name} is not supported by the OpenAI backend: it "
+                f"needs each choice's token logprobs without the prompt, by token id; use a "
+                f"radixlm backend (RuntimeEndpoint or Engine)")
         if self._use_chat(ctx):
             raise UnsupportedByBackendError(
                 "select() is not supported by the OpenAI backend inside chat roles: chat "
@@ -182,5 +189,5 @@ class OpenAI(Backend):
                 if v is not None and off < end and off + len(tok) > start]
         decision = method(logprobs, temperature)
         return SelectResult(decision.index, choices[decision.index], decision.scores,
-                            {"normalized_prompt_logprobs": decision.scores,
+                            {"normalized_prompt_logprobs": decision.scores, **decision.meta,
                              "choices_method": method.name})

@@ -127,8 +127,9 @@ class RuntimeEndpoint(NativeBackend):
                     self._chat_template or self.model_info.get("chat_template"))
             return self._renderer
 
-    def flush_cache(self) -> None:
-        self._request("POST", "/flush_cache")
+    def flush_cache(self, empty_cache: bool = True) -> None:
+        # (an SGLang server reads the flag; radixlm's /flush_cache ignores the body)
+        self._request("POST", "/flush_cache", {"empty_cache": empty_cache})
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
