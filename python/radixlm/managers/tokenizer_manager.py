@@ -21,7 +21,7 @@ from radixlm.managers.messages import (AbortReq, BatchReqOutput, FinishReason, F
                                        TokenizedGenerateReq, UpdateWeightsReq,
                                        UpdateWeightsResult, expanded_from)
 from radixlm.managers.no_tokenizer import check_without_tokenizer, without_text
-from radixlm.managers.prompt_length import check_text_fits, context_exceeded, fit_to_context
+from radixlm.managers.sequence_checks import check_sequence, prompt_ids
 
 logger = logging.getLogger(__name__)
 
@@ -118,24 +118,7 @@ class TokenizerManager:
     # ------------------------------------------------------------------ requests
 
     def tokenize(self, single: SingleGenerate) -> list[int]:
-        if single.input_ids is not None:
-            ids = single.input_ids
-        else:
-            if not self.allow_auto_truncate:
-                check_text_fits(single.text, self.tokenizer, self.context_len)
-            ids = self.tokenizer(single.text).input_ids
-        if not ids:
-            raise ValueError("the prompt is empty (`text` / `input_ids` must not be empty)")
-        vocab = self.ready.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:   # (C loops; the message's list only then)
-            bad = [t for t in ids if not 0 <= t < vocab]
-            raise ValueError(f"input_ids contains token ids outside the vocabulary: {bad[:5]}")
-        ids = fit_to_context(ids, self.context_len, self.allow_auto_truncate)
-        if self.ready.max_prompt_tokens and len(ids) > self.ready.max_prompt_tokens:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than the KV cache holds "
-                             f"with room for a new token ({self.ready.max_prompt_tokens}; "
-                             f"--max-total-tokens, --mem-fraction-static)")
-        return ids
+        return prompt_ids(single, self.tokenizer, self.ready, self.allow_auto_truncate)
 
     async def generate(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
         """Yields, for a single sequence, response dicts (each a snapshot; one when not
@@ -189,7 +172,7 @@ class TokenizerManager:
                 check_without_tokenizer(group[0], obj.return_text_in_logprobs)
             ids = self.tokenize(group[0])
             for s in group:
-                self._check_sequence(s, ids, seen)
+                check_sequence(s, ids, seen, self.states, self.ready, self.allow_auto_truncate)
             group_states = [self._new_state(s, ids, obj.return_text_in_logprobs) for s in group]
             states += group_states
             if len(group) > 1:
@@ -219,36 +202,6 @@ class TokenizerManager:
             _, late = await asyncio.wait(waits, timeout=timeout_s)
             for w in late:
                 w.cancel()
-
-    def _check_sequence(self, s: SingleGenerate, ids: list[int], seen: set[str]) -> None:
-        """What `GenerateReqInput.groups` could not check (it has no vocabulary, context
-        length or running requests); also clamps the budget to the context."""
-        if s.rid in seen:
-            raise ValueError("the request repeats a `rid`; each sequence needs its own")
-        seen.add(s.rid)
-        if s.rid in self.states:
-            raise ValueError(f"a request with rid {s.rid!r} is already running")
-        if s.return_logprob and s.logprob_start_len >= len(ids):
-            # (as SGLang: no prompt logprob would start there; -1 means the output's only)
-            raise ValueError(f"logprob_start_len ({s.logprob_start_len}) must be lower than "
-                             f"the number of input tokens ({len(ids)})")
-        if s.top_logprobs_num > self.ready.vocab_size:
-            raise ValueError(f"top_logprobs_num must be <= the vocabulary size "
-                             f"({self.ready.vocab_size})")
-        s.sampling_params.check_token_ids(self.ready.vocab_size)
-        if s.token_ids_logprob and max(s.token_ids_logprob) >= self.ready.vocab_size:
-            raise ValueError(f"token_ids_logprob has token id {max(s.token_ids_logprob)}, "
-                             f"outside the vocabulary ({self.ready.vocab_size} tokens)")
-        # As SGLang: a budget the request names beyond what the context leaves is refused
-        # (--allow-auto-truncate: clamped); the default budget is clamped (the finish reason
-        # then says "length" with the budget that applied).
-        params = s.sampling_params
-        room = self.context_len - len(ids)
-        if params.max_new_tokens > room:
-            if s.budget_given and not self.allow_auto_truncate:
-                raise ValueError(context_exceeded(self.context_len, len(ids),
-                                                  params.max_new_tokens))
-            params.max_new_tokens = room
 
     def _new_state(self, single: SingleGenerate, ids: list[int], text_in_lp: bool) -> ReqState:
         st = ReqState(single, ids, text_in_lp)
