@@ -117,6 +117,14 @@ def test_metrics_leave_out_health_probes_and_count_aborts(url):
     assert metric("sglang:num_requests_total") == before + 3      # (not 4: the shared prompt)
     assert metric("sglang:time_per_output_token_seconds_count") >= 3
     assert metric("sglang:num_aborted_requests_total") >= 1        # (the tests above)
+    # A batch refused as a whole (its second prompt fails after the first was sent): a 400,
+    # and neither a request served nor an abort in the metrics.
+    counts = (metric("sglang:num_requests_total"), metric("sglang:num_aborted_requests_total"))
+    bad = httpx.post(url + "/generate", json={"input_ids": [[1, 2, 3], [10 ** 9]],
+                                              "sampling_params": {"max_new_tokens": 4}})
+    assert bad.status_code == 400, bad.text
+    assert (metric("sglang:num_requests_total"),
+            metric("sglang:num_aborted_requests_total")) == counts
     assert "sglang:num_used_tokens" in httpx.get(url + "/metrics").text
     # SGLang's /v1/ names of tokenize and detokenize.
     ids = httpx.post(url + "/v1/tokenize", json={"prompt": "Hello"}).json()["tokens"]

@@ -71,6 +71,9 @@ class ReqState:
     # its rid until its last output arrives, so that a new request reusing the rid gets none
     # of its outputs (and is told the rid is still running).
     abandoned: bool = False
+    # Part of a request refused as a whole (a later prompt of its batch failed its checks):
+    # the client got a 400, so the metrics do not count it as a request served or aborted.
+    refused_with_request: bool = False
 
     @property
     def finished(self) -> bool:
@@ -130,6 +133,7 @@ class TokenizerManager:
             warm = self._check_and_send(obj, states)
         except BaseException as e:
             for st in states:
+                st.refused_with_request = isinstance(e, ValueError)
                 self._release(st)
             if isinstance(e, ValueError):
                 # (the 400 leaves nothing behind: a client may resend the batch at once,
@@ -333,7 +337,7 @@ class TokenizerManager:
             else:
                 self.metrics.next_tokens(now - st.last_output, len(out.new_token_ids))
             st.last_output = now
-        if finished and _refused(st.finish_reason):
+        if finished and (_refused(st.finish_reason) or st.refused_with_request):
             return    # (never served: an invalid request, or a full queue's "retry later")
         if finished:
             self.metrics.finished(
