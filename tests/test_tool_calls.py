@@ -456,6 +456,7 @@ def test_special_token_markers(tokenizer):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),              # two tools of one name
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     # a call's arguments are an object: a forced call against another schema was written and
     # then not read as a call (200, no tool_calls)

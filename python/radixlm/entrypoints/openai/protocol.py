@@ -348,6 +348,17 @@ class ChatCompletionRequest(SamplingExtras):
         return _refuse_when_set(v, info, "is not supported: pass the functions as `tools` "
                                 "(and `tool_choice`)")
 
+    @field_validator("tools")
+    @classmethod
+    def _unique_tool_names(cls, v: Optional[list[Tool]]) -> Optional[list[Tool]]:
+        # A tool call names its function: with two tools of one name, neither the model's call
+        # nor a tool_choice could say which is meant.
+        names = [t.function.name for t in v or []]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise invalid(f"tool names must be unique; repeated: {', '.join(repeated)}")
+        return v
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice_needs_tool(cls, v: Optional[ToolChoice],
