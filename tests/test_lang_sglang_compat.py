@@ -46,6 +46,9 @@ def test_text_iter_return_meta_data():
     # A backend that sends no meta_info with its pieces: {} (SGLang's OpenAI backend's too).
     state = prog.run(backend=ScriptedBackend(reply="z"), stream=True)
     assert list(state.text_iter("a", return_meta_data=True)) == [("z", {})]
+    # Not streamed: the text, as SGLang (which yields the variable's value there).
+    state = prog.run(backend=MetaStream(reply="xy"))
+    assert list(state.text_iter("a", return_meta_data=True)) == ["xy"]
 
 
 def test_run_batch_raises_the_programs_own_errors():

@@ -160,9 +160,11 @@ class StreamExecutor:
     def text_iter(self, var_name: str | None = None,
                   return_meta_data: bool = False) -> Iterator[Any]:
         """Text as it is appended (only `var_name`'s when given), until the program ends.
-        With `var_name` and `return_meta_data`: (text, meta_info) pairs, meta_info being the
-        gen's as of that piece (SGLang's text_async_iter; {} where the backend has none yet)."""
-        pairs = return_meta_data and var_name is not None
+        With `var_name` and `return_meta_data` on a streamed run: (text, meta_info) pairs,
+        meta_info being the gen's as of that piece (SGLang's text_async_iter; {} where the
+        backend has none yet)."""
+        # (as SGLang: pairs for a streamed run only; a non-streamed one gives the text)
+        pairs = return_meta_data and var_name is not None and self.stream
         seen = 0
         while True:
             with self._cond:

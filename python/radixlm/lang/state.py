@@ -124,7 +124,7 @@ class ProgramState:
         token); with `var_name`, only that variable's pieces, and with `return_meta_data`
         as (piece, meta_info) pairs: the gen's meta_info as of that piece (token counts,
         logprobs so far when asked; {} until the backend sends any). As in SGLang,
-        return_meta_data applies to a variable's pieces only (without `var_name`, text)."""
+        return_meta_data applies to a streamed run's variable pieces only (otherwise, text)."""
         return self._ex.text_iter(var_name, return_meta_data)
 
     async def text_async_iter(self, var_name: str | None = None,
