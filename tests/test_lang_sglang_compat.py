@@ -192,3 +192,25 @@ def test_select_meta_info_and_unconditional_likelihood_normalized():
     with pytest.raises(rl.UnsupportedByBackendError, match="unconditional"):
         prog.run(method=uln, choices=["a", "b"],
                  backend=rl.OpenAI("m", base_url="http://127.0.0.1:9/v1"))
+
+
+def test_global_config_settings_radixlm_has(monkeypatch):
+    """`sgl.global_config`: default_backend is set_default_backend's; enable_precache_with_tracing
+    is run_batch's default warm-up; any other setting is refused by name, not ignored."""
+    import radixlm.lang.default_backend as db
+    monkeypatch.setattr(db, "_default", None)
+    be = ScriptedBackend(reply="x")
+    rl.global_config.default_backend = be
+    assert rl.get_default_backend() is be and rl.global_config.default_backend is be
+
+    @rl.function
+    def prog(s, q):
+        s += "A long shared preamble. " + q + rl.gen("a")
+
+    prog.run_batch([{"q": "1"}, {"q": "2"}])
+    assert be.cached == ["A long shared preamble. "]
+    monkeypatch.setattr(rl.global_config, "enable_precache_with_tracing", False)
+    prog.run_batch([{"q": "1"}, {"q": "2"}])
+    assert be.cached == ["A long shared preamble. "]                   # (no second warm-up)
+    with pytest.raises(AttributeError, match="verbosity"):
+        rl.global_config.verbosity = 2

@@ -17,6 +17,7 @@ _LANG_NAMES = (
     "video", "Runtime", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
+    "global_config",
     "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
     "Program", "ProgramState",
     "ProgramStateGroup", "RuntimeEndpoint", "OpenAI", "EngineBackend", "LangError",

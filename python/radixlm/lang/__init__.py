@@ -26,6 +26,7 @@ from radixlm.lang.backends.base import Backend
 from radixlm.lang.choices import (greedy_token_selection, token_length_normalized,
                                   unconditional_likelihood_normalized)
 from radixlm.lang.default_backend import get_default_backend, set_default_backend
+from radixlm.lang.global_config import global_config
 from radixlm.lang.errors import (BackendError, BackendUnavailableError, LangError,
                                  RequestRejectedError, UnsupportedByBackendError,
                                  VariableNotFoundError)
@@ -42,7 +43,7 @@ _LAZY_BACKENDS = {
 
 __all__ = [
     "function", "gen", "gen_int", "gen_string", "select", "separate_reasoning", "image",
-    "video", "system", "user", "assistant",
+    "video", "system", "user", "assistant", "global_config",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "flush_cache", "get_server_info",
     "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",

@@ -12,6 +12,7 @@ from radixlm.lang.backends.base import Backend
 from radixlm.lang.default_backend import resolve_backend
 from radixlm.lang.errors import BackendError
 from radixlm.lang.executor import StreamExecutor
+from radixlm.lang.global_config import global_config
 from radixlm.lang.ir import SamplingArgs
 from radixlm.lang.prefix import _Reached, common_prefix, prompt_before_first_call
 from radixlm.lang.state import ProgramState
@@ -109,14 +110,15 @@ class Program:
 
     def run_batch(self, batch_kwargs: list[dict[str, Any]], *, backend: Any = None,
                   num_threads: int | str = "auto", progress_bar: bool = False,
-                  generator_style: bool = False, warmup: bool = True,
+                  generator_style: bool = False, warmup: bool | None = None,
                   **sampling: Any) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per argument dict, `num_threads` at a time. Returns the states
         in input order. A backend error (server down, rejected request, ...) stops only its
         program: its state's `error()` holds it and the batch goes on. An exception of the
         program's own code is raised from run_batch, as in SGLang: once every program has run
         (the first failed one in input order; with generator_style, when its turn comes).
-        With warmup, the prompt prefix all programs share is cached once first."""
+        With warmup (default: `global_config.enable_precache_with_tracing`, True), the prompt
+        prefix all programs share is cached once first."""
         unknown = set(sampling) - set(_DEFAULT_NAMES)
         if unknown:
             raise TypeError(f"run_batch() got unexpected keyword arguments {sorted(unknown)}")
@@ -130,6 +132,8 @@ class Program:
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be 'auto' or a positive integer, got "
                              f"{num_threads!r}")
+        if warmup is None:
+            warmup = global_config.enable_precache_with_tracing
         if warmup and len(batch_kwargs) > 1:
             self._warm_shared_prefix(batch_kwargs, real, defaults)
         it = self._run_many(batch_kwargs, real, defaults, num_threads, progress_bar)
