@@ -263,3 +263,15 @@ def test_a_full_queue_makes_a_line_wait_not_fail(monkeypatch):
     line = batches.BatchLine("c", {"model": "m"})
     assert asyncio.run(batches._answer(None, CHAT, line)) == (200, {"id": "x"})
     assert calls == ["c", "c", "c"]
+
+
+def test_too_many_lines_fail_before_any_is_parsed(monkeypatch):
+    from radixlm.entrypoints.openai import batches
+    monkeypatch.setattr(batches, "MAX_LINES", 2)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    data = _jsonl([_line(str(i), body) for i in range(3)]).getvalue()
+    parsed = []
+    monkeypatch.setattr(batches, "_parse_line", lambda *a: parsed.append(a))
+    lines, errors = batches.parse_input(data + b"\n\n", CHAT)
+    assert lines == [] and parsed == []
+    assert "3 requests; at most 2" in errors[0].record()["message"]

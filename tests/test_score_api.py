@@ -67,6 +67,16 @@ def test_token_input_scores_as_its_text(engine, tokenizer):
     assert by_ids[0][0] > by_ids[0][1]          # (the model knows its capitals)
 
 
+def test_python_callers_sequences_and_numpy_ids(engine, tokenizer):
+    import numpy as np
+    labels = _label_ids(tokenizer, [" Paris", " London"])
+    want = engine.score("The capital of France is", [""], labels)
+    assert engine.score("The capital of France is", ("",), tuple(labels)) == want
+    assert engine.score("The capital of France is", [""], list(np.array(labels))) == want
+    with pytest.raises(ValueError, match="items"):
+        engine.score("The capital of France is", 5, labels)
+
+
 def test_async_score_has_sglangs_signature(engine, tokenizer):
     import asyncio
     labels = _label_ids(tokenizer, [" Paris", " London"])
@@ -109,6 +119,11 @@ def test_http_score(url, tokenizer):
     ({"apply_softmax": "yes"}, "apply_softmax"),
     ({"item_first": 1}, "item_first"),
     ({"query": "word " * 9000}, "query"),      # past the context
+    ({"query": "y" * 3_000_000}, "query"),     # refused by its length in characters
+    ({"items": 5}, "items"),
+    ({"items": True}, "items"),
+    ({"items": {"a": 1}}, "items"),            # (not scored by its keys)
+    ({"model": 5}, "model"),
     ({"items": ["word " * 9000]}, "items"),
     ({"query": "word " * 3000, "items": ["word " * 3000]}, "items"),   # past the KV cache
 ])

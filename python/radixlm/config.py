@@ -21,7 +21,8 @@ from radixlm.utils.field_comments import field_comments
 from radixlm.utils.sampling_defaults import SAMPLING_DEFAULTS
 
 # Flags that take one of a fixed set of values (argparse lists them in its error)
-CHOICES = {"schedule_policy": SCHEDULE_POLICIES, "load_format": LOAD_FORMATS,
+CHOICES = {"schedule_policy": SCHEDULE_POLICIES, "load_format": LOAD_FORMATS, "dtype": DTYPES,
+           "hicache_write_policy": HICACHE_WRITE_POLICIES,
            "quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES,
            "attention_backend": ATTENTION_BACKENDS, "tokenizer_mode": TOKENIZER_MODES,
            "sampling_defaults": SAMPLING_DEFAULTS}
@@ -56,7 +57,7 @@ class ServerArgs:
     dtype: str = "auto"
     context_length: int | None = None      # the longest sequence (default: the model config's)
     served_model_name: str | None = None   # the model name the APIs report (default: the path)
-    device: str | None = None              # None: cuda when available, else cpu
+    device: str | None = None              # cuda, cuda:N or cpu (default: cuda when available)
     random_seed: int = 0                   # seeds requests that give none, and dummy weights
     quantization: str | None = None        # None: as the checkpoint says (unquantized if silent)
     # A Hub id not in the local cache is downloaded (at --revision, into --download-dir)
@@ -75,7 +76,8 @@ class ServerArgs:
     # Memory
     mem_fraction_static: float = 0.85      # GPU: this server's share of its memory, weights + KV
     max_total_tokens: int | None = None    # KV capacity in tokens (default on CPU: 16384)
-    max_running_requests: int | None = None   # requests decoding at once (default: KV-bound)
+    # Requests decoding at once (default: 1024, fewer where the KV cache holds fewer)
+    max_running_requests: int | None = None
     # Requests waiting for admission beyond this many are refused at once: HTTP 429 (not 503,
     # which tells a router the engine is dead)
     max_queued_requests: int | None = None
@@ -86,10 +88,13 @@ class ServerArgs:
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0             # host pool size / device KV pool size
     hicache_size: float = 0.0              # host pool size in GiB (0: use --hicache-ratio)
-    # write_back: copy to the host only on eviction (write_through measured 0.66x on a workload
-    # that fits the GPU, write_back 1.04x: benchmarks/RESULTS.md, issue 15)
+    # When device KV reaches the host: write_back copies it only on eviction; write_through
+    # at once; write_through_selective once a prefix is hit again (write_through measured 0.66x
+    # on a workload that fits the GPU, write_back 1.04x: benchmarks/RESULTS.md, issue 15)
     hicache_write_policy: str = "write_back"
-    hicache_storage_backend: str | None = None     # "file": a third tier (L3) on disk
+    # A third tier (L3) under the host one; "file" (files in --hicache-storage-dir) is the
+    # one backend
+    hicache_storage_backend: str | None = None
     hicache_storage_dir: str | None = None         # its directory (default: under the cache dir)
 
     # Scheduling
@@ -114,7 +119,8 @@ class ServerArgs:
     # torch.compile (inductor) of the decode forward, captured in the CUDA graphs, for batches of
     # up to --torch-compile-max-bs rows (model_executor/torch_compile.py)
     enable_torch_compile: bool = False
-    torch_compile_max_bs: int = 32
+    torch_compile_max_bs: int = 32         # the largest decode batch that --enable-torch-compile
+    #                                        compiles
     # The scheduler prepares the next batch while the GPU runs this one; with the flag, in turn
     disable_overlap_schedule: bool = False
     grammar_backend: str = "xgrammar"      # structured outputs: xgrammar, or none (refused)
@@ -147,7 +153,9 @@ class ServerArgs:
     # Server
     host: str = "127.0.0.1"                # the HTTP server's address (0.0.0.0: every interface)
     port: int = 30000                      # the HTTP server's port
-    api_key: str | None = None             # also RADIXLM_API_KEY in the environment (serve)
+    # Clients must send it (Authorization: Bearer KEY) but to /health, /health_generate and
+    # /metrics; also RADIXLM_API_KEY in the environment (serve)
+    api_key: str | None = None
     tp_size: int = 1                       # ranks (processes, one per GPU) sharding the model
     dist_init_addr: str | None = None      # HOST:PORT where the ranks meet (default: a free port)
     nnodes: int = 1                        # machines the --tp-size ranks are spread over
@@ -180,7 +188,7 @@ class ServerArgs:
     # Limits on what one HTTP request may ask for (the offline Engine is not limited)
     max_request_body_mb: float = 64.0      # larger bodies get HTTP 413
     max_n_per_request: int = 128           # `n` (OpenAI's own cap is 128)
-    max_prompts_per_request: int = 4096    # prompts in one batched request
+    max_prompts_per_request: int = 4096    # prompts in one batched request (/v1/score: items)
     max_stop_strings: int = 64             # entries of `stop`
 
     # Chat output parsing (SGLang's flags); names in radixlm/parsers/

@@ -32,6 +32,9 @@ async def score(request: Request):
     missing = [k for k in REQUIRED if obj.get(k) is None]
     if missing:
         return error_response(f"{missing[0]} is required", 400, param=missing[0])
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        return error_response("model must be a string", 400, param="model")
     req = ScoringRequest(obj["query"], obj["items"], obj["label_token_ids"],
                          obj.get("apply_softmax", False), obj.get("item_first", False))
     engine = request.app.state.engine
@@ -42,7 +45,6 @@ async def score(request: Request):
         return error_response(str(e), 400, param="items")
     except ScoringInputError as e:
         return error_response(str(e), 400, param=e.param)
-    model = obj.get("model")
     try:
         scores = await unless_disconnected(request, engine.score_request_async(req, prompts))
     except ClientDisconnected:

@@ -15,10 +15,16 @@ had the user typed it); token input joins the id lists.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.managers.prompt_length import check_chars_fit
+
 SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0}
+# Items tokenized per call of the (batched) tokenizer: a request too long somewhere stops
+# within a chunk of its first over-long prompt.
+_TOKENIZE_CHUNK = 64
 
 
 class ScoringInputError(ValueError):
@@ -38,18 +44,28 @@ class ScoringRequest:
     item_first: bool = False
 
     def item_list(self) -> list[Any]:
-        return [self.items] if isinstance(self.items, str) else list(self.items)
+        """The items as a list (one text item may come bare); ScoringInputError for an `items`
+        that is neither (a number, an object: never iterated into keys or characters)."""
+        if isinstance(self.items, str):
+            return [self.items]
+        if not isinstance(self.items, (list, tuple)):
+            raise ScoringInputError("items must be a string, a list of strings or a list of "
+                                    "token-id lists", "items")
+        return list(self.items)
 
     def check(self, vocab_size: int) -> None:
         """The checks that need no tokenizer: shapes, types that agree, label ids in range."""
         labels = self.label_token_ids
+        if isinstance(labels, tuple):
+            labels = self.label_token_ids = list(labels)
         if not isinstance(labels, list) or not labels:
             raise ScoringInputError("label_token_ids must be a non-empty list of token ids",
                                     "label_token_ids")
-        for tid in labels:
+        for i, tid in enumerate(labels):
             if not _is_id(tid) or tid >= vocab_size:
                 raise ScoringInputError(f"label_token_ids: {tid!r} is not a token id of this "
                                         f"model (0 to {vocab_size - 1})", "label_token_ids")
+            labels[i] = int(tid)     # (numpy integers from Python callers)
         for name in ("apply_softmax", "item_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ScoringInputError(f"{name} must be true or false", name)
@@ -80,29 +96,52 @@ class ScoringRequest:
         """Each item's prompt ids (check() first); `max_len` is the longest prompt the server
         takes (the context less the scored position, at most what the KV cache holds). An
         over-long prompt is refused whatever the server's --allow-auto-truncate: a truncated
-        prompt would score a different text."""
+        prompt would score a different text. Text is refused by its length in characters
+        before any tokenizing where it cannot fit, the query on its own first, and the items
+        are tokenized in chunks that stop at the first prompt too long."""
         items = self.item_list()
-        if self.is_text:
-            texts = [f"{x}{self.query}" if self.item_first else f"{self.query}{x}"
-                     for x in items]
-            prompts = [list(tokenizer(t).input_ids) for t in texts]
-        else:
-            prompts = [list(x) + list(self.query) if self.item_first else
-                       list(self.query) + list(x) for x in items]
-        for i, ids in enumerate(prompts):
-            if not ids:
-                raise ScoringInputError(f"item {i}: query and item together are empty",
-                                        "items")
-            if len(ids) > max_len:
-                query_len = (len(tokenizer(self.query).input_ids) if self.is_text
-                             else len(self.query))
-                param = "query" if query_len > max_len else "items"
-                what = "the query" if param == "query" else f"item {i} with the query"
-                raise ScoringInputError(
-                    f"{what} is {len(ids)} tokens; this server scores prompts of at most "
-                    f"{max_len} tokens (the model's context less the scored position, "
-                    f"within the KV cache)", param)
+        if not self.is_text:
+            query = [int(t) for t in self.query]     # (int(): numpy ids from Python callers)
+            prompts = [[int(t) for t in x] + query if self.item_first else
+                       query + [int(t) for t in x] for x in items]
+            for i, ids in enumerate(prompts):
+                self._check_length(i, ids, len(self.query), max_len)
+            return prompts
+        self._check_query_text(tokenizer, max_len)
+        prompts = []
+        for start in range(0, len(items), _TOKENIZE_CHUNK):
+            texts = []
+            for i, item in enumerate(items[start:start + _TOKENIZE_CHUNK], start):
+                text = f"{item}{self.query}" if self.item_first else f"{self.query}{item}"
+                try:
+                    check_chars_fit(len(text), tokenizer, max_len)
+                except ValueError as e:
+                    raise ScoringInputError(f"item {i} with the query: {e}", "items") from None
+                texts.append(text)
+            for i, ids in enumerate(tokenizer(texts).input_ids, start):
+                self._check_length(i, ids, None, max_len)
+                prompts.append(list(ids))
         return prompts
+
+    def _check_query_text(self, tokenizer: Any, max_len: int) -> None:
+        """A text query too long on its own is refused at once, naming `query`."""
+        try:
+            check_chars_fit(len(self.query), tokenizer, max_len)
+        except ValueError as e:
+            raise ScoringInputError(f"the query: {e}", "query") from None
+        query_len = len(tokenizer(self.query).input_ids)
+        if query_len > max_len:
+            raise ScoringInputError(f"the query is {query_len} tokens; {_too_long(max_len)}",
+                                    "query")
+
+    @staticmethod
+    def _check_length(i: int, ids: list[int], query_len: int | None, max_len: int) -> None:
+        if not ids:
+            raise ScoringInputError(f"item {i}: query and item together are empty", "items")
+        if len(ids) > max_len:
+            param = "query" if query_len is not None and query_len > max_len else "items"
+            what = "the query" if param == "query" else f"item {i} with the query"
+            raise ScoringInputError(f"{what} is {len(ids)} tokens; {_too_long(max_len)}", param)
 
     def scores(self, results: list[dict]) -> list[list[float]]:
         """The engine's results (one per prompt) -> each item's label scores."""
@@ -122,8 +161,13 @@ class ScoringRequest:
         return [w / total for w in weights]
 
 
+def _too_long(max_len: int) -> str:
+    return (f"this server scores prompts of at most {max_len} tokens (the model's context "
+            f"less the scored position, within the KV cache)")
+
+
 def _is_id(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
 
 
 def _is_ids(x: Any) -> bool:

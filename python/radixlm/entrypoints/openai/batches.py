@@ -118,10 +118,15 @@ def parse_input(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[Batch
     file as a whole. The batch runs only when the second list is empty."""
     if data.startswith(b"\xef\xbb\xbf"):   # a UTF-8 byte order mark
         data = data[3:]
+    rows = data.split(b"\n")
+    count = sum(1 for raw in rows if raw.strip())
+    if count > MAX_LINES:      # (before parsing any: the file fails as a whole)
+        return [], [BatchInputError(f"the input file has {count} requests; at most "
+                                    f"{MAX_LINES}")]
     lines: list[BatchLine] = []
     errors: list[BatchInputError] = []
     seen: set[str] = set()
-    for number, raw in enumerate(data.split(b"\n"), 1):
+    for number, raw in enumerate(rows, 1):
         if not raw.strip():
             continue
         try:
@@ -130,9 +135,6 @@ def parse_input(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[Batch
             errors.append(e)
     if not lines and not errors:
         errors.append(BatchInputError("the input file has no requests"))
-    if len(lines) > MAX_LINES:
-        errors.append(BatchInputError(f"the input file has {len(lines)} requests; at most "
-                                      f"{MAX_LINES}"))
     return lines, errors
 
 
@@ -292,7 +294,8 @@ async def create_batch(request: Request):
     job = BatchJob(id=f"batch_{uuid.uuid4().hex}", endpoint=endpoint, input_file_id=file_id,
                    completion_window=window, metadata=metadata, lines=[])
     job.enter("validating")
-    job.lines, errors = parse_input(stored.data, endpoint)
+    # (off the event loop: a 200 MB file takes seconds to parse)
+    job.lines, errors = await asyncio.to_thread(parse_input, stored.data, endpoint)
     _jobs(request)[job.id] = job
     if errors:
         # (a batch that fails validation runs none of its requests: it counts none, as OpenAI's)
