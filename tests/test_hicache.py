@@ -199,7 +199,6 @@ def test_bad_hicache_flags(make_engine):
         ServerArgs(enable_hierarchical_cache=True, hicache_storage_dir="/tmp/kv")
 
 
-
 def test_a_bad_storage_dir_is_refused_with_the_flags(tmp_path):
     """Found when the flags are read, before any model loads."""
     from radixlm.config import ServerArgs

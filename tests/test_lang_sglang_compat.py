@@ -38,14 +38,17 @@ def test_text_iter_return_meta_data():
     async def collect(**kw):
         return [p async for p in state.text_async_iter(**kw)]
 
+    state.sync()      # (read after the run: each piece with the gen's latest meta_info)
+    final = {"completion_tokens": 2, "finish_reason": "stop"}
     assert asyncio.run(collect(var_name="a", return_meta_data=True)) == \
-        [("x", {"completion_tokens": 1}), ("y", {"completion_tokens": 2})]
-    assert list(state.text_iter("a", return_meta_data=True))[1] == ("y", {"completion_tokens": 2})
+        [("x", final), ("y", final)]
+    assert list(state.text_iter("a", return_meta_data=True))[1] == ("y", final)
     assert asyncio.run(collect(return_meta_data=True)) == ["Q:", "x", "y", "."]
     assert list(state.text_iter("a")) == ["x", "y"]
-    # A backend that sends no meta_info with its pieces: {} (SGLang's OpenAI backend's too).
+    # A backend that sends meta_info only with its last (empty) chunk: that one.
     state = prog.run(backend=ScriptedBackend(reply="z"), stream=True)
-    assert list(state.text_iter("a", return_meta_data=True)) == [("z", {})]
+    state.sync()
+    assert list(state.text_iter("a", return_meta_data=True)) == [("z", {"done": True})]
     # Not streamed: the text, as SGLang (which yields the variable's value there).
     state = prog.run(backend=MetaStream(reply="xy"))
     assert list(state.text_iter("a", return_meta_data=True)) == ["xy"]

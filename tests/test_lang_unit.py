@@ -499,6 +499,3 @@ def test_select_without_prompt_text_is_refused():
     with pytest.raises(ValueError, match="select needs prompt text before it"):
         CharTokens().select(PromptContext(text="", messages=[]), ["A", "B"],
                             token_length_normalized, 0.0)
-
-
-# ---------------------------------------------------------------------- SGLang parity

@@ -75,6 +75,13 @@ def test_python_callers_sequences_and_numpy_ids(engine, tokenizer):
     assert engine.score("The capital of France is", [""], list(np.array(labels))) == want
     with pytest.raises(ValueError, match="items"):
         engine.score("The capital of France is", 5, labels)
+    query = tokenizer("The capital of France is").input_ids
+    by_list = engine.score(query, [[]], labels)
+    assert engine.score(tuple(query), ((),), labels) == by_list
+    assert engine.score(np.array(query), [np.array([], dtype=np.int64)], labels) == by_list
+    mine = list(labels)
+    engine.score(query, [[]], mine)
+    assert mine == labels and all(type(t) is int for t in mine)     # (the caller's, untouched)
 
 
 def test_async_score_has_sglangs_signature(engine, tokenizer):
@@ -124,6 +131,9 @@ def test_http_score(url, tokenizer):
     ({"items": True}, "items"),
     ({"items": {"a": 1}}, "items"),            # (not scored by its keys)
     ({"model": 5}, "model"),
+    ({"query": [1] * 40_000, "items": [[2]] * 2000}, "query"),   # refused before any join
+    ({"query": [1] * 3000, "items": [[2] * 3000]}, "items"),
+    ({"items": [""] * 4097}, "items"),         # past --max-prompts-per-request
     ({"items": ["word " * 9000]}, "items"),
     ({"query": "word " * 3000, "items": ["word " * 3000]}, "items"),   # past the KV cache
 ])
@@ -137,3 +147,20 @@ def test_http_score_refuses_bad_input(url, engine, change, param):
                                              "label_token_ids": [5]}, timeout=120)
     assert ok.status_code == 200
     assert_pool_empty(engine)
+
+
+def test_preferred_n_does_not_reach_the_servers_own_requests(tokenizer):
+    """--preferred-sampling-params '{"n": 2}' fills n for requests that leave it unset, not for
+    the server's own: an n > 1 prompt's shared prefill (which asked for n again without end and
+    ran the process out of memory) or scoring (one score list per item)."""
+    from radixlm.entrypoints.engine import Engine
+    e = Engine(device="cpu", log_level="warning", max_total_tokens=2048,
+               preferred_sampling_params='{"n": 2}')
+    try:
+        outs = e.generate("Hello", {"max_new_tokens": 2, "temperature": 0})
+        assert isinstance(outs, list) and len(outs) == 2
+        labels = _label_ids(tokenizer, [" yes", " no"])
+        assert len(e.score("Is it?", ["", " Maybe"], labels)) == 2
+        assert_pool_empty(e)
+    finally:
+        e.shutdown()

@@ -533,6 +533,8 @@ def test_every_serve_flag_is_explained_in_help():
     for f in dataclasses.fields(ServerArgs):
         action = by_flag["--" + f.name.replace("_", "-")]
         assert action.help and len(action.help) > 10, f.name
+        # (what the flag does, not only what its default means)
+        assert not action.help.startswith("default:"), f.name
     assert "KV capacity in tokens" in by_flag["--max-total-tokens"].help
     text = parser.format_help()
     assert "(default: 0.85)" in text          # --mem-fraction-static

@@ -59,6 +59,8 @@ class ServerArgs:
     served_model_name: str | None = None   # the model name the APIs report (default: the path)
     device: str | None = None              # cuda, cuda:N or cpu (default: cuda when available)
     random_seed: int = 0                   # seeds requests that give none, and dummy weights
+    # Weight quantization: fp8 (online, or an FP8 checkpoint), awq / gptq (4-bit checkpoints),
+    # w4a16 (online 4-bit, group 128)
     quantization: str | None = None        # None: as the checkpoint says (unquantized if silent)
     # A Hub id not in the local cache is downloaded (at --revision, into --download-dir)
     revision: str | None = None            # branch, tag or commit of a Hub model
@@ -98,6 +100,7 @@ class ServerArgs:
     hicache_storage_dir: str | None = None         # its directory (default: under the cache dir)
 
     # Scheduling
+    # The most prompt tokens a prefill batch takes; a longer prompt runs in chunks
     chunked_prefill_size: int | None = None   # None: 8192 on GPU, 4096 on CPU; -1 disables
     max_prefill_tokens: int = 16384        # prompt tokens one prefill batch takes at most
     # A prompt longer than the context keeps its first context-1 tokens instead of a 400
@@ -110,6 +113,7 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
 
     # Kernels
+    # The attention kernels: triton (radixlm's) or torch_native (PyTorch's SDPA, the reference)
     attention_backend: str | None = None   # None: triton on CUDA, torch_native on CPU
     disable_cuda_graph: bool = False       # decode steps launch their kernels one by one
     cuda_graph_max_bs: int = 256           # the largest decode batch run from a CUDA graph
@@ -171,7 +175,9 @@ class ServerArgs:
     # text stays cumulative), as SGLang's --stream-output
     stream_output: bool = False
     log_level: str = "info"                # debug | info | warning | error | critical
-    log_requests: bool = False             # log each HTTP request's method, path and status
+    # Log each HTTP request's method, path and status, and each generation's prompt,
+    # sampling parameters and output (their text: mind what the prompts hold)
+    log_requests: bool = False
     decode_log_interval: int = 40          # decode steps between two "decode batch" log lines
     # A scheduler that makes no progress for this long while it has requests ends its process
     # (the server then exits, to be restarted) instead of hanging them (scheduler/watchdog.py)
@@ -187,13 +193,16 @@ class ServerArgs:
 
     # Limits on what one HTTP request may ask for (the offline Engine is not limited)
     max_request_body_mb: float = 64.0      # larger bodies get HTTP 413
-    max_n_per_request: int = 128           # `n` (OpenAI's own cap is 128)
+    max_n_per_request: int = 128           # the largest `n` (OpenAI's own cap is 128)
     max_prompts_per_request: int = 4096    # prompts in one batched request (/v1/score: items)
-    max_stop_strings: int = 64             # entries of `stop`
+    max_stop_strings: int = 64             # the most entries of `stop` a request may give
 
     # Chat output parsing (SGLang's flags); names in radixlm/parsers/
-    tool_call_parser: str | None = None    # qwen25 | llama3 | mistral | pythonic
-    reasoning_parser: str | None = None    # deepseek-r1 | qwen3
+    # Reads the model's tool calls out of its text into `tool_calls`: qwen25 | llama3 |
+    # mistral | pythonic
+    tool_call_parser: str | None = None
+    # Splits a reasoning model's thinking into `reasoning_content`: deepseek-r1 | qwen3
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()

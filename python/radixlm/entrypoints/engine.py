@@ -18,7 +18,6 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Iterator
 
-
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.generate_request import SGLANG_ONLY_FIELDS, GenerateReqInput

@@ -21,7 +21,8 @@ from typing import Any
 
 from radixlm.managers.prompt_length import check_chars_fit
 
-SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0}
+# (n and the rest set: --preferred-sampling-params fill only what a request leaves unset)
+SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0, "n": 1}
 # Items tokenized per call of the (batched) tokenizer: a request too long somewhere stops
 # within a chunk of its first over-long prompt.
 _TOKENIZE_CHUNK = 64
@@ -46,26 +47,28 @@ class ScoringRequest:
     def item_list(self) -> list[Any]:
         """The items as a list (one text item may come bare); ScoringInputError for an `items`
         that is neither (a number, an object: never iterated into keys or characters)."""
-        if isinstance(self.items, str):
-            return [self.items]
-        if not isinstance(self.items, (list, tuple)):
+        items = self.items
+        if isinstance(items, str):
+            return [items]
+        if hasattr(items, "tolist"):          # (a numpy array from a Python caller)
+            items = items.tolist()
+        if not isinstance(items, (list, tuple)):
             raise ScoringInputError("items must be a string, a list of strings or a list of "
                                     "token-id lists", "items")
-        return list(self.items)
+        return list(items)
 
     def check(self, vocab_size: int) -> None:
-        """The checks that need no tokenizer: shapes, types that agree, label ids in range."""
-        labels = self.label_token_ids
-        if isinstance(labels, tuple):
-            labels = self.label_token_ids = list(labels)
-        if not isinstance(labels, list) or not labels:
+        """The checks that need no tokenizer: shapes, types that agree, ids in range. Token
+        ids become lists of Python ints (a Python caller may pass tuples or numpy arrays)."""
+        labels = _as_ids(self.label_token_ids)
+        if not labels:
             raise ScoringInputError("label_token_ids must be a non-empty list of token ids",
                                     "label_token_ids")
-        for i, tid in enumerate(labels):
-            if not _is_id(tid) or tid >= vocab_size:
-                raise ScoringInputError(f"label_token_ids: {tid!r} is not a token id of this "
-                                        f"model (0 to {vocab_size - 1})", "label_token_ids")
-            labels[i] = int(tid)     # (numpy integers from Python callers)
+        bad = next((t for t in labels if t >= vocab_size), None)
+        if bad is not None:
+            raise ScoringInputError(f"label_token_ids: {bad} is not a token id of this model "
+                                    f"(0 to {vocab_size - 1})", "label_token_ids")
+        self.label_token_ids = labels
         for name in ("apply_softmax", "item_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ScoringInputError(f"{name} must be true or false", name)
@@ -75,18 +78,21 @@ class ScoringRequest:
         if isinstance(self.query, str):
             if not all(isinstance(x, str) for x in items):
                 raise ScoringInputError("items must be strings when query is a string", "items")
-        elif _is_ids(self.query):
-            if not all(_is_ids(x) for x in items):
-                raise ScoringInputError("items must be lists of token ids when query is a list "
-                                        "of token ids", "items")
-            for ids in [self.query, *items]:
-                bad = next((t for t in ids if t >= vocab_size), None)
-                if bad is not None:
-                    raise ScoringInputError(f"token id {bad} is out of the model's vocabulary "
-                                            f"(0 to {vocab_size - 1})",
-                                            "query" if ids is self.query else "items")
-        else:
+            self.items = items
+            return
+        query = _as_ids(self.query)
+        if query is None:
             raise ScoringInputError("query must be a string or a list of token ids", "query")
+        id_items = [_as_ids(x) for x in items]
+        if any(x is None for x in id_items):
+            raise ScoringInputError("items must be lists of token ids when query is a list of "
+                                    "token ids", "items")
+        for ids, param in [(query, "query"), *((x, "items") for x in id_items)]:
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise ScoringInputError(f"token id {bad} is out of the model's vocabulary "
+                                        f"(0 to {vocab_size - 1})", param)
+        self.query, self.items = query, id_items
 
     @property
     def is_text(self) -> bool:
@@ -101,11 +107,14 @@ class ScoringRequest:
         are tokenized in chunks that stop at the first prompt too long."""
         items = self.item_list()
         if not self.is_text:
-            query = [int(t) for t in self.query]     # (int(): numpy ids from Python callers)
-            prompts = [[int(t) for t in x] + query if self.item_first else
-                       query + [int(t) for t in x] for x in items]
-            for i, ids in enumerate(prompts):
-                self._check_length(i, ids, len(self.query), max_len)
+            # (lengths checked before any list is joined: a long query times many items)
+            if len(self.query) > max_len:
+                raise ScoringInputError(f"the query is {len(self.query)} tokens; "
+                                        f"{_too_long(max_len)}", "query")
+            prompts = []
+            for i, item in enumerate(items):
+                self._check_length(i, len(self.query) + len(item), max_len)
+                prompts.append(item + self.query if self.item_first else self.query + item)
             return prompts
         self._check_query_text(tokenizer, max_len)
         prompts = []
@@ -119,7 +128,7 @@ class ScoringRequest:
                     raise ScoringInputError(f"item {i} with the query: {e}", "items") from None
                 texts.append(text)
             for i, ids in enumerate(tokenizer(texts).input_ids, start):
-                self._check_length(i, ids, None, max_len)
+                self._check_length(i, len(ids), max_len)
                 prompts.append(list(ids))
         return prompts
 
@@ -135,13 +144,13 @@ class ScoringRequest:
                                     "query")
 
     @staticmethod
-    def _check_length(i: int, ids: list[int], query_len: int | None, max_len: int) -> None:
-        if not ids:
+    def _check_length(i: int, length: int, max_len: int) -> None:
+        """Item i's prompt (the query's own length checked before)."""
+        if not length:
             raise ScoringInputError(f"item {i}: query and item together are empty", "items")
-        if len(ids) > max_len:
-            param = "query" if query_len is not None and query_len > max_len else "items"
-            what = "the query" if param == "query" else f"item {i} with the query"
-            raise ScoringInputError(f"{what} is {len(ids)} tokens; {_too_long(max_len)}", param)
+        if length > max_len:
+            raise ScoringInputError(f"item {i} with the query is {length} tokens; "
+                                    f"{_too_long(max_len)}", "items")
 
     def scores(self, results: list[dict]) -> list[list[float]]:
         """The engine's results (one per prompt) -> each item's label scores."""
@@ -170,8 +179,14 @@ def _is_id(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0
 
 
-def _is_ids(x: Any) -> bool:
-    return isinstance(x, list) and all(_is_id(t) for t in x)
+def _as_ids(x: Any) -> list[int] | None:
+    """`x` as a list of Python ints when it is a list, tuple or numpy array of token ids (ints
+    >= 0, not booleans), else None."""
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        x = x.tolist()
+    if not isinstance(x, (list, tuple)) or not all(_is_id(t) for t in x):
+        return None
+    return [int(t) for t in x]
 
 
 def scoring_response(scores: list[list[float]], prompts: list[list[int]],

@@ -63,8 +63,11 @@ class StreamExecutor:
         # thread waits for the program to get that far (the program may not have queued the
         # gen yet), not just for what is queued.
         self.program_thread: threading.Thread | None = None
-        # (variable or None, text, its gen's meta_info so far or None), for text_iter
-        self._chunks: list[tuple[str | None, str, dict[str, Any] | None]] = []
+        self._chunks: list[tuple[str | None, str]] = []   # (variable or None, text): text_iter
+        # Each variable's latest meta_info while it is produced (text_iter's pairs read it
+        # when they yield, as SGLang's: one per variable, since a streamed gen's meta_info
+        # carries its logprobs so far and one kept per piece would grow with the square)
+        self._latest_meta: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ the program's side
 
@@ -161,8 +164,8 @@ class StreamExecutor:
                   return_meta_data: bool = False) -> Iterator[Any]:
         """Text as it is appended (only `var_name`'s when given), until the program ends.
         With `var_name` and `return_meta_data` on a streamed run: (text, meta_info) pairs,
-        meta_info being the gen's as of that piece (SGLang's text_async_iter; {} where the
-        backend has none yet)."""
+        meta_info being the gen's latest when the piece is yielded (SGLang's
+        text_async_iter; {} where the backend has sent none)."""
         # (as SGLang: pairs for a streamed run only; a non-streamed one gives the text)
         pairs = return_meta_data and var_name is not None and self.stream
         seen = 0
@@ -172,9 +175,10 @@ class StreamExecutor:
                                     or self.error is not None)
                 new, seen = self._chunks[seen:], len(self._chunks)
                 done, error = self._finished(), self.error
-            for var, piece, meta in new:
+                meta = self._latest_meta.get(var_name or "", {}) if pairs else {}
+            for var, piece in new:
                 if piece and (var_name is None or var == var_name):
-                    yield (piece, meta or {}) if pairs else piece
+                    yield (piece, meta) if pairs else piece
             if error is not None:
                 raise error
             if done:
@@ -245,7 +249,9 @@ class StreamExecutor:
             self._spec.on_append(text)
         with self._cond:
             self.text += text
-            self._chunks.append((var, text, meta))
+            self._chunks.append((var, text))
+            if var and meta is not None:
+                self._latest_meta[var] = meta
             self._cond.notify_all()
 
     def _context(self) -> PromptContext:

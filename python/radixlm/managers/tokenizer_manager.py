@@ -164,14 +164,18 @@ class TokenizerManager:
         sent only once their shared prompt is cached."""
         warm: list[tuple[list[ReqState], list[int]]] = []
         seen: set[str] = set()
+        # The server's own requests take no --preferred-sampling-params: a preferred n would
+        # make an n > 1 prompt's shared prefill ask for n again (and again, without end).
+        internal = isinstance(obj.rid, str) and obj.rid.startswith(INTERNAL_RID_PREFIX)
+        preferred = {} if internal else self.preferred_sampling_params
         if (self.max_sequences is not None
-                and obj.declared_sequences(self.preferred_sampling_params) > self.max_sequences):
+                and obj.declared_sequences(preferred) > self.max_sequences):
             # (before any prompt is sent: none runs, none is counted)
             raise ValueError(
                 f"the request has more sequences (prompts x n) than the server runs and queues "
                 f"at once ({self.max_sequences}: --max-running-requests + "
                 f"--max-queued-requests)")
-        for group in obj.groups(self.preferred_sampling_params):
+        for group in obj.groups(preferred):
             if self.tokenizer is None:
                 check_without_tokenizer(group[0], obj.return_text_in_logprobs)
             ids = self.tokenize(group[0])
@@ -238,7 +242,7 @@ class TokenizerManager:
                     self._send_sequence(st, stream)
 
     async def _prefill_only(self, ids: list[int], rid: str) -> None:
-        obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
+        obj = GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0, "n": 1},
                                rid=f"{INTERNAL_RID_PREFIX}{rid}-prefix")
         async for _ in self.generate(obj):
             pass

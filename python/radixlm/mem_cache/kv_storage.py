@@ -20,8 +20,8 @@ import hashlib
 import logging
 import math
 import os
-import shutil
 import queue
+import shutil
 import tempfile
 import threading
 import time

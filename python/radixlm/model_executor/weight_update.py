@@ -96,5 +96,6 @@ def _load(runner, hf_dir: str) -> str | None:
         runner.model.load_weights(iter_safetensors_weights(hf_dir))
     except Exception as e:
         logger.exception("loading weights from %s failed", hf_dir)
-        return path_error(e, "model_path")
+        # (the error's type kept; a path the message calls --model-path is this field here)
+        return f"{type(e).__name__}: {str(e).replace('--model-path', 'model_path')}"
     return None

@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from email.errors import CloseBoundaryNotFoundDefect
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
@@ -86,7 +87,7 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | Non
         b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
     if not message.is_multipart():
         raise UploadError("the multipart body could not be parsed (no parts)")
-    if any(type(d).__name__ == "CloseBoundaryNotFoundDefect" for d in message.defects):
+    if any(isinstance(d, CloseBoundaryNotFoundDefect) for d in message.defects):
         # (a cut-off upload: the last part may be missing its end, so nothing in it is trusted)
         raise UploadError("the multipart body has no closing boundary (was the upload cut off?)")
     fields: dict[str, tuple[str | None, bytes]] = {}

@@ -28,6 +28,10 @@ from radixlm.lang.errors import BackendError, BackendUnavailableError, RequestRe
 from radixlm.lang.ir import SamplingArgs
 from radixlm.utils.sequences import common_prefix_len
 
+# The sampling of a request for prompt logprobs or a prefix only: no new token, one sequence
+# (n set: a server's --preferred-sampling-params fill only what a request leaves unset).
+PROMPT_ONLY = {"max_new_tokens": 0, "n": 1}
+
 
 def check_result(out: Any) -> dict[str, Any]:
     """Raise for an error body or an aborted request; return the result dict."""
@@ -99,7 +103,7 @@ class NativeBackend(Backend):
             self._prefill({"text": text})
 
     def _prefill(self, prompt: dict[str, Any]) -> None:
-        out = check_result(self._generate({**prompt, "sampling_params": {"max_new_tokens": 0}}))
+        out = check_result(self._generate({**prompt, "sampling_params": dict(PROMPT_ONLY)}))
         self.usage.add(out["meta_info"])
 
     def select(self, ctx: PromptContext, choices: list[str], method: ChoicesMethod,
@@ -117,7 +121,7 @@ class NativeBackend(Backend):
         shared = min(starts)
         if shared > 0:
             self._prefill({"input_ids": prefix_ids[:shared]})
-        outs = self._generate({"input_ids": full, "sampling_params": {"max_new_tokens": 0},
+        outs = self._generate({"input_ids": full, "sampling_params": dict(PROMPT_ONLY),
                                "return_logprob": True, "logprob_start_len": starts})
         if not isinstance(outs, list) or len(outs) != len(choices):
             raise BackendError(f"expected {len(choices)} results for the select batch")
@@ -152,7 +156,7 @@ class NativeBackend(Backend):
     def _unconditional_logprobs(self, token_ids: list[list[int]]) -> list[list[Any]]:
         """Each choice's tokens scored on their own (no prompt): SGLang's unconditional token
         logprobs. The first has nothing before it, so its logprob is None."""
-        outs = self._generate({"input_ids": token_ids, "sampling_params": {"max_new_tokens": 0},
+        outs = self._generate({"input_ids": token_ids, "sampling_params": dict(PROMPT_ONLY),
                                "return_logprob": True, "logprob_start_len": 0})
         if not isinstance(outs, list) or len(outs) != len(token_ids):
             raise BackendError(f"expected {len(token_ids)} results for the unconditional "

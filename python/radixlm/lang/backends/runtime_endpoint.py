@@ -24,7 +24,7 @@ class RuntimeEndpoint(NativeBackend):
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Any = None,
-                 chat_template_name: str | None = None, tokenizer_path: str | None = None,
+                 chat_template_name: str | None = None, *, tokenizer_path: str | None = None,
                  timeout: float | None = None, max_connections: int = 512):
         super().__init__()
         self._chat_template: str | None = None
