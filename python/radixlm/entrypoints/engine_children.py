@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import shutil
 import signal
@@ -23,8 +22,6 @@ from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
 from radixlm.entrypoints.ranks import start_ranks
 from radixlm.utils.server_process import free_port
-
-logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 600
 _RANK0_ERROR_GRACE_S = 15   # after another child died at start-up, for rank 0's own error
