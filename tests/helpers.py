@@ -67,6 +67,7 @@ def assert_pool_empty(engine) -> None:
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 
 # free_port and stop_server are re-exported for the tests.
 from radixlm.utils.server_process import free_port, launch_server, stop_server  # noqa: E402,F401
@@ -160,14 +161,17 @@ def write_tiny_config(directory, vocab_size: int = 65536) -> str:
 
 def run_interpreter_cases(cases) -> int:
     """Run (description, case) pairs; a case returns its max error (or None) and fails by
-    AssertionError. Prints one ok/FAIL line each; returns the process exit status."""
+    AssertionError. Prints one ok/FAIL line each, with its seconds (the interpreter is slow:
+    the CPU suite's time goes to the longest cases); returns the process exit status."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1 before running"
     torch.set_num_threads(1)
     failed = 0
     for desc, case in cases:
+        start = time.perf_counter()
         try:
             err = case()
-            print(f"ok   {err if err is not None else 0.0:9.2e}  {desc}", flush=True)
+            print(f"ok   {err if err is not None else 0.0:9.2e} {time.perf_counter() - start:6.1f}s"
+                  f"  {desc}", flush=True)
         except AssertionError as e:
             failed += 1
             print(f"FAIL {desc}: {e}", flush=True)

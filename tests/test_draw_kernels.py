@@ -180,10 +180,10 @@ def check_empty() -> float:
 
 
 def _interpreter_cases():
-    for vocab, seed in ((100, 0), (3000, 1)):
-        yield f"cutoffs vocab={vocab} seed={seed}", lambda a=(vocab, "cpu", seed): \
-            check_cutoffs(*a)
-    yield "cutoffs vocab=2500, 5 chunks", lambda: check_cutoffs(2500, "cpu", 2, chunk=512)
+    # float32 keys: one chunk a row, and three, the last partial (the 16-bit cases below take
+    # vocabulary 3000)
+    yield "cutoffs vocab=100 seed=0", lambda: check_cutoffs(100, "cpu", 0)
+    yield "cutoffs vocab=1300, 3 chunks", lambda: check_cutoffs(1300, "cpu", 2, chunk=512)
     for dtype in (torch.bfloat16, torch.float16):
         yield f"cutoffs vocab=3000 {dtype}", lambda d=dtype: check_cutoffs(3000, "cpu", 3,
                                                                             dtype=d)
@@ -192,7 +192,8 @@ def _interpreter_cases():
     for which in ("top_k", "top_p", "min_p"):
         yield f"only {which}", lambda w=which: check_only(1000, "cpu", w)
     yield "draw vocab=3000", lambda: check_draw(3000, "cpu")
-    yield "draw vocab=9000 bf16, adjusted", lambda: check_draw(9000, "cpu", 1, torch.bfloat16,
+    # (2 and 3 chunks of draw_kernels.CHUNK a row, the last one partial)
+    yield "draw vocab=4500 bf16, adjusted", lambda: check_draw(4500, "cpu", 1, torch.bfloat16,
                                                                 adjusted=True)
     yield "draw without cut-offs", lambda: check_draw_no_cutoffs(500, "cpu")
     yield "noise bits", lambda: check_noise_bits(70000, "cpu")

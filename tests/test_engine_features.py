@@ -61,9 +61,9 @@ def test_max_new_tokens_zero_fills_the_cache(engine):
 def test_memory_pressure_retracts_and_still_matches(make_engine, hf_model, tokenizer):
     prompts = [f"Story {i}: the {w} walked into the" for i, w in
                enumerate(["fox", "king", "robot", "sailor", "child", "painter", "dragon", "cook"])]
-    new = 40
-    # 8 requests x (~12 prompt + 40 new) tokens > 256 slots: they can't all decode at once.
-    engine = make_engine(max_total_tokens=256, schedule_conservativeness=0.05)
+    new = 24
+    # 8 requests x (~12 prompt + 24 new) tokens > 200 slots: they can't all decode at once.
+    engine = make_engine(max_total_tokens=200, schedule_conservativeness=0.05)
     outs = engine.generate(prompts, {"max_new_tokens": new, **GREEDY})
     stats = engine.get_stats()
     assert stats.num_retractions > 0, "the pool was sized to force retraction"
@@ -420,8 +420,9 @@ def test_a_batch_whose_later_prompt_is_bad_fails_as_a_whole(engine):
     # The 400 comes once the prompts sent before the bad one have ended: the same batch sent
     # again at once, with the same rids, gets its own outputs, not the aborted ones' (the
     # scheduler is kept busy by a long request meanwhile, so aborts take a step to land).
-    busy = threading.Thread(target=engine.generate, args=(
-        "Count to a thousand:", {"max_new_tokens": 300, **GREEDY}))
+    busy_out: list = []
+    busy = threading.Thread(target=lambda: busy_out.append(engine.generate(
+        "Count to a thousand:", {"max_new_tokens": 300, **GREEDY}, rid="busy")))
     busy.start()
     rids = [f"q{i}" for i in range(3)]
     for _ in range(3):
@@ -431,7 +432,9 @@ def test_a_batch_whose_later_prompt_is_bad_fails_as_a_whole(engine):
         out = engine.generate(None, {"max_new_tokens": 16, **GREEDY}, input_ids=good, rid=rids)
         assert [o["meta_info"]["finish_reason"]["type"] for o in out] == ["length"] * 3
         assert [len(o["output_ids"]) for o in out] == [16] * 3
+    engine.abort_request("busy")          # (its 300 tokens would take most of a minute here)
     busy.join(timeout=120)
+    assert busy_out and busy_out[0]["meta_info"]["finish_reason"]["type"] in ("abort", "length")
     assert_pool_empty(engine)
 
 

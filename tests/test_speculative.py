@@ -269,7 +269,7 @@ def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
     # verify steps with a step built on them in flight.
     monkeypatch.setenv("RADIXLM_SPEC_PIPELINE_MIN_FULL_RATE", "0")
     monkeypatch.setenv("RADIXLM_SPEC_COST_RATIO", "1")
-    greedy = {"max_new_tokens": 48, "temperature": 0}
+    greedy = {"max_new_tokens": 32, "temperature": 0}
     prompts = [COPY, CODE, COPY, PROMPTS[3], "The capital of France is", COPY]
     params = [greedy, {**greedy, "stop": ["mul"]}, {**greedy, "max_new_tokens": 9}, greedy,
               {"max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 3},
@@ -282,7 +282,7 @@ def test_pipelined_verify_steps_keep_the_output(make_engine, monkeypatch):
         alone = [engine.generate(p, q) for p, q in zip(prompts[:2] + prompts[5:],
                                                        params[:2] + params[5:])]
         # Stop tokens inside a copied run, where steps are built on a guess.
-        stop_ids = stop_ids if name != "off" else alone[0]["output_ids"][12:40:12]
+        stop_ids = stop_ids if name != "off" else alone[0]["output_ids"][10:32:10]
         alone += [engine.generate(COPY, {**greedy, "stop_token_ids": [t]}) for t in stop_ids]
         outs[name] = alone + engine.generate(prompts, params)
         stats[name] = engine.get_stats()
@@ -304,7 +304,7 @@ def test_sampled_outputs_equal_the_engine_without_speculation(make_engine, monke
     filters = [{"temperature": 0.6}, {"temperature": 0.9, "top_p": 0.9},
                {"temperature": 1.0, "top_k": 20}, {"temperature": 0.8, "min_p": 0.05}]
     prompts, params = [], []
-    for seed in range(12):
+    for seed in range(8):
         prompts.append([COPY, CODE][seed % 2])
         params.append({"max_new_tokens": 24, "sampling_seed": seed, **filters[seed % 4]})
     outs = {}
@@ -315,8 +315,8 @@ def test_sampled_outputs_equal_the_engine_without_speculation(make_engine, monke
         stats = engine.get_stats()
         engine.shutdown()
     assert [o["output_ids"] for o in outs[True]] == [o["output_ids"] for o in outs[False]]
-    assert len({tuple(o["output_ids"]) for o in outs[False]}) > 6     # the seeds differ
-    assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs[True]) >= 6
+    assert len({tuple(o["output_ids"]) for o in outs[False]}) > 4     # the seeds differ
+    assert sum(o["meta_info"]["spec_verify_ct"] > 0 for o in outs[True]) >= 4
     # Sampled drafts were kept: more than one token per verify step on average.
     assert stats.spec_accept_length > 1.2, stats
 
