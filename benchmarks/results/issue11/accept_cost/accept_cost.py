@@ -6,7 +6,10 @@ times, for `rows` fresh matchers of that regex fed the same tokens step by step:
   - radixlm's loop (XGrammarMatcher.accept_token: one xgrammar call a row),
   - xgrammar's own Python wrapper in a loop,
   - the bare C++ handle in a loop (the floor of any Python loop),
-  - xgrammar's BatchGrammarMatcher.batch_accept_token (one call a step).
+  - xgrammar's BatchGrammarMatcher.batch_accept_token (one call a step),
+  - the bare handle loop split over two Python threads, each feeding its half of the rows
+    every token (whether xgrammar's accept releases the GIL: if it does, about half the time
+    of one thread).
 
     python benchmarks/results/issue11/accept_cost/accept_cost.py --model-path TOKENIZER_DIR \
         [--out f.json]
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import threading
 import time
 
 import xgrammar as xgr
@@ -40,6 +44,21 @@ def main() -> None:
     grammar = xgr.GrammarCompiler(info).compile_regex(MASK_REGEX)
     tokens = tok.encode(TEXT * 2, add_special_tokens=False)[:48]
 
+    def two_threads(handles: list) -> bool:
+        """Each of two threads feeds its half of the rows every token: the steps' total time,
+        with one thread start, not one a step."""
+        ok = [True, True]
+
+        def part(k: int, sub: list) -> None:
+            for t in tokens:
+                ok[k] &= all(h.accept_token(t, False) for h in sub)
+        half = len(handles) // 2
+        other = threading.Thread(target=part, args=(0, handles[:half]))
+        other.start()
+        part(1, handles[half:])
+        other.join()
+        return all(ok)
+
     def timed(rows: int, how: str) -> float:
         best = float("inf")
         for _ in range(ns.repeats):
@@ -47,7 +66,9 @@ def main() -> None:
             raw = [m._m for m in ours]
             handles = [m._handle for m in raw]
             start = time.perf_counter()
-            for t in tokens:
+            if how == "two_threads":
+                assert two_threads(handles)
+            for t in tokens if how != "two_threads" else ():
                 if how == "radixlm_loop":
                     ok = [m.accept_token(t) for m in ours]
                 elif how == "xgrammar_loop":
@@ -64,7 +85,7 @@ def main() -> None:
               "us_per_step": {}}
     for rows in [int(x) for x in ns.rows.split(",")]:
         row = {how: timed(rows, how) for how in ("radixlm_loop", "xgrammar_loop", "handle_loop",
-                                                "batch_accept_token")}
+                                                "batch_accept_token", "two_threads")}
         result["us_per_step"][rows] = row
         print(f"rows {rows:4d}: " + ", ".join(f"{k} {v:7.1f} us" for k, v in row.items())
               + f"  ({row['radixlm_loop'] / rows:.2f} us a row)", flush=True)
