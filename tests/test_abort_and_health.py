@@ -203,11 +203,14 @@ def test_watchdog_fires_only_when_stuck_with_work():
 
 def test_a_step_longer_than_the_watchdog_timeout_ends_the_server():
     """--watchdog-timeout 0.05: the first long prefill (over a second on the CPU) counts as a
-    stuck scheduler, which exits; the request gets a 503 and the server exits with code 1."""
+    stuck scheduler, which exits; the request gets a 503 and the server exits with code 1.
+    The request's only step is that prefill (one new token): the batch being launched counts
+    as work while its forward runs, though its request is in neither queue then (a stuck
+    forward of the only batch was never timed)."""
     proc, url = start_server("--max-total-tokens", "8192", "--watchdog-timeout", "0.05")
     try:
         r = httpx.post(url + "/generate", timeout=60, json={
-            "text": "word " * 3000, "sampling_params": {"max_new_tokens": 4}})
+            "text": "word " * 1500, "sampling_params": {"max_new_tokens": 1}})
         assert r.status_code == 503 and "exited with code 1" in r.text
         assert proc.wait(timeout=30) == 1
     finally:

@@ -101,6 +101,9 @@ class Scheduler:
         if self.speculator is not None:   # (the plain loop: every step waits for its results)
             self.speculator.policy.times.plain_waits = not self.overlap
         self.pending: LaunchedStep | None = None  # overlap: the step whose results are unread
+        # The batch being launched: work while its forward runs (its requests are in neither
+        # queue then), so that the watchdog times a stuck forward of the only batch.
+        self.launching: ScheduleBatch | None = None
         # A prefill of at least this many new tokens overlaps the next prefill (its GPU time
         # hides the host's work for the next); a smaller one is processed first.
         self.overlap_prefill_min_tokens = envs.overlap_prefill_min_tokens()
@@ -159,12 +162,16 @@ class Scheduler:
         if batch is not None:
             if self.pending is not None:
                 self.overlapped_steps += 1
-            if self._defers_sampling(batch):
-                launched = self.launch_forward(batch)
-                self._process_pending(waited=False)
-                self.launch_sampling(launched)
-            else:
-                launched = self.launch(batch)
+            self.launching = batch
+            try:
+                if self._defers_sampling(batch):
+                    launched = self.launch_forward(batch)
+                    self._process_pending(waited=False)
+                    self.launch_sampling(launched)
+                else:
+                    launched = self.launch(batch)
+            finally:
+                self.launching = None
         self._process_pending(waited=launched is None)
         if launched is not None:
             if self.overlap:
@@ -184,7 +191,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req or self.pending)
+        return bool(self.waiting or self.running or self.chunked_req or self.pending
+                    or self.launching)
 
     def _process_pending(self, waited: bool = True) -> None:
         """Process the pending step's results; `waited`: no later step was launched before
