@@ -68,18 +68,23 @@ def main() -> None:
             start = time.perf_counter()
             if how == "two_threads":
                 assert two_threads(handles)
-            for t in tokens if how != "two_threads" else ():
-                if how == "radixlm_loop":
-                    ok = [m.accept_token(t) for m in ours]
-                elif how == "xgrammar_loop":
-                    ok = [m.accept_token(t) for m in raw]
-                elif how == "handle_loop":
-                    ok = [h.accept_token(t, False) for h in handles]
-                else:
-                    ok = xgr.BatchGrammarMatcher.batch_accept_token(raw, [t] * rows)
-                assert all(ok)
+            else:
+                step_by_step(how, ours, raw, handles)
             best = min(best, (time.perf_counter() - start) / len(tokens))
         return best * 1e6
+
+    def step_by_step(how: str, ours: list, raw: list, handles: list) -> None:
+        rows = len(ours)
+        for t in tokens:
+            if how == "radixlm_loop":
+                ok = [m.accept_token(t) for m in ours]
+            elif how == "xgrammar_loop":
+                ok = [m.accept_token(t) for m in raw]
+            elif how == "handle_loop":
+                ok = [h.accept_token(t, False) for h in handles]
+            else:
+                ok = xgr.BatchGrammarMatcher.batch_accept_token(raw, [t] * rows)
+            assert all(ok)
 
     result = {"cpu": platform.processor() or platform.machine(), "regex": MASK_REGEX,
               "us_per_step": {}}
