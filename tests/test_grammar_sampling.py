@@ -44,24 +44,22 @@ def _generate(engine):
 
 @pytest.fixture(scope="module")
 def masked_outputs():
+    """The reference: every row masked by xgrammar on the host, in the plain loop."""
     from radixlm.entrypoints.engine import Engine
-    engine = Engine(device="cpu", log_level="warning", max_total_tokens=4096,
-                    disable_overlap_schedule=True, disable_optimistic_grammar=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")
+        engine = Engine(device="cpu", log_level="warning", max_total_tokens=4096,
+                        disable_overlap_schedule=True, disable_optimistic_grammar=True)
     try:
         outs = _generate(engine)
         assert engine.get_stats().grammar_rejections == 0
+        assert engine.get_stats().grammar_device_rows == 0
         return outs
     finally:
         engine.shutdown()
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain-loop", "overlap"])
-def test_optimistic_sampling_gives_masked_sampling_tokens(make_engine, monkeypatch,
-                                                           masked_outputs, overlap):
-    if overlap:
-        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
-    engine = make_engine(max_total_tokens=4096, disable_overlap_schedule=not overlap)
-    got = _generate(engine)
+def _assert_masked_sampling_outputs(got, masked_outputs):
     for (prompt, case), want, out in zip(CASES, masked_outputs, got):
         assert out["output_ids"] == want["output_ids"], (prompt, case)
         assert out["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
@@ -69,6 +67,35 @@ def test_optimistic_sampling_gives_masked_sampling_tokens(make_engine, monkeypat
                 == pytest.approx([lp for lp, _, _ in want["meta_info"]["output_token_logprobs"]],
                                  abs=1e-4))
     assert re.fullmatch(r"\d{3}-\d{4} [a-z]{2,6}", got[0]["text"]), got[0]["text"]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain-loop", "overlap"])
+def test_device_automata_give_masked_sampling_tokens(make_engine, monkeypatch, masked_outputs,
+                                                     overlap):
+    """The regexes run as token automata with their states on the device
+    (scheduler/grammar_states.py): masked exactly there (top-p and penalty rows included), so
+    never rejected; the tokens and logprobs are xgrammar's masked sampling's."""
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    engine = make_engine(max_total_tokens=4096, disable_overlap_schedule=not overlap)
+    _assert_masked_sampling_outputs(_generate(engine), masked_outputs)
+    stats = engine.get_stats()
+    # Every decode row of the four regex requests, and their first tokens.
+    regex_tokens = sum(len(o["output_ids"]) for (_, c), o in zip(CASES, masked_outputs)
+                       if "regex" in c)
+    assert stats.grammar_device_rows >= regex_tokens - 4 * 8, stats.grammar_device_rows
+    assert_pool_empty(engine)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain-loop", "overlap"])
+def test_optimistic_sampling_gives_masked_sampling_tokens(make_engine, monkeypatch,
+                                                           masked_outputs, overlap):
+    """xgrammar's host matchers (automata off): unmasked draws, rejections redrawn."""
+    monkeypatch.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")
+    if overlap:
+        monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    engine = make_engine(max_total_tokens=4096, disable_overlap_schedule=not overlap)
+    _assert_masked_sampling_outputs(_generate(engine), masked_outputs)
     stats = engine.get_stats()
     assert stats.grammar_rejections > 0          # the redo path ran
     if overlap:
@@ -166,6 +193,7 @@ def _run_in_process(resample: bool, optimistic: bool = True) -> tuple[list[list[
 
 
 def test_a_rejection_costs_no_step_in_the_plain_loop_with_saved_logits(monkeypatch):
+    monkeypatch.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")   # (xgrammar's host path)
     masked, masked_steps, _ = _run_in_process(resample=True, optimistic=False)
     saved, saved_steps, saved_rejections = _run_in_process(resample=True)
     recomputed, recomputed_steps, recomputed_rejections = _run_in_process(resample=False)
@@ -186,6 +214,7 @@ def test_greedy_rejections_are_redrawn_on_the_host(monkeypatch):
     device redraw (MaskedResampler) runs only for rows those do not settle. Without the best
     tokens (REDRAW_CANDIDATES 0) every rejection goes to the device."""
     import radixlm.scheduler.grammar_sampling as gs
+    monkeypatch.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")   # (xgrammar's host path)
     device_rows = []
     real = gs.MaskedResampler.resample
 
@@ -205,3 +234,34 @@ def test_greedy_rejections_are_redrawn_on_the_host(monkeypatch):
     assert host_rejections == device_rejections > 0
     assert greedy_rejections > 0
     assert greedy_on_device_with_host < greedy_rejections   # some settled on the host
+
+
+def test_device_automata_under_retraction_and_overlap(make_engine, monkeypatch, tokenizer):
+    """A pool too small for every request at once: requests are retracted and prefilled again
+    (Req.kv_epoch moves, so their device states are written again from the host's) while the
+    overlap scheduler has steps in flight, and jump-forward replaces tokens. The outputs are a
+    roomy engine's, and every one is a prefix of a match (cut by max_new_tokens)."""
+    monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
+    regex = r"[a-z]+ (is|was) [0-9]{2}\. [a-z ]{60,200}"   # (longer than max_new_tokens)
+    prompts = [f"({i}) Tell me about the {w}." for i, w in
+               enumerate(["fox", "king", "robot", "sailor", "child", "painter"])]
+    params = {"max_new_tokens": 20, "temperature": 0, "regex": regex}
+    roomy = make_engine(max_total_tokens=4096)
+    want = [o["output_ids"] for o in roomy.generate(prompts, params)]
+    tight = make_engine(max_total_tokens=150, schedule_conservativeness=0.05)
+    outs = tight.generate(prompts, params)
+    assert [o["output_ids"] for o in outs] == want
+    stats = tight.get_stats()
+    assert stats.num_retractions > 0, "the pool was sized to force retraction"
+    assert stats.grammar_device_rows > 0 and stats.grammar_rejections == 0
+    assert_pool_empty(tight)
+    # Each output is a prefix of a match: xgrammar's own matcher accepts every token.
+    import xgrammar as xgr
+    from radixlm.model_executor.light_tokenizer import full_tokenizer
+    info = xgr.TokenizerInfo.from_huggingface(full_tokenizer(tokenizer),
+                                              stop_token_ids=[tokenizer.eos_token_id])
+    compiled = xgr.GrammarCompiler(info).compile_regex(regex)
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "length"
+        matcher = xgr.GrammarMatcher(compiled)
+        assert all(matcher.accept_token(t) for t in o["output_ids"]), o["text"]

@@ -241,6 +241,7 @@ def test_batched_mask_fill_equals_per_matcher_fill(tokenizer, monkeypatch, threa
     from radixlm.constrained.xgrammar_backend import XGrammarBackend
 
     monkeypatch.setenv("RADIXLM_GRAMMAR_FILL_THREADS", str(threads))
+    monkeypatch.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")   # (xgrammar's matchers)
     backend = XGrammarBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
     assert backend.fill_threads == threads
     keys = [ConstraintKey("json_schema", json.dumps(SCHEMAS["nested"])),

@@ -95,6 +95,13 @@ def short_prefill_tokens() -> int | None:
     return int(value) if value.strip() else None
 
 
+def disable_grammar_automata() -> bool:
+    """RADIXLM_DISABLE_GRAMMAR_AUTOMATA=1: regular grammars (most regexes) stay on xgrammar's
+    host matcher instead of running as token automata with their state on the device
+    (constrained/token_automaton.py): A/B checks. Read when the grammar backend starts."""
+    return _flag("RADIXLM_DISABLE_GRAMMAR_AUTOMATA")
+
+
 def grammar_fill_threads() -> int | None:
     """RADIXLM_GRAMMAR_FILL_THREADS: threads xgrammar uses to fill a step's grammar masks; unset
     or 0 means automatic (the backend times both ways and keeps the faster). Filling costs ~10 us

@@ -271,15 +271,18 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
     step_s: dict[str, list[float]] = {name: [] for name in variants}
     last: dict[str, list[dict]] = {}
     rejections = {name: 0 for name in variants}
+    device_rows = {name: 0 for name in variants}
     rounds = tqdm(range(repeats + 1), desc="mask overhead rounds", file=sys.stderr)
     for rep in rounds:  # the first round warms up (grammar compile, kernels)
         for name, params in variants.items():
             _flush(engine)
-            before = engine.get_stats().grammar_rejections
+            before = engine.get_stats()
             outs, wall = common.timed(lambda: engine.generate(prompts, params))
             if rep > 0:
+                after = engine.get_stats()
                 step_s[name].append(wall / tokens)
-                rejections[name] += engine.get_stats().grammar_rejections - before
+                rejections[name] += after.grammar_rejections - before.grammar_rejections
+                device_rows[name] += after.grammar_device_rows - before.grammar_device_rows
             last[name] = outs
     med = {name: common.median(v) for name, v in step_s.items()}
     constrained = last["constrained"]
@@ -294,6 +297,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
         "samples_step_ms": {k: [1e3 * x for x in v] for k, v in step_s.items()},
         # Unmasked tokens the grammar rejected (sampled again under the mask), per timed round.
         "grammar_rejections_per_round": {k: v / repeats for k, v in rejections.items()},
+        # Rows masked from their grammar state on the device (scheduler/grammar_states.py).
+        "grammar_device_rows_per_round": {k: v / repeats for k, v in device_rows.items()},
         # Every request must have decoded the full length, or the per-step times are not equal work.
         "all_full_length": all(o["meta_info"]["completion_tokens"] == tokens
                                for outs in last.values() for o in outs),

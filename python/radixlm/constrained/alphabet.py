@@ -53,7 +53,8 @@ def ascii_alphabet(serialized: str) -> frozenset[int] | None:
     except (ValueError, KeyError, TypeError):
         return None
     alphabet: set[int] = set()
-    for begin, end in zip(starts, starts[1:]):
+    # (the index lists each expression's start; the last one runs to the data's end)
+    for begin, end in zip(starts, list(starts[1:]) + [len(data)]):
         expr = data[begin:end]
         if len(expr) < 2 or len(expr) != expr[1] + 2:
             return None          # (not the layout this reads: a format this does not know)

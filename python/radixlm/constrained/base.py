@@ -11,12 +11,15 @@ import importlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
 from radixlm.utils.device import to_device
+
+if TYPE_CHECKING:
+    from radixlm.constrained.token_automaton import AutomataTable
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class GrammarMatcher(ABC):
     # Its grammar's row in the backend's static masks (`GrammarBackend.static_masks`): the
     # tokens no state of the grammar accepts. 0: none known.
     static_mask_row: int = 0
+    # Set (by constrained/token_automaton.py's matcher) when the grammar's automaton is in the
+    # backend's device tables: the scheduler keeps the request's state on the device.
+    device_base: int | None = None
 
     @abstractmethod
     def accept_token(self, token: int) -> bool: ...
@@ -77,6 +83,11 @@ class GrammarBackend(ABC):
     def static_masks(self, rows: list[int], device: torch.device) -> torch.Tensor | None:
         """Device masks, in allocate_mask's layout, of the static mask rows `rows` (matchers'
         `static_mask_row`; 0 allows every token); None when there are none."""
+        return None
+
+    def automata_table(self) -> "AutomataTable | None":
+        """The device tables of the grammars that run as token automata (matchers with a
+        `device_base`); None when the backend has none."""
         return None
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,

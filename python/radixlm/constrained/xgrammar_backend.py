@@ -17,7 +17,11 @@ import xgrammar as xgr
 import radixlm.envs as envs
 from radixlm.model_executor.light_tokenizer import full_tokenizer
 from radixlm.constrained.alphabet import StaticMaskTable, TokenAsciiIndex, ascii_alphabet
+from radixlm.constrained.byte_automaton import NotRegular, byte_dfa
 from radixlm.constrained.regex_caret import protect_leading_caret
+from radixlm.constrained.automaton_matcher import AutomatonMatcher
+from radixlm.constrained.token_automaton import (AutomataTable, TokenAutomaton, VocabBytes,
+                                                 token_automaton)
 from radixlm.constrained.base import (ConstraintKey, GrammarBackend, GrammarMatcher,
                                       InvalidConstraintError)
 from radixlm.utils.json_schema_check import unenforced_keyword
@@ -79,9 +83,13 @@ class FillTimer:
 
 @dataclass(frozen=True)
 class Compiled:
-    """A compile's result: xgrammar's grammar and its row in the static masks."""
+    """A compile's result: xgrammar's grammar and its row in the static masks; for a regular
+    grammar also its token automaton, and where that sits in the device tables (None: host
+    only)."""
     grammar: xgr.CompiledGrammar
     static_mask_row: int
+    automaton: TokenAutomaton | None = None
+    device_base: int | None = None
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -149,6 +157,12 @@ class XGrammarBackend(GrammarBackend):
         self._static = StaticMaskTable(TokenAsciiIndex(info.decoded_vocab, vocab_size),
                                        never=sorted(self._never),
                                        always=list(info.stop_token_ids))
+        # Regular grammars run as token automata (constrained/token_automaton.py), their
+        # state kept on the device; RADIXLM_DISABLE_GRAMMAR_AUTOMATA=1 leaves all to xgrammar.
+        self._stop_ids = list(info.stop_token_ids)
+        self._vocab_bytes: VocabBytes | None = None
+        self._decoded_vocab = info.decoded_vocab
+        self.automata = None if envs.disable_grammar_automata() else AutomataTable(vocab_size)
 
     def compile(self, key: ConstraintKey) -> Future:
         with self._lock:
@@ -164,7 +178,31 @@ class XGrammarBackend(GrammarBackend):
         except Exception:   # (an optimisation: the grammar works without it)
             logger.exception("no static mask for a %s constraint", key.kind)
             row = 0
-        return Compiled(grammar, row)
+        automaton = self._automaton(key) if self.automata is not None else None
+        base = self.automata.add(automaton) if automaton is not None else None
+        return Compiled(grammar, row, automaton, base)
+
+    def _automaton(self, key: ConstraintKey) -> TokenAutomaton | None:
+        """A regex's or EBNF grammar's token automaton, if it is a small regular one. Read from
+        the grammar as parsed, before compiling: the compiler adds lookaheads it infers, which
+        the automaton does not need (a lookahead the user wrote makes it not regular here)."""
+        try:
+            if key.kind == "regex":
+                parsed = xgr.Grammar.from_regex(protect_leading_caret(key.spec))
+            elif key.kind == "ebnf":
+                parsed = xgr.Grammar.from_ebnf(key.spec)
+            else:
+                return None
+            dfa = byte_dfa(parsed.serialize_json())
+        except NotRegular:
+            return None
+        except Exception:   # (an optimisation: xgrammar's matcher serves the grammar without it)
+            logger.exception("no token automaton for a %s constraint", key.kind)
+            return None
+        with self._lock:
+            if self._vocab_bytes is None:
+                self._vocab_bytes = VocabBytes(self._decoded_vocab, self.vocab_size)
+        return token_automaton(dfa, self._vocab_bytes, self._stop_ids, sorted(self._never))
 
     def _compile_grammar(self, key: ConstraintKey) -> xgr.CompiledGrammar:
         try:
@@ -222,7 +260,13 @@ class XGrammarBackend(GrammarBackend):
 
     def matcher(self, compiled: object) -> GrammarMatcher:
         assert isinstance(compiled, Compiled)
+        if compiled.automaton is not None:
+            return AutomatonMatcher(compiled.automaton, compiled.device_base,
+                                    compiled.static_mask_row)
         return XGrammarMatcher(compiled.grammar, self._never, compiled.static_mask_row)
+
+    def automata_table(self) -> AutomataTable | None:
+        return self.automata
 
     def static_masks(self, rows: list[int], device: torch.device) -> torch.Tensor | None:
         return self._static.gather(rows, device)
@@ -232,6 +276,17 @@ class XGrammarBackend(GrammarBackend):
 
     def fill_vocab_masks(self, matchers: list[GrammarMatcher], mask: torch.Tensor,
                          rows: list[int]) -> None:
+        if any(isinstance(m, AutomatonMatcher) for m in matchers):
+            # (an automaton's mask is a table row, copied here; xgrammar fills the others)
+            others: list[tuple[GrammarMatcher, int]] = []
+            for m, r in zip(matchers, rows):
+                if isinstance(m, AutomatonMatcher):
+                    m.fill_vocab_mask(mask, r)
+                else:
+                    others.append((m, r))
+            if not others:
+                return
+            matchers, rows = [m for m, _ in others], [r for _, r in others]
         threaded = (self._threaded is not None and len(rows) > 1
                     and self._timer.pick_threaded(len(rows)))
         filler = self._threaded if threaded else self._serial

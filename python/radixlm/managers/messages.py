@@ -214,6 +214,7 @@ class SchedulerStats:
     new_token_ratio: float
     overlapped_steps: int = 0        # steps launched before the previous step's results were read
     grammar_rejections: int = 0      # constrained tokens sampled without the mask and rejected
+    grammar_device_rows: int = 0     # constrained rows masked from their state on the device
     short_prefills: int = 0          # prompts computed as rows of a decode step (short_prefill.py)
     generated_tokens_total: int = 0  # tokens sampled since start
     last_gen_throughput: float = 0.0 # tokens/s over the last window of steps

@@ -32,7 +32,8 @@ from radixlm.model_executor.weight_source import path_error
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.draft_tree import forward_on_scratch, propose_tree
-from radixlm.scheduler.speculation import plain_greedy, sampling_after
+from radixlm.scheduler.speculation import (NgramDrafter, Speculator, plain_greedy,
+                                          sampling_after)
 from radixlm.speculative.ngram import DraftTree
 from radixlm.utils.device import to_device
 
@@ -180,3 +181,15 @@ class DraftModel:
                     drafts[i].append(host[at])
                     at += 1
         return drafts
+
+
+def speculator_for(config: "SchedulerConfig", draft_model: "DraftModel | None"
+                   ) -> "Speculator | None":
+    """The speculator --speculative-algorithm asks for; None when off. STANDALONE: the draft
+    model runs every forward the target runs (draft_model.py); otherwise n-gram drafts."""
+    if config.speculative_algorithm == "STANDALONE":
+        assert draft_model is not None, "STANDALONE needs the draft model (DraftModel.load)"
+        return Speculator(draft_model, draft_model.max_drafts(config))
+    if config.speculative_algorithm is not None:
+        return Speculator(NgramDrafter.from_config(config), config.speculative_num_draft_tokens)
+    return None

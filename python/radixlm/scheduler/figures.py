@@ -29,6 +29,7 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         new_token_ratio=sched.admission.ratio.value,
         overlapped_steps=sched.overlapped_steps,
         grammar_rejections=sched.grammar_rejections,
+        grammar_device_rows=sched.step_sampling.device_rows_sampled,
         short_prefills=sched.short_prefills.count,
         generated_tokens_total=sched.gen_throughput.total_tokens,
         last_gen_throughput=sched.gen_throughput.read(),

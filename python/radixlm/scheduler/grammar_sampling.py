@@ -32,6 +32,7 @@ keeps fighting the grammar soon pays for masks instead of rejections.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -43,6 +44,7 @@ from radixlm.utils.device import to_device
 if TYPE_CHECKING:
     from radixlm.constrained.base import GrammarBackend, GrammarMatcher
     from radixlm.sampling.sampler import Sampler
+    from radixlm.scheduler.grammar_states import DeviceGrammarRows
     from radixlm.scheduler.launched_step import LaunchedStep
     from radixlm.scheduler.step_sampling import StepSampling
 
@@ -77,11 +79,15 @@ def on_rejection(req: Req) -> None:
     req.grammar_masked_steps = min(2 ** min(req.grammar_rejections, 16), MAX_MASKED_STEPS)
 
 
-def split_rows(reqs: list[Req], live: list[bool]) -> tuple[list[bool], list[bool]]:
-    """For a decode step's sampled rows: which sample without their mask (empty when none) and
-    which under it (live constrained rows among the rest; the others' masks are moot). Counts
-    down the masked periods of the masked ones."""
-    unmasked = [r.samples_unmasked for r in reqs]
+def split_rows(reqs: list[Req], live: list[bool],
+               on_device: list[bool] | None = None) -> tuple[list[bool], list[bool]]:
+    """For a decode step's sampled rows: which the host checks after sampling (those sampling
+    without their mask, and `on_device`: masked on the device from their state,
+    scheduler/grammar_states.py; empty when none) and which the host masks (live constrained
+    rows among the rest; the others' masks are moot). Counts down the masked periods of the
+    masked ones."""
+    on_device = on_device or [False] * len(reqs)
+    unmasked = [d or r.samples_unmasked for r, d in zip(reqs, on_device)]
     if not any(unmasked):
         unmasked = []
     masked = [a and not u for a, u in zip(live, unmasked)] if unmasked else live
@@ -91,13 +97,45 @@ def split_rows(reqs: list[Req], live: list[bool]) -> tuple[list[bool], list[bool
     return unmasked, masked
 
 
-def alternatives_wanted(reqs: list[Req], unmasked: list[bool]) -> int:
+def alternatives_wanted(reqs: list[Req], unmasked: list[bool],
+                        on_device: list[bool] | None = None) -> int:
     """How many best tokens a step's sampling should report (SampleOutput.alternatives):
-    REDRAW_CANDIDATES if it has a greedy row sampling without its mask, else 0."""
-    if REDRAW_CANDIDATES and any(u and r.sampling_params.is_greedy
-                                 for u, r in zip(unmasked, reqs)):
+    REDRAW_CANDIDATES if it has a greedy row sampling without its mask (not `on_device`: those
+    are masked exactly, never redrawn), else 0."""
+    on_device = on_device or [False] * len(reqs)
+    if REDRAW_CANDIDATES and any(u and not d and r.sampling_params.is_greedy
+                                 for u, d, r in zip(unmasked, on_device, reqs)):
         return REDRAW_CANDIDATES
     return 0
+
+
+@dataclass
+class GrammarRows:
+    """How a step's sampled rows meet their grammars."""
+    unmasked: list[bool]       # the host checks their tokens after sampling (empty: none)
+    masked: list[bool]         # the host fills their masks
+    device: "DeviceGrammarRows | None"   # masked on the device from their states
+    saved_rows: list[int]      # unmasked rows whose logits are kept for a redraw
+    alternatives: int          # best tokens the sampling reports (redraw_from_alternatives)
+
+
+def plan_grammar_rows(step_sampling: "StepSampling", reqs: list[Req], live: list[bool],
+                      decode: bool, backend: "GrammarBackend | None") -> GrammarRows:
+    """Which of a step's sampled rows (`live`: not ended or jumped since its forward was
+    launched) sample unmasked, which under a host mask and which under a device one. Extend
+    rows never sample unmasked (their first token is drawn under the mask)."""
+    device = step_sampling.device_grammar_rows(reqs, live, backend)
+    on_device = device.flags if device is not None else None
+    masked = live if on_device is None else [a and not d for a, d in zip(live, on_device)]
+    unmasked: list[bool] = []
+    if decode and backend is not None:
+        unmasked, masked = split_rows(reqs, live, on_device)
+    if not unmasked or on_device == unmasked:   # (none redrawn: no logits kept, no list)
+        return GrammarRows(unmasked, masked, device, [], 0)
+    redrawable = [u and a and not (on_device and on_device[j])
+                  for j, (u, a) in enumerate(zip(unmasked, live))]
+    return GrammarRows(unmasked, masked, device, [j for j, k in enumerate(redrawable) if k],
+                       alternatives_wanted(reqs, unmasked, on_device))
 
 
 def redraw_from_alternatives(grammar: "GrammarMatcher", rejected: int, ids: list[int],

@@ -351,6 +351,8 @@ class ResultProcessor:
         allocated); by default all it allocated."""
         if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
+        if not req.grammar.find_jump_forward_string():
+            return False  # (nothing forced: the common case, checked before the rest)
         unsent = len(req.output_ids) - req.num_sent_outputs
         # Tokens in the shared prefix (a re-prefilled request's outputs) are not replaceable.
         replaceable = min(unsent, req.seq_len - req.prefix_len)

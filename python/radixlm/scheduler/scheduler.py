@@ -30,7 +30,7 @@ from radixlm.core.forward_batch import ForwardMode
 from radixlm.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixlm.scheduler.admission import Admission
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.draft_model import DraftModel
+from radixlm.scheduler.draft_model import DraftModel, speculator_for
 from radixlm.scheduler.figures import log_decode_batch, scheduler_stats
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.profiler import StepProfiler
@@ -40,9 +40,9 @@ from radixlm.scheduler.results import ResultProcessor, StepResult
 from radixlm.scheduler.watchdog import StepWatchdog
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.short_prefill import SHORT_PREFILL_TOKENS, ShortPrefills
-from radixlm.scheduler.speculation import NgramDrafter, Speculator, verify_targets
-from radixlm.scheduler.grammar_sampling import (MaskedResampler, alternatives_wanted,
-                                                save_unmasked_logits, split_rows)
+from radixlm.scheduler.speculation import verify_targets
+from radixlm.scheduler.grammar_sampling import (MaskedResampler, plan_grammar_rows,
+                                                save_unmasked_logits)
 from radixlm.scheduler.grammars import RequestGrammars
 from radixlm.scheduler.step_sampling import StepSampling
 from radixlm.scheduler.throughput import GenThroughput
@@ -67,19 +67,14 @@ class Scheduler:
         self.rng = random.Random(config.random_seed)
         self.tokenizer = tokenizer
         mc = runner.model_config
-        # STANDALONE: the draft model runs every forward the target runs (draft_model.py).
         self.draft_model = draft_model
-        self.speculator = None
-        if config.speculative_algorithm == "STANDALONE":
-            assert draft_model is not None, "STANDALONE needs the draft model (DraftModel.load)"
-            self.speculator = Speculator(draft_model, draft_model.max_drafts(config))
-        elif config.speculative_algorithm is not None:
-            self.speculator = Speculator(NgramDrafter.from_config(config),
-                                         config.speculative_num_draft_tokens)
+        self.speculator = speculator_for(config, draft_model)
         # The grammar backend starts on the first constrained request (grammars.py); the
         # resampler draws rejected unmasked grammar rows again (grammar_sampling.py).
         self.grammars = RequestGrammars(config, tokenizer, mc.vocab_size, mc.eos_token_ids)
-        self.step_sampling = StepSampling(mc.vocab_size, mc.eos_token_ids, runner.device)
+        self.step_sampling = StepSampling(  # (speculation verifies on the host's grammars)
+            mc.vocab_size, mc.eos_token_ids, runner.device,
+            grammar_slots=runner.last_token_ids.shape[0] if self.speculator is None else 0)
         resampler = MaskedResampler(runner.sampler, self.step_sampling,
                                     lambda: self.grammars.started, runner.device)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
@@ -461,24 +456,25 @@ class Scheduler:
         live = [not r.finished and not step.is_stale(i)
                 for i, r in zip(step.sample_rows, reqs)]
         # Decode rows of optimistic constrained requests sample without the mask (the grammar
-        # checks their tokens when they are processed: scheduler/grammar_sampling.py).
-        masked = live
-        if batch.forward_mode.is_decode and self.grammars.started is not None:
-            step.unmasked, masked = split_rows(reqs, live)
-        info = self.step_sampling.build(reqs, masked, self.grammars.started)
+        # checks their tokens when they are processed: scheduler/grammar_sampling.py); rows
+        # whose grammar is on the device are masked there (scheduler/grammar_states.py).
+        backend = self.grammars.started
+        plan = plan_grammar_rows(self.step_sampling, reqs, live, batch.forward_mode.is_decode,
+                                 backend)
+        step.unmasked = plan.unmasked
+        info = self.step_sampling.build(reqs, plan.masked, backend, device_rows=plan.device)
         logits, pool_rows = step.out.next_token_logits, step.pool_rows
         if len(step.sample_rows) < batch.batch_size:
             rows = to_device(step.sample_rows, torch.int64, runner.device)
             logits, pool_rows = logits[rows], pool_rows[rows]
-        if step.unmasked:
-            keep = [j for j, (u, alive) in enumerate(zip(step.unmasked, live)) if u and alive]
-            if keep:
-                save_unmasked_logits(step, logits, keep)
+        if plan.saved_rows:
+            save_unmasked_logits(step, logits, plan.saved_rows)
         tops = [r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
         asked = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
-        alternatives = alternatives_wanted(reqs, step.unmasked) if step.unmasked else 0
         step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None,
-                                          alternatives, asked if any(asked) else None))
+                                          plan.alternatives, asked if any(asked) else None))
+        if plan.device is not None:
+            self.step_sampling.grammar_states.advance(plan.device, step.sampled.next_token_ids)
         for r, alive in zip(reqs, live):
             if alive:
                 r.num_pending += 1

@@ -12,26 +12,44 @@ from radixlm.constrained.base import GrammarBackend
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.penalties import LogitAdjustments, min_tokens_ban_index
 from radixlm.sampling.request import SamplingRequest
+from radixlm.scheduler.grammar_states import DeviceGrammarRows, GrammarStates
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
 
 
 class StepSampling:
-    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device):
+    def __init__(self, vocab_size: int, eos_token_ids: tuple[int, ...], device: torch.device,
+                 grammar_slots: int = 0):
+        """`grammar_slots`: request slots whose grammar state can live on the device (0: none;
+        scheduler/grammar_states.py)."""
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.device = device
         self._greedy_infos: dict[int, SamplingBatchInfo] = {}
+        self.grammar_states = GrammarStates(grammar_slots, device) if grammar_slots else None
+
+    @property
+    def device_rows_sampled(self) -> int:
+        return self.grammar_states.rows_sampled if self.grammar_states is not None else 0
+
+    def device_grammar_rows(self, reqs: list[Req], live: list[bool],
+                            backend: GrammarBackend | None) -> DeviceGrammarRows | None:
+        """The sampled rows whose grammar runs on the device (see GrammarStates.rows)."""
+        if self.grammar_states is None or backend is None:
+            return None
+        return self.grammar_states.rows(reqs, live, backend.automata_table())
 
     def build(self, reqs: list[Req], masked: list[bool],
               grammar_backend: GrammarBackend | None,
-              pending: int | None = None) -> SamplingBatchInfo:
+              pending: int | None = None,
+              device_rows: DeviceGrammarRows | None = None) -> SamplingBatchInfo:
         """The rows' sampling tensors, with the grammar masks of the constrained rows that
         `masked` names (not those that ended or jumped since the forward was launched, nor
-        those sampling unmasked: scheduler/grammar_sampling.py). `pending`: the tokens each
-        request has in flight, for the noise position (default: its own num_pending)."""
+        those sampling unmasked: scheduler/grammar_sampling.py) and of `device_rows` (masks
+        from their states on the device). `pending`: the tokens each request has in flight,
+        for the noise position (default: its own num_pending)."""
         info = self._info(reqs, pending)
-        info.vocab_mask = self._grammar_mask(reqs, masked, grammar_backend)
+        info.vocab_mask = self._grammar_mask(reqs, masked, grammar_backend, device_rows)
         return info
 
     def _info(self, reqs: list[Req], pending: int | None) -> SamplingBatchInfo:
@@ -66,14 +84,28 @@ class StepSampling:
         return info
 
     def _grammar_mask(self, reqs: list[Req], masked: list[bool],
-                      backend: GrammarBackend | None) -> Callable[[torch.Tensor], None] | None:
-        """Masked rows: their grammar's mask, filled on the host now. Constrained rows sampling
-        without it: their grammar's static mask (the tokens it never accepts), already on the
+                      backend: GrammarBackend | None,
+                      device_rows: DeviceGrammarRows | None
+                      ) -> Callable[[torch.Tensor], None] | None:
+        """Masked rows: their grammar's mask, filled on the host now. Device rows: their
+        state's mask, gathered on the device. Other constrained rows (sampling without the
+        mask): their grammar's static mask (the tokens it never accepts), already on the
         device (constrained/alphabet.py)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None and masked[i]]
-        static_rows = [r.grammar.static_mask_row if r.grammar is not None and not m else 0
-                       for r, m in zip(reqs, masked)]
+        on_device = device_rows.flags if device_rows is not None else [False] * len(reqs)
+        static_rows = [r.grammar.static_mask_row if r.grammar is not None and not m and not d
+                       else 0 for r, m, d in zip(reqs, masked, on_device)]
         static = backend.static_masks(static_rows, self.device) if backend is not None else None
+        if device_rows is not None:
+            if device_rows.every and static is None:
+                static = device_rows.masks
+            else:
+                if static is None:
+                    static = torch.full((len(reqs), device_rows.masks.shape[1]), -1,
+                                        dtype=torch.int32, device=self.device)
+                else:
+                    static = static.clone()    # (the static table's cached result)
+                static.index_copy_(0, device_rows.rows, device_rows.masks)
         if not rows:
             if static is None:
                 return None
