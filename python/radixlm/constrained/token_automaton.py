@@ -27,6 +27,7 @@ from radixlm.utils.device import to_device
 # states, plus the state's bitmask). 64 MiB holds ~330 states of a 49k vocabulary, ~100 of a
 # 152k one; grammars past it keep their automaton on the host only.
 DEVICE_TABLE_BYTES = 64 << 20
+WALK_STATES = 8
 
 
 class VocabBytes:
@@ -75,8 +76,12 @@ def token_automaton(dfa: ByteDFA, vocab: VocabBytes, stop_ids: Sequence[int],
     step = np.vstack([np.where(dfa.next_state < 0, dead, dfa.next_state),
                       np.full((1, 256), dead, dtype=np.int32)]).astype(np.int32)
     walk = np.repeat(np.arange(states, dtype=np.int32)[:, None], vocab.decoded, axis=1)
-    for j, n in enumerate(vocab.walking):
-        walk[:, :n] = step[walk[:, :n], vocab.bytes[:n, j]]
+    # A few states at a time: each numpy call holds the GIL, and the scheduler's thread waits
+    # for it (this runs on a compile thread); small calls let it in between.
+    for first in range(0, states, WALK_STATES):
+        part = walk[first:first + WALK_STATES]
+        for j, n in enumerate(vocab.walking):
+            part[:, :n] = step[part[:, :n], vocab.bytes[:n, j]]
     nxt = np.full((states, vocab.vocab_size), -1, dtype=np.int32)
     nxt[:, vocab.order] = np.where(walk == dead, -1, walk)
     nxt[:, :vocab.decoded][:, vocab.empty] = -1

@@ -199,6 +199,8 @@ class XGrammarBackend(GrammarBackend):
         except Exception:   # (an optimisation: xgrammar's matcher serves the grammar without it)
             logger.exception("no token automaton for a %s constraint", key.kind)
             return None
+        if dfa.num_states > self.automata.capacity:
+            return None    # (it could never be on the device; its host tables alone are large)
         with self._lock:
             if self._vocab_bytes is None:
                 self._vocab_bytes = VocabBytes(self._decoded_vocab, self.vocab_size)
