@@ -73,6 +73,16 @@ def ascii_alphabet(serialized: str) -> frozenset[int] | None:
     return frozenset(alphabet)
 
 
+def token_bitmask(allowed: np.ndarray) -> torch.Tensor:
+    """Boolean rows over the vocabulary ([..., vocab]) as xgrammar-layout bitmasks: int32 words,
+    bit t % 32 of word t // 32 set = token t allowed, the last word padded with zeros."""
+    words = (allowed.shape[-1] + 31) // 32
+    bits = np.packbits(allowed, axis=-1, bitorder="little")
+    pad = [(0, 0)] * (bits.ndim - 1) + [(0, words * 4 - bits.shape[-1])]
+    bits = np.ascontiguousarray(np.pad(bits, pad))
+    return torch.from_numpy(bits.view("<i4").copy())
+
+
 class TokenAsciiIndex:
     """For each ASCII character, which token ids hold it (from the tokens' decoded bytes)."""
 
@@ -97,10 +107,7 @@ class TokenAsciiIndex:
         banned[self.decoded:] = True          # ids past the tokenizer's: padding
         banned[list(never)] = True
         banned[list(always)] = False
-        words = (self.vocab_size + 31) // 32
-        bits = np.packbits(~banned, bitorder="little")
-        bits = np.concatenate([bits, np.zeros(words * 4 - bits.size, dtype=np.uint8)])
-        return torch.from_numpy(bits.view("<i4").copy())
+        return token_bitmask(~banned)
 
 
 class StaticMaskTable:

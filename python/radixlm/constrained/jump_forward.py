@@ -26,13 +26,15 @@ class Jump:
 
 
 def plan_jump(tokenizer, matcher: GrammarMatcher, output_ids: list[int], num_unsent: int,
-              room: int) -> Jump | None:
+              room: int, forced: str | None = None) -> Jump | None:
     """Find the forced continuation and its tokens, advancing the matcher over them.
 
-    `room` is how many output tokens max_new_tokens still allows after replacing the tail.
+    `room` is how many output tokens max_new_tokens still allows after replacing the tail;
+    `forced`: the matcher's forced string, when the caller already asked for it.
     Returns None (matcher untouched) when nothing is forced or the tokens don't fit the grammar.
     """
-    forced = matcher.find_jump_forward_string()
+    if forced is None:
+        forced = matcher.find_jump_forward_string()
     if not forced:
         return None
     k = min(RETOKENIZE_WINDOW, len(output_ids), num_unsent)

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from radixlm.constrained.alphabet import token_bitmask
 from radixlm.constrained.byte_automaton import ByteDFA
 from radixlm.utils.device import to_device
 
@@ -88,11 +89,7 @@ def token_automaton(dfa: ByteDFA, vocab: VocabBytes, stop_ids: Sequence[int],
     nxt[:, list(never_ids)] = -1
     stops = [t for t in stop_ids if 0 <= t < vocab.vocab_size]
     nxt[:, stops] = np.where(dfa.accepting, states, -1)[:, None]
-    words = (vocab.vocab_size + 31) // 32
-    bits = np.packbits(nxt >= 0, axis=1, bitorder="little")
-    bits = np.pad(bits, ((0, 0), (0, words * 4 - bits.shape[1])))
-    allowed = torch.from_numpy(np.ascontiguousarray(bits).view("<i4").copy())
-    return TokenAutomaton(nxt, allowed, dfa.accepting.copy(),
+    return TokenAutomaton(nxt, token_bitmask(nxt >= 0), dfa.accepting.copy(),
                           [_forced_text(dfa, s) for s in range(states)])
 
 

@@ -351,13 +351,14 @@ class ResultProcessor:
         allocated); by default all it allocated."""
         if not self.jump_forward or req.return_logprob:
             return False  # jumped tokens have no sampled logprobs to report
-        if not req.grammar.find_jump_forward_string():
+        forced = req.grammar.find_jump_forward_string()
+        if not forced:
             return False  # (nothing forced: the common case, checked before the rest)
         unsent = len(req.output_ids) - req.num_sent_outputs
         # Tokens in the shared prefix (a re-prefilled request's outputs) are not replaceable.
         replaceable = min(unsent, req.seq_len - req.prefix_len)
         room = min(req.remaining_new_tokens, self.context_len - req.seq_len)
-        jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, replaceable, room)
+        jump = plan_jump(self.tokenizer, req.grammar, req.output_ids, replaceable, room, forced)
         if jump is None:
             return False
         kv_len = req.kv_allocated_len if kv_len is None else kv_len
