@@ -154,6 +154,73 @@ def check_draw_no_cutoffs(vocab: int, device: str) -> float:
     return 0.0
 
 
+def _masked_batch(vocab: int, device: str, seed: int, words: bool, table: bool):
+    """Six rows (greedy and temperature 0.8 alternating) with random masks: `words` for rows
+    0-3 (row 1's allows one token), automaton states for rows 2-5 in slots 6, 1, 4, 0 of
+    eight (row 5 in state 0, a state allowing every token)."""
+    from radixlm.sampling.token_mask import AutomatonRows, TokenMask
+    g = torch.Generator().manual_seed(seed)
+    width = (vocab + 31) // 32
+
+    def random_words(n: int) -> torch.Tensor:
+        return torch.randint(-2**31, 2**31, (n, width), generator=g, dtype=torch.int64).to(
+            torch.int32)
+
+    w = None
+    if words:
+        w = random_words(6)
+        w[4:] = -1                      # (rows without a filled mask allow everything)
+        w[1] = 0
+        bit = (vocab - 1) % 32          # (the last token; bit 31 is the int32 sign bit)
+        w[1, (vocab - 1) // 32] = 1 << bit if bit < 31 else -2**31
+        w = w.to(device)
+    auto = None
+    if table:
+        states = 5
+        allowed = random_words(states)
+        allowed[0] = -1
+        next_state = torch.randint(0, states, (states, vocab), generator=g, dtype=torch.int32)
+        slots = torch.tensor([-1, -1, 6, 1, 4, 0], dtype=torch.int64)
+        state_of_slot = torch.tensor([0, 3, 0, 0, 2, 0, 1, 0], dtype=torch.int64)
+        rows = torch.tensor([2, 3, 4, 5], dtype=torch.int64)
+        auto = AutomatonRows(allowed.to(device), next_state.to(device),
+                             state_of_slot.to(device), slots.to(device), rows.to(device),
+                             slots[2:].to(device))
+    params = [dict(temperature=0), dict(temperature=0.8)] * 3
+    return TokenMask(w, auto), _info(vocab, device, params, step=seed)
+
+
+def check_draw_masked(vocab: int, device: str, words: bool = True, table: bool = True,
+                      dtype=torch.float32) -> float:
+    """The draw kernel with a mask draws the tokens the sampler's PyTorch code draws over the
+    masked logits (TokenMask.apply_), every one allowed, with log_softmax of the raw logits;
+    it moves the automaton rows' states as TokenMask.advance does."""
+    from radixlm.sampling.draw_kernels import draw_with_logprobs
+    from radixlm.sampling.sampler import Sampler
+    for seed in (0, 1):
+        raw = (torch.randn(6, vocab, generator=torch.Generator().manual_seed(seed)) * 3).to(
+            dtype).to(device)
+        mask, info = _masked_batch(vocab, device, seed, words, table)
+        ref_mask, _ = _masked_batch(vocab, device, seed, words, table)
+        allowed_logits = raw.float().clone()
+        ref_mask.apply_(allowed_logits)
+        ids, logprobs = draw_with_logprobs(raw, raw, info.temperatures, None,
+                                           info.greedy_mask, info.row_keys, mask)
+        ref = Sampler()._sample(allowed_logits, info)
+        assert torch.equal(ids, ref), (ids, ref)
+        assert torch.isfinite(allowed_logits.gather(1, ids.unsqueeze(1))).all()
+        assert not words or ids[1].item() == vocab - 1     # (its one allowed token)
+        want = raw.float().log_softmax(dim=-1).gather(1, ids.unsqueeze(1)).squeeze(1)
+        assert torch.allclose(logprobs, want, atol=1e-4, rtol=1e-4), (logprobs, want)
+        if table:
+            assert mask.moved and not ref_mask.moved
+            ref_mask.advance(ids)
+            assert torch.equal(mask.automaton.states, ref_mask.automaton.states)
+            mask.advance(ids)      # (moved once only)
+            assert torch.equal(mask.automaton.states, ref_mask.automaton.states)
+    return (logprobs - want).abs().max().item()
+
+
 def check_noise_bits(vocab: int, device: str) -> float:
     """The draw kernel's noise comes from noise.py's hash bits, bit for bit (seeds with the
     high bit set, steps past 2**31, token ids past 2**16)."""
@@ -197,6 +264,11 @@ def _interpreter_cases():
                                                                 adjusted=True)
     yield "draw without cut-offs", lambda: check_draw_no_cutoffs(500, "cpu")
     yield "noise bits", lambda: check_noise_bits(70000, "cpu")
+    # (3 chunks a row, the last token on a word's sign bit; each mask source alone)
+    yield "draw masked, words and automata", lambda: check_draw_masked(4480, "cpu")
+    yield "draw masked, words only", lambda: check_draw_masked(1000, "cpu", table=False)
+    yield "draw masked, automata only, bf16", lambda: check_draw_masked(
+        1000, "cpu", words=False, dtype=torch.bfloat16)
     yield "no rows", check_empty
 
 
@@ -227,6 +299,14 @@ def test_gpu_draw_matches_sampler(vocab, dtype):
     check_draw(vocab, "cuda", 0, dtype)
     check_draw(vocab, "cuda", 1, dtype, adjusted=True)
     check_draw_no_cutoffs(vocab, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [151936, 49152])
+def test_gpu_draw_masked_matches_sampler(vocab):
+    check_draw_masked(vocab, "cuda")
+    check_draw_masked(vocab, "cuda", table=False, dtype=torch.bfloat16)
+    check_draw_masked(vocab, "cuda", words=False)
 
 
 @pytest.mark.gpu

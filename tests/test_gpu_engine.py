@@ -178,7 +178,9 @@ def test_gpu_torch_compile_matches_plain_paths(make_engine, model_path, monkeypa
 
 def test_gpu_optimistic_grammar_matches_masked_plain_loop(make_engine, smollm_dir, monkeypatch):
     """Unmasked constrained rows, rejected ones drawn again from saved logits on a side stream,
-    through CUDA graphs and the overlap scheduler: masked sampling's tokens and logprobs."""
+    and the regexes' device automata (masks and state moves in the draw kernel), through CUDA
+    graphs and the overlap scheduler: the tokens and logprobs of xgrammar's masked sampling in
+    the plain loop."""
     from test_grammar_sampling import CASES
     monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
     prompts = [p for p, _ in CASES]
@@ -188,15 +190,18 @@ def test_gpu_optimistic_grammar_matches_masked_plain_loop(make_engine, smollm_di
         engine = make_engine(model_path=smollm_dir, device="cuda", dtype="float32",
                              max_total_tokens=8192, cuda_graph_max_bs=16, **flags)
         outs = engine.generate(prompts, params, return_logprob=True)
-        rejections = engine.get_stats().grammar_rejections
+        stats = engine.get_stats()
         assert_pool_empty(engine)
         engine.shutdown()
-        return outs, rejections
+        return outs, stats
 
-    want, none = run(disable_cuda_graph=True, disable_overlap_schedule=True,
-                     disable_optimistic_grammar=True)
-    got, rejections = run()
-    assert none == 0 and rejections > 0
+    monkeypatch.setenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA", "1")
+    want, plain = run(disable_cuda_graph=True, disable_overlap_schedule=True,
+                      disable_optimistic_grammar=True)
+    monkeypatch.delenv("RADIXLM_DISABLE_GRAMMAR_AUTOMATA")
+    got, fast = run()
+    assert plain.grammar_rejections == 0 and fast.grammar_rejections > 0
+    assert plain.grammar_device_rows == 0 and fast.grammar_device_rows > 0
     for w, g in zip(want, got):
         assert g["output_ids"] == w["output_ids"]
         assert ([lp for lp, _, _ in g["meta_info"]["output_token_logprobs"]]

@@ -127,6 +127,18 @@ def test_rejections_lengthen_the_masked_period():
     assert req.samples_unmasked and req.grammar_masked_steps == 0
 
 
+def test_device_grammars_sample_without_the_previous_token():
+    """A masked (top-p) constrained row needs its grammar moved by the previous token before it
+    samples (the scheduler defers its sampling), unless the grammar's state is on the device."""
+    req = Req(rid="r", origin_input_ids=[1, 2], seed=0, grammar=_AllowOnly([]),
+              sampling_params=SamplingParams(temperature=0.9, top_p=0.8))
+    assert req.sampling_reads_output
+    req.grammar_on_device = True
+    assert not req.sampling_reads_output
+    req.sampling_params = SamplingParams(temperature=0.9, frequency_penalty=0.5)
+    assert req.sampling_reads_output           # (penalties read the output all the same)
+
+
 class _AllowOnly:
     """A grammar that accepts the given tokens (and records what it accepted)."""
     def __init__(self, allowed):

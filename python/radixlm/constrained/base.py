@@ -11,11 +11,12 @@ import importlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.sampling.params import CONSTRAINT_KINDS, SamplingParams
+from radixlm.sampling.token_mask import TokenMask
 from radixlm.utils.device import to_device
 
 if TYPE_CHECKING:
@@ -101,13 +102,11 @@ class GrammarBackend(ABC):
     def apply_mask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place (mask already on the device)."""
 
-    def on_device(self, mask: torch.Tensor,
-                  device: torch.device) -> Callable[[torch.Tensor], None]:
+    def on_device(self, mask: torch.Tensor, device: torch.device) -> TokenMask:
         """A filled host mask as the sampler's `vocab_mask`. Staged through pinned memory: a
         copy from pageable memory would wait for the forward pass running on the GPU, and the
         host would stop queueing work until it ends."""
-        mask = to_device(mask, torch.int32, device)
-        return lambda logits: self.apply_mask(logits, mask)
+        return TokenMask(to_device(mask, torch.int32, device), apply_words=self.apply_mask)
 
     def shutdown(self) -> None:
         pass

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from radixlm.sampling.noise import row_key
 from radixlm.sampling.penalties import LogitAdjustments
 from radixlm.sampling.request import SamplingRequest
+from radixlm.sampling.token_mask import TokenMask
 from radixlm.utils.device import to_device
 
 
@@ -35,9 +34,9 @@ class SamplingBatchInfo:
     need_min_p: bool = False
     max_top_k: int = 0  # largest top_k among sampled rows that use top-k (0 if none)
     top_p_needs_full_sort: bool = False  # some row uses top-p without top-k
-    # Grammar constraints: sets disallowed tokens of constrained rows to -inf, in place, after
-    # the penalties (set by the scheduler when a row has a grammar; see constrained/).
-    vocab_mask: Callable[[torch.Tensor], None] | None = None
+    # Grammar constraints: the tokens each row may draw, applied after the penalties (set by
+    # the scheduler when a row has a grammar; token_mask.py, constrained/).
+    vocab_mask: TokenMask | None = None
 
     @property
     def batch_size(self) -> int:

@@ -87,6 +87,8 @@ class Sampler:
                  token_ids: list[list[int] | None] | None = None) -> SampleOutput:
         """`token_ids`: per row, the token ids whose logprobs it reports (or None)."""
         out = self._sample_batch(logits, info, top_logprobs_nums, alternatives)
+        if info.vocab_mask is not None:
+            info.vocab_mask.advance(out.next_token_ids)   # (unless the draw kernel did)
         if token_ids:
             out.token_ids_logprobs = logprobs_of_tokens(logits, token_ids)
         return out
@@ -146,14 +148,26 @@ class Sampler:
                nums: list[int] | None, k_top: int, alternatives: int) -> SampleOutput:
         """The same outputs as the PyTorch code in __call__, from a few Triton kernels that read
         the logits in their own dtype: no float32 copy unless adjustments or a mask apply."""
+        from radixlm.sampling.draw_kernels import draw_with_logprobs
         from radixlm.sampling.logprob_kernels import chosen_logprobs, greedy_with_logprobs
         from radixlm.sampling.topk_kernels import top_k_with_logprobs
         vocab = logits.shape[1]
-        plain = info.adjustments.is_noop and info.vocab_mask is None
+        mask = info.vocab_mask
+        plain = info.adjustments.is_noop and mask is None
         if info.all_greedy and plain and not (k_top > 0 or alternatives > 0):
             # The common greedy step: argmax and its logprob in one pass.
             next_ids, chosen = greedy_with_logprobs(logits)
             return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen)
+        if (mask is not None and alternatives <= 0
+                and not (info.need_top_k or info.need_top_p or info.need_min_p)):
+            # A constrained greedy or plain-temperature batch: the draw kernel reads the masks
+            # (and moves the device automata) in its pass over the (adjusted) logits.
+            x = self.adjusted_logits(logits.float(), info)
+            next_ids, chosen = draw_with_logprobs(x, logits, info.temperatures, None,
+                                                  info.greedy_mask, info.row_keys, mask)
+            tops = top_k_with_logprobs(logits, logits, min(k_top, vocab)) if k_top > 0 else None
+            return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen,
+                                top_logprobs=_top_lists(tops, nums))
         # What greedy rows take the argmax of, and alternatives are ranked by.
         x = logits if plain else self.process_logits(logits.float(), info)
         alts = (top_k_with_logprobs(x, logits, min(alternatives, vocab)) if alternatives > 0
@@ -170,14 +184,8 @@ class Sampler:
                 chosen = chosen_logprobs(logits, next_ids)
             else:
                 next_ids, chosen = self._fused_draw(x, logits, info)
-        top = None
-        if tops is not None:
-            # One host copy: ids (exact in float32) and logprobs of every row's k_top best.
-            ids, logprobs = tops[[0, 2]].tolist()
-            top = [([float(v) for v in logprobs[i][:n]], [int(t) for t in ids[i][:n]])
-                   if n > 0 else ([], []) for i, n in enumerate(nums)]
-        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen, top_logprobs=top,
-                            alternatives=alts)
+        return SampleOutput(next_token_ids=next_ids, next_token_logprobs=chosen,
+                            top_logprobs=_top_lists(tops, nums), alternatives=alts)
 
     def _fused_draw(self, x: torch.Tensor, logits: torch.Tensor,
                     info: SamplingBatchInfo) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,14 +225,20 @@ class Sampler:
         Returns `raw` itself when nothing applies; otherwise a fresh tensor (raw is never touched,
         it is needed for logprobs and may be the caller's buffer).
         """
-        if info.adjustments.is_noop and info.vocab_mask is None:
-            return raw
-        x = raw.clone(memory_format=torch.contiguous_format)
-        if not info.adjustments.is_noop:
-            x = info.adjustments.apply_(x)
+        x = Sampler.adjusted_logits(raw, info)
         if info.vocab_mask is not None:
-            info.vocab_mask(x)
+            if x is raw:
+                x = raw.clone(memory_format=torch.contiguous_format)
+            info.vocab_mask.apply_(x)
         return x
+
+    @staticmethod
+    def adjusted_logits(raw: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """process_logits without the grammar mask: `raw` itself when no adjustment applies,
+        else a fresh tensor."""
+        if info.adjustments.is_noop:
+            return raw
+        return info.adjustments.apply_(raw.clone(memory_format=torch.contiguous_format))
 
     @staticmethod
     def filter_logits(x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -303,3 +317,14 @@ def _top_k_top_p_threshold(scaled: torch.Tensor, info: SamplingBatchInfo) -> tor
     kth = vals.gather(1, (n_keep.clamp(min=1) - 1).unsqueeze(1)).squeeze(1)
     active = (info.top_ks < vocab) | (info.top_p_limits < 1.0)
     return torch.where(active, kth, torch.full_like(kth, float("-inf")))
+
+
+def _top_lists(tops: torch.Tensor | None,
+               nums: list[int] | None) -> list[tuple[list[float], list[int]]] | None:
+    """Each row's first nums[i] (logprob, id) lists from the top-k kernel's [3, B, k] output,
+    in one host copy (ids are exact in float32)."""
+    if tops is None or nums is None:
+        return None
+    ids, logprobs = tops[[0, 2]].tolist()
+    return [([float(v) for v in logprobs[i][:n]], [int(t) for t in ids[i][:n]])
+            if n > 0 else ([], []) for i, n in enumerate(nums)]

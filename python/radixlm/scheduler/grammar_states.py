@@ -1,9 +1,11 @@
 """Grammar states on the device: the constrained requests whose grammar is a token automaton
 (constrained/token_automaton.py) keep their automaton state in a device tensor, one entry per
 request slot. A step's sampling masks those rows with their state's table row and, right after
-drawing, moves each state by the drawn token: both queued on the device behind the forward pass,
-so the mask needs neither the previous token on the host (no deferred sampling) nor a host call
-per row, and it is the exact mask (the tokens are masked sampling's, never redrawn).
+drawing, moves each state by the drawn token (sampling/token_mask.py; in the draw kernel's own
+two launches for a greedy or plain-temperature batch): both queued on the device behind the
+forward pass, so the mask needs neither the previous token on the host (no deferred sampling)
+nor a host call per row, and it is the exact mask (the tokens are masked sampling's, never
+redrawn).
 
 The host matcher follows the same tokens when it processes the step (a table lookup), for
 stops, jump-forward and the end of the grammar. The device state is written from the host's
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.constrained.token_automaton import AutomataTable
+from radixlm.sampling.token_mask import AutomatonRows
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
 
@@ -27,13 +30,8 @@ from radixlm.utils.device import to_device
 @dataclass
 class DeviceGrammarRows:
     """A step's sampled rows whose grammar state is on the device."""
-    flags: list[bool]        # per sampled row
-    rows: torch.Tensor       # their indices among the sampled rows (int64, device)
-    pool: torch.Tensor       # their request slots (int64, device)
-    states: torch.Tensor     # their states before this step's token (int64, device)
-    masks: torch.Tensor      # [rows, words] int32: their masks, xgrammar's layout
-    table: AutomataTable
-    every: bool = False      # every sampled row is one (rows is 0..n-1)
+    flags: list[bool]            # per sampled row
+    automaton: AutomatonRows     # their tables, states and slots, as the sampler takes them
 
 
 class GrammarStates:
@@ -41,14 +39,16 @@ class GrammarStates:
         self.device = device
         self.states = torch.zeros(slots, dtype=torch.int64, device=device)   # (index dtype)
         self.rows_sampled = 0     # rows masked here since start (Stats.grammar_device_rows)
-        # (rows, slots) of the last step and their device indices: reused while they repeat
-        # (a decode batch's do, step after step).
-        self._last: tuple[list[int], list[int], torch.Tensor, torch.Tensor] | None = None
+        # The last step's (rows, slots, batch size) and their device tensors (slots per row,
+        # rows, pool): reused while they repeat (a decode batch's do, step after step).
+        self._last: tuple[list[int], list[int], int, torch.Tensor, torch.Tensor,
+                          torch.Tensor] | None = None
 
     def rows(self, reqs: list[Req], live: list[bool],
              table: AutomataTable | None) -> DeviceGrammarRows | None:
         """The step's rows sampled under a device automaton (None when it has none), their
-        states written from the host where needed and their masks gathered."""
+        states written from the host where needed. The sampler masks them and moves their
+        states (sampling/token_mask.py)."""
         if table is None:
             return None
         flags = [False] * len(reqs)
@@ -76,20 +76,16 @@ class GrammarStates:
         if writes:
             self.states[to_device(writes, torch.int64, self.device)] = to_device(
                 values, torch.int64, self.device)
-        if self._last is not None and self._last[0] == picks and self._last[1] == slots:
-            rows, pool = self._last[2], self._last[3]
+        last = self._last
+        if last is not None and last[2] == len(reqs) and last[0] == picks and last[1] == slots:
+            row_slots, rows, pool = last[3], last[4], last[5]
         else:
-            rows = to_device(picks, torch.int64, self.device)
-            pool = to_device(slots, torch.int64, self.device)
-            self._last = (picks, slots, rows, pool)
-        states = self.states[pool]
-        every = len(picks) == len(reqs)    # (then the rows are all, in order)
-        return DeviceGrammarRows(flags, rows, pool, states, allowed[states], table, every)
-
-    def advance(self, dev: DeviceGrammarRows, next_token_ids: torch.Tensor) -> None:
-        """Move the rows' states by the tokens just drawn (queued on the device)."""
-        next_state = dev.table.next_state
-        tokens = next_token_ids if dev.every else next_token_ids[dev.rows]
-        # (clamped: an id past the table would be a device-side fault, not an error)
-        tokens = tokens.clamp(0, next_state.shape[1] - 1)
-        self.states[dev.pool] = next_state[dev.states, tokens].to(torch.int64)
+            per_row = [-1] * len(reqs)
+            for j, slot in zip(picks, slots):
+                per_row[j] = slot
+            flat = to_device(per_row + picks + slots, torch.int64, self.device)   # (one copy)
+            b, n = len(reqs), len(picks)
+            row_slots, rows, pool = flat[:b], flat[b:b + n], flat[b + n:]
+            self._last = (picks, slots, len(reqs), row_slots, rows, pool)
+        return DeviceGrammarRows(flags, AutomatonRows(allowed, next_state, self.states,
+                                                      row_slots, rows, pool))

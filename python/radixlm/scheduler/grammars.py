@@ -24,8 +24,11 @@ logger = logging.getLogger(__name__)
 
 class RequestGrammars:
     def __init__(self, config: SchedulerConfig, tokenizer, vocab_size: int,
-                 eos_token_ids: list[int]) -> None:
+                 eos_token_ids: list[int], device_states: bool = False) -> None:
+        """`device_states`: the scheduler keeps the states of token-automaton grammars on the
+        device (scheduler/grammar_states.py)."""
         self.config = config
+        self.device_states = device_states
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
@@ -73,6 +76,8 @@ class RequestGrammars:
                 req.grammar = self.started.matcher(fut.result())
                 req.grammar_optimistic = (not self.config.disable_optimistic_grammar
                                           and may_sample_unmasked(req.sampling_params))
+                req.grammar_on_device = (self.device_states
+                                         and req.grammar.device_base is not None)
             except InvalidConstraintError as e:
                 waiting.remove(req)
                 finish(req, FinishReason("abort", message=str(e), status_code=400))

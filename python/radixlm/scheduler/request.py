@@ -93,6 +93,9 @@ class Req:
     # under the mask, and the request then samples masked for a while (longer after each
     # rejection).
     grammar_optimistic: bool = False
+    # Its grammar's state lives on the device: masked there, no host token needed to sample
+    # (scheduler/grammar_states.py).
+    grammar_on_device: bool = False
     grammar_masked_steps: int = 0
     grammar_rejections: int = 0
 
@@ -195,7 +198,8 @@ class Req:
         scheduler's deferred sampling). The min_new_tokens ban does not: it needs only the
         number of tokens before the sampled one, len(output_ids) + num_pending, known at
         launch (a row whose request jumped or was redrawn since is dropped anyway)."""
-        return ((self.grammar is not None and not self.samples_unmasked)
+        return ((self.grammar is not None and not self.samples_unmasked
+                 and not self.grammar_on_device)
                 or self.sampling_params.has_penalties)
 
     @property

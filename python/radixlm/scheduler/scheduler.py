@@ -71,10 +71,13 @@ class Scheduler:
         self.speculator = speculator_for(config, draft_model)
         # The grammar backend starts on the first constrained request (grammars.py); the
         # resampler draws rejected unmasked grammar rows again (grammar_sampling.py).
-        self.grammars = RequestGrammars(config, tokenizer, mc.vocab_size, mc.eos_token_ids)
-        self.step_sampling = StepSampling(  # (speculation verifies on the host's grammars)
+        # Grammar states live on the device unless speculation verifies on the host's grammars.
+        device_grammars = self.speculator is None
+        self.grammars = RequestGrammars(config, tokenizer, mc.vocab_size, mc.eos_token_ids,
+                                        device_states=device_grammars)
+        self.step_sampling = StepSampling(
             mc.vocab_size, mc.eos_token_ids, runner.device,
-            grammar_slots=runner.last_token_ids.shape[0] if self.speculator is None else 0)
+            grammar_slots=runner.last_token_ids.shape[0] if device_grammars else 0)
         resampler = MaskedResampler(runner.sampler, self.step_sampling,
                                     lambda: self.grammars.started, runner.device)
         self.results = ResultProcessor(self.kv, send, tokenizer, mc.context_len,
@@ -473,8 +476,6 @@ class Scheduler:
         asked = [r.token_ids_logprob if r.return_logprob else None for r in reqs]
         step.attach_samples(runner.sample(logits, pool_rows, info, tops if any(tops) else None,
                                           plan.alternatives, asked if any(asked) else None))
-        if plan.device is not None:
-            self.step_sampling.grammar_states.advance(plan.device, step.sampled.next_token_ids)
         for r, alive in zip(reqs, live):
             if alive:
                 r.num_pending += 1

@@ -58,7 +58,7 @@ context, the largest CUDA graph or free KV.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -69,6 +69,7 @@ from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.params import SamplingParams
 from radixlm.sampling.request import SamplingRequest
 from radixlm.sampling.sampler import SampleOutput, Sampler
+from radixlm.sampling.token_mask import TokenMask
 from radixlm.scheduler.schedule_batch import ScheduleBatch
 from radixlm.scheduler.decode import decode_tokens_needed
 from radixlm.scheduler.request import Req
@@ -416,7 +417,7 @@ def _grammar_prefix(matcher: GrammarMatcher, drafts: list[int]) -> list[int]:
 
 
 def _grammar_masks(batch: ScheduleBatch, num_rows: int, backend: GrammarBackend | None,
-                   device: torch.device) -> Callable[[torch.Tensor], None] | None:
+                   device: torch.device) -> TokenMask | None:
     """The verify rows' grammar masks: row j of a grammar request is filled in the state after
     its drafts d1..dj (accepted, then rolled back); other rows allow everything."""
     owners = [(i, batch.reqs[i].grammar) for i in batch.verify_rows

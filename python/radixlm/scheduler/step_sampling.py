@@ -4,7 +4,6 @@ requests as they are now) and the grammar masks of the constrained ones."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import torch
 
@@ -12,6 +11,7 @@ from radixlm.constrained.base import GrammarBackend
 from radixlm.sampling.batch_info import SamplingBatchInfo
 from radixlm.sampling.penalties import LogitAdjustments, min_tokens_ban_index
 from radixlm.sampling.request import SamplingRequest
+from radixlm.sampling.token_mask import TokenMask
 from radixlm.scheduler.grammar_states import DeviceGrammarRows, GrammarStates
 from radixlm.scheduler.request import Req
 from radixlm.utils.device import to_device
@@ -85,36 +85,27 @@ class StepSampling:
 
     def _grammar_mask(self, reqs: list[Req], masked: list[bool],
                       backend: GrammarBackend | None,
-                      device_rows: DeviceGrammarRows | None
-                      ) -> Callable[[torch.Tensor], None] | None:
+                      device_rows: DeviceGrammarRows | None) -> TokenMask | None:
         """Masked rows: their grammar's mask, filled on the host now. Device rows: their
-        state's mask, gathered on the device. Other constrained rows (sampling without the
-        mask): their grammar's static mask (the tokens it never accepts), already on the
-        device (constrained/alphabet.py)."""
+        state's mask, read on the device by the sampler. Other constrained rows (sampling
+        without the mask): their grammar's static mask (the tokens it never accepts), already
+        on the device (constrained/alphabet.py)."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None and masked[i]]
         on_device = device_rows.flags if device_rows is not None else [False] * len(reqs)
         static_rows = [r.grammar.static_mask_row if r.grammar is not None and not m and not d
                        else 0 for r, m, d in zip(reqs, masked, on_device)]
         static = backend.static_masks(static_rows, self.device) if backend is not None else None
-        if device_rows is not None:
-            if device_rows.every and static is None:
-                static = device_rows.masks
-            else:
-                if static is None:
-                    static = torch.full((len(reqs), device_rows.masks.shape[1]), -1,
-                                        dtype=torch.int32, device=self.device)
-                else:
-                    static = static.clone()    # (the static table's cached result)
-                static.index_copy_(0, device_rows.rows, device_rows.masks)
+        automaton = device_rows.automaton if device_rows is not None else None
         if not rows:
-            if static is None:
+            if static is None and automaton is None:
                 return None
-            return lambda logits: backend.apply_mask(logits, static)
+            assert backend is not None
+            return TokenMask(static, automaton, backend.apply_mask)
         assert backend is not None, "a grammar request without the grammar backend"
         mask = backend.allocate_mask(len(reqs))
         backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
-        if static is None:
-            return backend.on_device(mask, self.device)
-        # (a filled row's static row is 0, allowing every token: its own mask stands)
-        both = torch.bitwise_and(to_device(mask, torch.int32, self.device), static)
-        return lambda logits: backend.apply_mask(logits, both)
+        words = to_device(mask, torch.int32, self.device)
+        if static is not None:
+            # (a filled row's static row is 0, allowing every token: its own mask stands)
+            words = torch.bitwise_and(words, static)
+        return TokenMask(words, automaton, backend.apply_mask)
