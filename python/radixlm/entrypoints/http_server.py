@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixlm.config import ServerArgs
 from radixlm.entrypoints.errors import error_response, validation_error_response
 from radixlm.entrypoints.server_info import model_name
+from radixlm.utils.gc_freeze import freeze_startup_heap
 from radixlm.utils.sampling_defaults import parse_preferred
 
 logger = logging.getLogger("radixlm.server")
@@ -129,6 +130,7 @@ def serve(args: ServerArgs) -> int:
         print(f"radixlm serve: error: {e}", file=sys.stderr, flush=True)
         return 1
     app = create_app(engine, args)
+    freeze_startup_heap()     # (this process is the server's own: utils/gc_freeze.py)
     ready = engine.ready
     print(f"radixlm serving {ready.model_path} on http://{args.host}:{args.port} "
           f"(device {ready.device}, dtype {ready.dtype}, KV cache {ready.max_total_num_tokens} "

@@ -16,6 +16,7 @@ import zmq
 from radixlm.managers import ipc
 from radixlm.managers.detokenizer import IncrementalDetokenizer
 from radixlm.managers.messages import BatchReqOutput, DetokSpec, ShutdownReq
+from radixlm.utils.gc_freeze import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def run_detokenizer_process(tokenizer_path: str, endpoints: ipc.IpcEndpoints,
     except ValueError as e:   # (a bad tokenizer path: the engine reports it, in one line)
         logger.error("detokenizer start-up failed: %s", e)
         ipc.exit_now(1)
+    freeze_startup_heap()
     ctx = zmq.Context()
     inbox = ipc.pull_socket(ctx, endpoints.detokenizer)
     outbox = ipc.push_socket(ctx, endpoints.tokenizer)

@@ -26,6 +26,7 @@ from radixlm import envs
 from radixlm.config import ServerArgs
 from radixlm.managers import ipc
 from radixlm.managers.messages import SchedulerReady, ShutdownReq
+from radixlm.utils.gc_freeze import freeze_startup_heap
 from radixlm.utils.phases import PhaseTimer, seconds_since_spawn
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ def run_scheduler_process(args: ServerArgs, endpoints: ipc.IpcEndpoints,
             outbox.close()
         ctx.term()
         return False
+    frozen = freeze_startup_heap()   # (no full collection pass in the serving loop)
+    logger.debug("froze %d start-up objects", frozen)
     try:
         scheduler.run_forever()
     except Exception:
