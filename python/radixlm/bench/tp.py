@@ -33,6 +33,7 @@ import time
 from typing import Any, Sequence
 
 from radixlm.bench.common import default_output_path, environment, print_summary, write_json
+from radixlm.utils.gc_freeze import freeze_startup_heap
 
 
 def decode_bytes_per_rank(config: dict[str, Any], tp: int, batch: int, context: int,
@@ -207,6 +208,7 @@ def _run_engine(ns: argparse.Namespace, tp: int, custom_all_reduce: bool,
     kwargs.update(engine_overrides(ns))
     start = time.perf_counter()
     engine = Engine(**kwargs)
+    freeze_startup_heap()   # (this process's: no full collection pass inside a timing)
     startup_s = time.perf_counter() - start
     rng = random.Random(tp)
     rows = []
