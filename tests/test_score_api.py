@@ -164,3 +164,33 @@ def test_preferred_n_does_not_reach_the_servers_own_requests(tokenizer):
         assert_pool_empty(e)
     finally:
         e.shutdown()
+
+
+def test_tokenizing_stops_once_the_client_left(tokenizer):
+    """/v1/score tokenizes many text items in chunks on a thread; when the client leaves, the
+    server sets `stop` and the thread ends at the next chunk instead of tokenizing the rest."""
+    import threading
+
+    from radixlm.entrypoints.scoring import ScoringCancelled, ScoringRequest
+
+    stop = threading.Event()
+    batches = []
+
+    class LeavesAfterOneChunk:
+        """The tokenizer; the client leaves while its first chunk of items is tokenized."""
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __call__(self, text):
+            if isinstance(text, list):
+                batches.append(len(text))
+                stop.set()
+            return tokenizer(text)
+
+    req = ScoringRequest("Is this good?", [f" item {i}" for i in range(1000)], [1, 2])
+    req.check(tokenizer.vocab_size)
+    with pytest.raises(ScoringCancelled):
+        req.prompts(LeavesAfterOneChunk(), 2048, stop)
+    assert len(batches) == 1 and batches[0] < 1000
+    stop.clear()
+    assert len(req.prompts(tokenizer, 2048, stop)) == 1000   # (not stopped: every item)

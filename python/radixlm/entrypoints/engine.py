@@ -261,9 +261,11 @@ class Engine:
         req = ScoringRequest(query, items, label_token_ids, apply_softmax, item_first)
         return self._run(self._score(req, self.score_prompts(req)))
 
-    def score_prompts(self, req: ScoringRequest) -> list[list[int]]:
+    def score_prompts(self, req: ScoringRequest,
+                      stop: threading.Event | None = None) -> list[list[int]]:
         """The request checked and each item's prompt ids (in the caller's thread: tokenizing
-        many items must not hold up the engine's loop)."""
+        many items must not hold up the engine's loop); `stop` set: it ends early
+        (ScoringCancelled)."""
         req.check(self.ready.vocab_size)
         if req.is_text and self.tokenizer is None:
             raise ScoringInputError("this server runs with --skip-tokenizer-init (no "
@@ -271,7 +273,7 @@ class Engine:
         max_len = self.ready.context_len - 1
         if self.ready.max_prompt_tokens:
             max_len = min(max_len, self.ready.max_prompt_tokens)
-        return req.prompts(self.tokenizer, max_len)
+        return req.prompts(self.tokenizer, max_len, stop)
 
     async def async_score(self, query: str | list[int],
                           items: str | list[str] | list[list[int]], label_token_ids: list[int],

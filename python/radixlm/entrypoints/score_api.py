@@ -5,6 +5,7 @@ per item, one score per label, "object": "scoring", "model", "usage"}."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -38,13 +39,18 @@ async def score(request: Request):
     req = ScoringRequest(obj["query"], obj["items"], obj["label_token_ids"],
                          obj.get("apply_softmax", False), obj.get("item_first", False))
     engine = request.app.state.engine
+    stop = threading.Event()    # set when the client leaves: the tokenizing thread stops
     try:
         check_request_limits(request.app.state.server_args, len(req.item_list()), [], [])
-        prompts = await asyncio.to_thread(engine.score_prompts, req)
+        prompts = await unless_disconnected(
+            request, asyncio.to_thread(engine.score_prompts, req, stop))
     except LimitExceeded as e:
         return error_response(str(e), 400, param="items")
     except ScoringInputError as e:
         return error_response(str(e), 400, param=e.param)
+    except ClientDisconnected:
+        stop.set()
+        return error_response("the client disconnected", 499)
     try:
         scores = await unless_disconnected(request, engine.score_request_async(req, prompts))
     except ClientDisconnected:

@@ -15,6 +15,7 @@ had the user typed it); token input joins the id lists.
 from __future__ import annotations
 
 import math
+import threading
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,10 @@ SCORE_SAMPLING = {"max_new_tokens": 1, "temperature": 0.0, "n": 1}
 # Items tokenized per call of the (batched) tokenizer: a request too long somewhere stops
 # within a chunk of its first over-long prompt.
 _TOKENIZE_CHUNK = 64
+
+
+class ScoringCancelled(Exception):
+    """The items' tokenizing stopped: nobody waits for the scores any more."""
 
 
 class ScoringInputError(ValueError):
@@ -98,13 +103,15 @@ class ScoringRequest:
     def is_text(self) -> bool:
         return isinstance(self.query, str)
 
-    def prompts(self, tokenizer: Any, max_len: int) -> list[list[int]]:
+    def prompts(self, tokenizer: Any, max_len: int,
+                stop: threading.Event | None = None) -> list[list[int]]:
         """Each item's prompt ids (check() first); `max_len` is the longest prompt the server
         takes (the context less the scored position, at most what the KV cache holds). An
         over-long prompt is refused whatever the server's --allow-auto-truncate: a truncated
         prompt would score a different text. Text is refused by its length in characters
         before any tokenizing where it cannot fit, the query on its own first, and the items
-        are tokenized in chunks that stop at the first prompt too long."""
+        are tokenized in chunks that stop at the first prompt too long, or once `stop` is set
+        (the client left: ScoringCancelled)."""
         items = self.item_list()
         if not self.is_text:
             # (lengths checked before any list is joined: a long query times many items)
@@ -119,6 +126,8 @@ class ScoringRequest:
         self._check_query_text(tokenizer, max_len)
         prompts = []
         for start in range(0, len(items), _TOKENIZE_CHUNK):
+            if stop is not None and stop.is_set():
+                raise ScoringCancelled()
             texts = []
             for i, item in enumerate(items[start:start + _TOKENIZE_CHUNK], start):
                 text = f"{item}{self.query}" if self.item_first else f"{self.query}{item}"
