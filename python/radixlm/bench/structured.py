@@ -274,8 +274,12 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
     rejections = {name: 0 for name in variants}
     device_rows = {name: 0 for name in variants}
     rounds = tqdm(range(repeats + 1), desc="mask overhead rounds", file=sys.stderr)
+    order = list(variants)
     for rep in rounds:  # the first round warms up (grammar compile, kernels)
-        for name, params in variants.items():
+        # Each round starts with the next variant (a drift or a slow spell of the host does
+        # not always land on the same one).
+        for name in order[rep % len(order):] + order[:rep % len(order)]:
+            params = variants[name]
             _flush(engine)
             before = engine.get_stats()
             outs, wall = common.timed(lambda: engine.generate(prompts, params))
