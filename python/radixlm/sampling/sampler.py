@@ -220,7 +220,8 @@ class Sampler:
 
     @staticmethod
     def process_logits(raw: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-        """float32 logits after logit_bias, penalties and min_new_tokens (before temperature).
+        """float32 logits after logit_bias, penalties, min_new_tokens and the grammar mask
+        (before temperature).
 
         Returns `raw` itself when nothing applies; otherwise a fresh tensor (raw is never touched,
         it is needed for logprobs and may be the caller's buffer).
