@@ -113,3 +113,24 @@ def test_device_tables_hold_global_states(backend):
     assert m.accept_token(seven)
     assert int(nxt[base, seven]) == m.device_state()
     assert torch.equal(allowed[m.device_state()], compiled.automaton.allowed[m.state])
+
+
+def test_walking_class_sequences_gives_every_tokens_walk(backend, monkeypatch):
+    """Past a few states the tokens are walked once per byte-class sequence (each the same
+    for every token of it): the tables equal those of walking every token, for ASCII and
+    Unicode classes."""
+    import xgrammar as xgr
+
+    from radixlm.constrained import token_automaton as ta
+    from radixlm.constrained.byte_automaton import byte_dfa
+    vocab = ta.VocabBytes(backend._decoded_vocab, backend.vocab_size)
+    for spec in (r"[a-z]{0,12}-\d{2,4}", r"[\w ]{1,9}\.", r"(ab)*c?é+x{3}"):
+        dfa = byte_dfa(xgr.Grammar.from_regex(spec).serialize_json())
+        assert dfa.num_states > ta.WALK_STATES, spec
+        args = (dfa, vocab, backend._stop_ids, sorted(backend._never))
+        by_class = ta.token_automaton(*args)
+        with monkeypatch.context() as m:
+            m.setattr(ta, "WALK_STATES", dfa.num_states)    # every token walked
+            every = ta.token_automaton(*args)
+        assert np.array_equal(by_class.next_state, every.next_state), spec
+        assert torch.equal(by_class.allowed, every.allowed), spec
