@@ -82,9 +82,7 @@ def token_automaton(dfa: ByteDFA, vocab: VocabBytes, stop_ids: Sequence[int],
     dead = states
     if states <= WALK_STATES:
         # (a few states: walking every token once is cheaper than finding the classes)
-        step = np.vstack([np.where(dfa.next_state < 0, dead, dfa.next_state),
-                          np.full((1, 256), dead, dtype=np.int32)]).astype(np.int32)
-        walk = _walk(step, vocab.bytes, vocab.walking, states)
+        walk = _walk(_step_table(dfa.next_state), vocab.bytes, vocab.walking, states)
     else:
         step, sequences, walking, token_column = _class_sequences(dfa, vocab)
         walk = _walk(step, sequences, walking, states)[:, token_column]
@@ -96,6 +94,15 @@ def token_automaton(dfa: ByteDFA, vocab: VocabBytes, stop_ids: Sequence[int],
     nxt[:, stops] = np.where(dfa.accepting, states, -1)[:, None]
     return TokenAutomaton(nxt, token_bitmask(nxt >= 0), dfa.accepting.copy(),
                           [_forced_text(dfa, s) for s in range(states)])
+
+
+def _step_table(next_state: np.ndarray) -> np.ndarray:
+    """[states + 1, symbols + 1] int32: `next_state` [states, symbols] with -1 (no match) and
+    a last row and column (past a token's end) leading to the dead state `states`."""
+    states, symbols = next_state.shape
+    step = np.full((states + 1, symbols + 1), states, dtype=np.int32)
+    step[:states, :symbols] = np.where(next_state < 0, states, next_state)
+    return step
 
 
 def _walk(step: np.ndarray, sequences: np.ndarray, walking: list[int],
@@ -118,11 +125,9 @@ def _class_sequences(dfa: ByteDFA, vocab: VocabBytes
     same classes move every state alike, so one token of each class sequence is walked (for
     `[a-z]{0,150}`, 221 instead of 49k): (the step over classes, the distinct sequences
     longest first, how many are longer than each position, each decoded token's sequence)."""
-    states = dfa.num_states
     columns, byte_class = np.unique(dfa.next_state.T, axis=0, return_inverse=True)
     classes = columns.shape[0]            # (the end of a token reads as class `classes`)
-    step = np.full((states + 1, classes + 1), states, dtype=np.int32)   # (row `dead` stays)
-    step[:states, :classes] = np.where(columns.T < 0, states, columns.T)
+    step = _step_table(columns.T)
     symbol = np.append(byte_class.reshape(-1), classes).astype(
         np.uint8 if classes < 255 else np.uint16)
     sequences = symbol[vocab.padded]

@@ -15,8 +15,8 @@ had the user typed it); token input joins the id lists.
 from __future__ import annotations
 
 import math
-import threading
 import numbers
+import threading
 from dataclasses import dataclass
 from typing import Any
 

@@ -39,10 +39,9 @@ class GrammarStates:
         self.device = device
         self.states = torch.zeros(slots, dtype=torch.int64, device=device)   # (index dtype)
         self.rows_sampled = 0     # rows masked here since start (Stats.grammar_device_rows)
-        # The last step's (rows, slots, batch size) and their device tensors (slots per row,
-        # rows, pool): reused while they repeat (a decode batch's do, step after step).
-        self._last: tuple[list[int], list[int], int, torch.Tensor, torch.Tensor,
-                          torch.Tensor] | None = None
+        # The last step's rows, slots and batch size, with their device tensors: reused
+        # while they repeat (a decode batch's do, step after step).
+        self._last: _RowTensors | None = None
 
     def rows(self, reqs: list[Req], live: list[bool],
              table: AutomataTable | None) -> DeviceGrammarRows | None:
@@ -77,15 +76,25 @@ class GrammarStates:
             self.states[to_device(writes, torch.int64, self.device)] = to_device(
                 values, torch.int64, self.device)
         last = self._last
-        if last is not None and last[2] == len(reqs) and last[0] == picks and last[1] == slots:
-            row_slots, rows, pool = last[3], last[4], last[5]
-        else:
+        if last is None or (last.batch, last.picks, last.slots) != (len(reqs), picks, slots):
             per_row = [-1] * len(reqs)
             for j, slot in zip(picks, slots):
                 per_row[j] = slot
             flat = to_device(per_row + picks + slots, torch.int64, self.device)   # (one copy)
             b, n = len(reqs), len(picks)
-            row_slots, rows, pool = flat[:b], flat[b:b + n], flat[b + n:]
-            self._last = (picks, slots, len(reqs), row_slots, rows, pool)
+            last = self._last = _RowTensors(picks, slots, b, flat[:b], flat[b:b + n],
+                                            flat[b + n:])
         return DeviceGrammarRows(flags, AutomatonRows(allowed, next_state, self.states,
-                                                      row_slots, rows, pool))
+                                                      last.row_slots, last.rows, last.pool))
+
+
+@dataclass
+class _RowTensors:
+    """A step's automaton rows (`picks`, their `slots`, in a batch of `batch`) and the device
+    tensors AutomatonRows takes for them."""
+    picks: list[int]
+    slots: list[int]
+    batch: int
+    row_slots: torch.Tensor
+    rows: torch.Tensor
+    pool: torch.Tensor
