@@ -32,7 +32,7 @@ from radixlm.scheduler.admission import Admission
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.draft_model import DraftModel, speculator_for
 from radixlm.scheduler.figures import log_decode_batch, scheduler_stats
-from radixlm.scheduler.decode import decode_tokens_needed
+from radixlm.scheduler.decode import decode_tokens_needed, rows_for_next_decode
 from radixlm.scheduler.profiler import StepProfiler
 from radixlm.scheduler.request import Req
 from radixlm.scheduler.launched_step import LaunchedStep
@@ -366,7 +366,10 @@ class Scheduler:
         if self.speculator is not None:
             self.speculator.plan_step(self.running, self.kv, self.max_decode_rows,
                                       self.runner.model_config.context_len)
-        return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+            return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+        reqs = rows_for_next_decode(self.running)
+        # (none: every running request ends with its tokens in flight; they are processed next)
+        return ScheduleBatch(reqs, ForwardMode.DECODE) if reqs else None
 
     def _release_aborted(self) -> None:
         for req in [r for r in self.running if r.to_abort]:
