@@ -205,10 +205,12 @@ def test_greedy_step_sampling_counts_tokens_in_flight_for_the_ban():
     assert Sampler()(logits, info).next_token_ids.tolist() == [5, 5]
 
 
-def test_no_decode_row_for_a_request_its_tokens_in_flight_end(monkeypatch):
+@pytest.mark.parametrize("context_length", [None, 24])
+def test_no_decode_row_for_a_request_its_tokens_in_flight_end(monkeypatch, context_length):
     """Under overlap, a request whose launched-but-unprocessed token is its max_new_tokens-th
-    finishes by length when that step is processed: the next decode step computes no row for
-    it (before, every request ended with one computed and dropped; at batch 1, a whole step)."""
+    (or fills the context) finishes by length when that step is processed: the next decode
+    step computes no row for it (before, every request ended with one computed and dropped;
+    at batch 1, a whole step)."""
     from helpers import cpu_scheduler
     from radixlm.config import ServerArgs
     from radixlm.managers.messages import TokenizedGenerateReq
@@ -216,7 +218,8 @@ def test_no_decode_row_for_a_request_its_tokens_in_flight_end(monkeypatch):
 
     monkeypatch.setenv("RADIXLM_OVERLAP_ON_CPU", "1")
     sent: list = []
-    sched = cpu_scheduler(ServerArgs(device="cpu", max_total_tokens=2048), sent.append)
+    sched = cpu_scheduler(ServerArgs(device="cpu", max_total_tokens=2048,
+                                     context_length=context_length), sent.append)
     assert sched.overlap
     rows: list[int] = []
     launch_forward = sched.launch_forward
@@ -228,16 +231,22 @@ def test_no_decode_row_for_a_request_its_tokens_in_flight_end(monkeypatch):
 
     monkeypatch.setattr(sched, "launch_forward", counting)
     lengths = {"a": 1, "b": 4, "c": 7}
+    prompts = {rid: sched.tokenizer.encode(f"({rid}) The capital of France is")
+               for rid in lengths}
     for rid, n in lengths.items():
+        if context_length is not None:   # max_new_tokens past the context: it ends there
+            prompts[rid] = (prompts[rid] * 4)[:context_length - n]
         sched.handle_message(TokenizedGenerateReq(
-            rid=rid, input_ids=sched.tokenizer.encode(f"({rid}) The capital of France is"),
-            sampling_params=SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)))
+            rid=rid, input_ids=prompts[rid], sampling_params=SamplingParams(
+                max_new_tokens=n if context_length is None else 100, temperature=0,
+                ignore_eos=True)))
     while sched.has_work:
         sched.step()
     outs = {o.rid: o for batch in sent for o in getattr(batch, "outputs", [])
             if o.finish_reason is not None}
     assert {rid: o.finish_reason.type for rid, o in outs.items()} == dict.fromkeys(lengths,
                                                                                    "length")
+    assert {rid: o.completion_tokens for rid, o in outs.items()} == lengths
     assert sched.overlapped_steps > 0
     # The prefill samples each request's first token; decode rows sample the rest, no more.
     assert sum(rows) == sum(n - 1 for n in lengths.values()), rows

@@ -48,14 +48,16 @@ def decode_tokens_needed(reqs: list[Req], page_size: int) -> int:
     return total
 
 
-def rows_for_next_decode(running: list[Req]) -> list[Req]:
+def rows_for_next_decode(running: list[Req], context_len: int) -> list[Req]:
     """The running requests the next decode step computes a row for: not those whose tokens
     in flight (overlap scheduler: a launched step not processed yet) bring them to their
-    max_new_tokens. Those finish by length when that step is processed, so a row launched for
-    them now would be computed and dropped: one wasted row per request, and at batch 1 a whole
-    wasted forward at the end of every request."""
+    max_new_tokens or to the context length. Those finish by length when that step is
+    processed, so a row launched for them now would be computed and dropped: one wasted row
+    per request, and at batch 1 a whole wasted forward at the end of every request."""
     return [r for r in running
-            if not (r.num_pending and len(r.output_ids) + r.num_pending >= r.max_new_tokens)]
+            if not (r.num_pending
+                    and (len(r.output_ids) + r.num_pending >= r.max_new_tokens
+                         or r.seq_len + r.num_pending >= context_len))]
 
 
 def pick_retraction_victim(reqs: list[Req]) -> Req:

@@ -367,7 +367,7 @@ class Scheduler:
             self.speculator.plan_step(self.running, self.kv, self.max_decode_rows,
                                       self.runner.model_config.context_len)
             return ScheduleBatch(list(self.running), ForwardMode.DECODE)
-        reqs = rows_for_next_decode(self.running)
+        reqs = rows_for_next_decode(self.running, self.runner.model_config.context_len)
         # (none: every running request ends with its tokens in flight; they are processed next)
         return ScheduleBatch(reqs, ForwardMode.DECODE) if reqs else None
 
