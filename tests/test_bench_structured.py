@@ -79,6 +79,10 @@ def test_bench_structured_smoke(tmp_path, monkeypatch, capsys):
     assert mask["mixed_step_ms"] > 0 and len(mask["samples_step_ms"]["mixed"]) == 1
     assert "(half constrained: " in last_line
     assert mask["all_full_length"] and mask["constrained_valid_fraction"] == 1.0
+    # The first token comes from the prefill: at least 7 decode steps and 1 extend a round.
+    for name in ("unconstrained", "constrained", "mixed"):
+        assert mask["decode_steps_per_round"][name] >= 7, mask
+        assert mask["extend_steps_per_round"][name] >= 1, mask
     # --mask-batch-sizes: the same measurement at the other batch sizes, in the summary too.
     [other] = mask["other_batch_sizes"]
     assert other["batch_size"] == 1 and other["all_full_length"]

@@ -273,6 +273,9 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
     last: dict[str, list[dict]] = {}
     rejections = {name: 0 for name in variants}
     device_rows = {name: 0 for name in variants}
+    # Steps a round (decode, extend): a variant taking more steps for the same tokens (its
+    # requests admitted apart, say) shows here rather than as a slower step.
+    steps = {name: [0, 0] for name in variants}
     rounds = tqdm(range(repeats + 1), desc="mask overhead rounds", file=sys.stderr)
     order = list(variants)
     for rep in rounds:  # the first round warms up (grammar compile, kernels)
@@ -288,6 +291,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
                 step_s[name].append(wall / tokens)
                 rejections[name] += after.grammar_rejections - before.grammar_rejections
                 device_rows[name] += after.grammar_device_rows - before.grammar_device_rows
+                steps[name][0] += after.decode_steps - before.decode_steps
+                steps[name][1] += after.extend_steps - before.extend_steps
             last[name] = outs
     med = {name: common.median(v) for name, v in step_s.items()}
     constrained = last["constrained"]
@@ -304,6 +309,8 @@ def measure_mask_overhead(engine, batch_size: int, tokens: int, repeats: int) ->
         "grammar_rejections_per_round": {k: v / repeats for k, v in rejections.items()},
         # Rows masked from their grammar state on the device (scheduler/grammar_states.py).
         "grammar_device_rows_per_round": {k: v / repeats for k, v in device_rows.items()},
+        "decode_steps_per_round": {k: v[0] / repeats for k, v in steps.items()},
+        "extend_steps_per_round": {k: v[1] / repeats for k, v in steps.items()},
         # Every request must have decoded the full length, or the per-step times are not equal work.
         "all_full_length": all(o["meta_info"]["completion_tokens"] == tokens
                                for outs in last.values() for o in outs),

@@ -213,6 +213,8 @@ class SchedulerStats:
     num_retractions: int
     new_token_ratio: float
     overlapped_steps: int = 0        # steps launched before the previous step's results were read
+    decode_steps: int = 0            # decode steps launched since start
+    extend_steps: int = 0            # extend (prefill) steps launched since start
     grammar_rejections: int = 0      # constrained tokens sampled without the mask and rejected
     grammar_device_rows: int = 0     # constrained rows masked from their state on the device
     short_prefills: int = 0          # prompts computed as rows of a decode step (short_prefill.py)

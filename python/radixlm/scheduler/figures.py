@@ -28,6 +28,7 @@ def scheduler_stats(sched: Any) -> SchedulerStats:
         num_retractions=sched.admission.num_retractions,
         new_token_ratio=sched.admission.ratio.value,
         overlapped_steps=sched.overlapped_steps,
+        decode_steps=sched.decode_steps, extend_steps=sched.extend_steps,
         grammar_rejections=sched.grammar_rejections,
         grammar_device_rows=sched.step_sampling.device_rows_sampled,
         short_prefills=sched.short_prefills.count,

@@ -107,7 +107,7 @@ class Scheduler:
         self.overlap_prefill_min_tokens = envs.overlap_prefill_min_tokens()
         self.overlapped_steps = 0
         self.grammar_rejections = 0   # unmasked constrained tokens sampled again under the mask
-        self.decode_steps = 0
+        self.decode_steps = self.extend_steps = 0     # launched since start
         # Jump-forward rows beyond the largest CUDA graph wait a step (an eager step costs more).
         self.max_decode_rows: int | None = runner.max_graph_batch_size
         # Prefills of at most this many new tokens ride in the decode step (short_prefill.py);
@@ -185,6 +185,8 @@ class Scheduler:
                 self.decode_steps += 1
                 if self.decode_steps % self.config.decode_log_interval == 0:
                     log_decode_batch(self)
+            else:
+                self.extend_steps += 1
         return launched is not None
 
     @property
